@@ -1,0 +1,53 @@
+# make run   — build and start attestd on ./attestd.sqlite (127.0.0.1:8080)
+# make test  — install missing system packages, build, run every test
+SHELL := /bin/bash
+SWIFT ?= swift
+DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev pkg-config openssl sqlite3
+DB ?= attestd.sqlite
+ARGS ?=
+
+.PHONY: all build release run test deps fuzz bench clean
+
+all: build
+
+# Installs whatever Debian packages are missing: itself when root, otherwise prints the command.
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing) || exit 1; \
+	  else \
+	    echo "missing Debian packages; run: sudo apt-get install -y$$missing" >&2; exit 1; \
+	  fi; \
+	fi
+
+build: deps
+	$(SWIFT) build
+
+release: deps
+	$(SWIFT) build -c release
+
+run: release
+	./.build/release/attestd serve --db $(DB) $(ARGS)
+
+test: deps
+	$(SWIFT) build --build-tests
+	$(SWIFT) test --skip-build --no-parallel
+
+# libFuzzer over the CBOR decoder: make fuzz RUNS=1000000
+RUNS ?= 1000000
+fuzz: deps
+	mkdir -p .build/fuzz fuzz-corpus
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name CBORFuzz \
+	  Sources/CBOR/*.swift Fuzz/CBORFuzz/*.swift -o .build/fuzz/cbor-fuzz
+	./.build/fuzz/cbor-fuzz -runs=$(RUNS) -max_len=4096 fuzz-corpus
+
+bench: release
+	./.build/release/attestctl bench verify --seconds 5
+	openssl speed -seconds 3 ecdsap384 ecdsap256 2>/dev/null | tail -3
+
+clean:
+	rm -rf .build

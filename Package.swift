@@ -1,0 +1,45 @@
+// swift-tools-version:6.0
+// App Attest token service: verification core, token service, HTTP server, client module.
+import PackageDescription
+
+let package = Package(
+    name: "AppAttestService",
+    platforms: [.macOS(.v13), .iOS(.v16)],
+    products: [
+        .library(name: "AttestClient", targets: ["AttestClient"]),
+        .executable(name: "attestd", targets: ["attestd"]),
+        .executable(name: "attestctl", targets: ["attestctl"]),
+    ],
+    targets: [
+        // System libraries from Debian (`make deps` installs them).
+        .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
+
+        // Verification core.
+        .target(name: "CBOR"),
+        .target(name: "AttestCrypto", dependencies: ["COpenSSL"]),
+        .target(name: "AppAttest", dependencies: ["CBOR", "AttestCrypto"]),
+        // The project's own test authority: issues Apple-format attestations for tests and simulation.
+        .target(name: "TestAuthority", dependencies: ["CBOR", "AttestCrypto", "AppAttest"],
+                path: "Fixtures/TestAuthority"),
+
+        // Service.
+        .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto"]),
+        .target(name: "SQLiteStore", dependencies: ["TokenService", "CSQLite"]),
+        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
+
+        // Device side.
+        .target(name: "AttestClient", dependencies: ["AttestCrypto", "TestAuthority"]),
+
+        .executableTarget(name: "attestd", dependencies: ["TokenService", "SQLiteStore", "HTTPServer", "AppAttest"]),
+        .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "TestAuthority", "AttestClient"]),
+
+        .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
+        .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR"]),
+        .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority"]),
+        .testTarget(name: "ServiceTests", dependencies: ["TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient"]),
+        .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "TestAuthority"]),
+    ],
+    swiftLanguageModes: [.v5]
+)

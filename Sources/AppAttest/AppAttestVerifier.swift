@@ -1,0 +1,218 @@
+import AttestCrypto
+import CBOR
+import Foundation
+
+/// What a successful attestation proves: this key lives in a genuine Apple device's Secure
+/// Enclave and belongs to `appID`. Only `AppAttestVerifier` can make one.
+public struct VerifiedAttestation: Sendable {
+    public let keyID: [UInt8]
+    /// The credential's uncompressed P-256 point, to store for later assertions.
+    public let publicKey: [UInt8]
+    public let environment: AttestationEnvironment
+    public let appID: AppID
+    /// Apple's fraud-assessment receipt, kept for later use.
+    public let receipt: [UInt8]
+
+    fileprivate init(keyID: [UInt8], publicKey: [UInt8], environment: AttestationEnvironment, appID: AppID, receipt: [UInt8]) {
+        self.keyID = keyID
+        self.publicKey = publicKey
+        self.environment = environment
+        self.appID = appID
+        self.receipt = receipt
+    }
+}
+
+/// A verified assertion: the device key signed this request, with this counter.
+public struct VerifiedAssertion: Sendable {
+    public let counter: UInt32
+}
+
+/// Apple App Attest server-side validation, step by step as Apple documents it
+/// ("Validating apps that connect to your server"). Pure: no I/O, the time is a parameter.
+public final class AppAttestVerifier: Sendable {
+    /// Hard limits on inputs; an attestation object is about 5.5 KB, an assertion about 120 B.
+    public static let maxAttestationObjectBytes = 16 * 1024
+    public static let maxAssertionObjectBytes = 1024
+    static let cborLimits = CBORLimits(maxDepth: 8, maxItems: 64)
+
+    public let chainVerifier: CertificateChainVerifier
+
+    /// Apple's root (fingerprint-checked) plus any `additionalAnchors`, which callers name explicitly.
+    public init(additionalAnchors: [Certificate] = []) throws {
+        chainVerifier = CertificateChainVerifier(anchors: [try AppleAppAttestationRoot.certificate()] + additionalAnchors)
+    }
+
+    /// Only the given anchors (tests that must show Apple's root is not trusted implicitly).
+    public init(anchors: [Certificate]) {
+        chainVerifier = CertificateChainVerifier(anchors: anchors)
+    }
+
+    // MARK: Attestation
+
+    public func verifyAttestation(
+        _ object: [UInt8], keyID: [UInt8], clientDataHash: [UInt8], allowedAppIDs: [AppID],
+        allowedEnvironments: Set<AttestationEnvironment> = Set(AttestationEnvironment.allCases), at time: Date
+    ) throws -> VerifiedAttestation {
+        guard keyID.count == 32 else { throw VerificationError(.malformed, "key ID is \(keyID.count) bytes, expected 32") }
+        guard clientDataHash.count == 32 else { throw VerificationError(.malformed, "clientDataHash is \(clientDataHash.count) bytes, expected 32") }
+        let statement = try decodeAttestation(object)
+        try checkFormat(statement)
+        let authData = try AuthenticatorData(statement.authData, attested: true)
+        let leaf = try verifyCertificateChain(statement, at: time)
+        try checkNonce(leaf: leaf, authData: statement.authData, clientDataHash: clientDataHash)
+        let publicKey = try checkKeyID(leaf: leaf, keyID: keyID)
+        let appID = try matchRPID(authData, allowedAppIDs)
+        try checkCounterIsZero(authData)
+        let environment = try checkAAGUID(authData, allowedEnvironments)
+        try checkCredentialID(authData, keyID: keyID)
+        return VerifiedAttestation(keyID: keyID, publicKey: publicKey, environment: environment, appID: appID, receipt: statement.receipt)
+    }
+
+    struct AttestationStatement {
+        let format: String
+        let x5c: [[UInt8]]
+        let receipt: [UInt8]
+        let authData: [UInt8]
+    }
+
+    func decodeAttestation(_ object: [UInt8]) throws -> AttestationStatement {
+        guard object.count <= Self.maxAttestationObjectBytes else {
+            throw VerificationError(.malformed, "attestation object is \(object.count) bytes, limit \(Self.maxAttestationObjectBytes)")
+        }
+        let value: CBORValue
+        do { value = try CBORDecoder.decode(object, limits: Self.cborLimits) } catch {
+            throw VerificationError(.malformed, "attestation object is not valid CBOR: \(error)")
+        }
+        guard let format = value["fmt"]?.textValue else { throw VerificationError(.malformed, "attestation object has no text 'fmt'") }
+        guard let statement = value["attStmt"] else { throw VerificationError(.malformed, "attestation object has no 'attStmt'") }
+        guard let authData = value["authData"]?.bytesValue else { throw VerificationError(.malformed, "attestation object has no byte string 'authData'") }
+        guard let chain = statement["x5c"]?.arrayValue else { throw VerificationError(.malformed, "attStmt has no array 'x5c'") }
+        var x5c: [[UInt8]] = []
+        for element in chain {
+            guard let der = element.bytesValue else { throw VerificationError(.malformed, "x5c holds a non-byte-string element") }
+            x5c.append(der)
+        }
+        guard let receipt = statement["receipt"]?.bytesValue else { throw VerificationError(.malformed, "attStmt has no byte string 'receipt'") }
+        return AttestationStatement(format: format, x5c: x5c, receipt: receipt, authData: authData)
+    }
+
+    /// Step 0: the statement format must be Apple's.
+    func checkFormat(_ statement: AttestationStatement) throws {
+        guard statement.format == "apple-appattest" else {
+            throw VerificationError(.unsupportedFormat, "fmt is '\(statement.format.prefix(64))', expected 'apple-appattest'")
+        }
+    }
+
+    /// Step 1: x5c (credential certificate, then intermediates) verifies to a trust anchor at `time`.
+    func verifyCertificateChain(_ statement: AttestationStatement, at time: Date) throws -> Certificate {
+        guard !statement.x5c.isEmpty, statement.x5c.count <= 4 else {
+            throw VerificationError(.certificateChainInvalid, "x5c has \(statement.x5c.count) certificates")
+        }
+        do {
+            return try chainVerifier.verify(chain: statement.x5c, at: time)
+        } catch let error as ChainError {
+            switch error {
+            case .invalid(let detail): throw VerificationError(.certificateChainInvalid, detail)
+            case .notValidAtTime(let detail): throw VerificationError(.certificateNotValidAtTime, detail)
+            }
+        }
+    }
+
+    /// Steps 2–4: nonce = SHA-256(authData ‖ clientDataHash) equals the credential certificate's nonce extension.
+    func checkNonce(leaf: Certificate, authData: [UInt8], clientDataHash: [UInt8]) throws {
+        guard let value = leaf.extensionValue(oid: NonceExtension.oid) else {
+            throw VerificationError(.nonceMismatch, "credential certificate has no nonce extension \(NonceExtension.oid)")
+        }
+        guard let embedded = NonceExtension.nonce(fromExtensionValue: value) else {
+            throw VerificationError(.malformed, "nonce extension is not SEQUENCE { [1] OCTET STRING }")
+        }
+        let nonce = sha256(authData, clientDataHash)
+        guard embedded == nonce else {
+            throw VerificationError(.nonceMismatch, "certificate nonce does not equal SHA-256(authData ‖ clientDataHash)")
+        }
+    }
+
+    /// Step 5: the key ID is SHA-256 of the credential public key's uncompressed point.
+    func checkKeyID(leaf: Certificate, keyID: [UInt8]) throws -> [UInt8] {
+        let key: ECPublicKey
+        do { key = try leaf.publicKey() } catch { throw VerificationError(.malformed, "credential public key: \(error)") }
+        guard key.isP256 else { throw VerificationError(.malformed, "credential key is on \(key.curveName ?? "no EC curve"), expected P-256") }
+        guard sha256(key.x962) == keyID else {
+            throw VerificationError(.keyIDMismatch, "SHA-256 of the credential public key is not the key ID")
+        }
+        return key.x962
+    }
+
+    /// Step 6: the RP ID hash is SHA-256 of one of the allowed App IDs.
+    func matchRPID(_ authData: AuthenticatorData, _ allowed: [AppID]) throws -> AppID {
+        guard let appID = allowed.first(where: { authData.rpIDHash.elementsEqual($0.rpIDHash) }) else {
+            throw VerificationError(.rpIDMismatch, "RP ID hash matches none of \(allowed.count) allowed App ID(s)")
+        }
+        return appID
+    }
+
+    /// Step 7: a fresh attestation has counter 0.
+    func checkCounterIsZero(_ authData: AuthenticatorData) throws {
+        guard authData.counter == 0 else { throw VerificationError(.counterNotZero, "attestation counter is \(authData.counter)") }
+    }
+
+    /// Step 8: the AAGUID names the development or production environment, and it is allowed.
+    func checkAAGUID(_ authData: AuthenticatorData, _ allowed: Set<AttestationEnvironment>) throws -> AttestationEnvironment {
+        guard let aaguid = authData.aaguid, let environment = AppAttestAAGUID.environment(aaguid) else {
+            throw VerificationError(.unknownAAGUID, "AAGUID \(hexString(Array(authData.aaguid ?? []))) is neither appattestdevelop nor appattest")
+        }
+        guard allowed.contains(environment) else {
+            throw VerificationError(.environmentNotAllowed, "\(environment.rawValue) attestations are not allowed for this integration")
+        }
+        return environment
+    }
+
+    /// Step 9: the credential ID is the key ID.
+    func checkCredentialID(_ authData: AuthenticatorData, keyID: [UInt8]) throws {
+        guard let credentialID = authData.credentialID, credentialID.elementsEqual(keyID) else {
+            throw VerificationError(.credentialIDMismatch, "credential ID in authenticator data is not the key ID")
+        }
+    }
+
+    // MARK: Assertion
+
+    /// Verifies an assertion by a registered device key and returns its counter, which the caller
+    /// must store (atomically, conditioned on `previousCounter`).
+    public func verifyAssertion(
+        _ object: [UInt8], publicKey: ECPublicKey, clientDataHash: [UInt8], appID: AppID, previousCounter: UInt32
+    ) throws -> VerifiedAssertion {
+        guard clientDataHash.count == 32 else { throw VerificationError(.malformed, "clientDataHash is \(clientDataHash.count) bytes, expected 32") }
+        let (signature, authDataBytes) = try decodeAssertion(object)
+        let authData = try AuthenticatorData(authDataBytes, attested: false)
+        try checkAssertionSignature(signature, authData: authDataBytes, clientDataHash: clientDataHash, publicKey: publicKey)
+        guard authData.rpIDHash.elementsEqual(appID.rpIDHash) else {
+            throw VerificationError(.rpIDMismatch, "assertion RP ID hash is not SHA-256 of \(appID)")
+        }
+        guard authData.counter > previousCounter else {
+            throw VerificationError(.counterNotIncreasing, "assertion counter \(authData.counter) is not greater than \(previousCounter)")
+        }
+        return VerifiedAssertion(counter: authData.counter)
+    }
+
+    func decodeAssertion(_ object: [UInt8]) throws -> (signature: [UInt8], authData: [UInt8]) {
+        guard object.count <= Self.maxAssertionObjectBytes else {
+            throw VerificationError(.malformed, "assertion is \(object.count) bytes, limit \(Self.maxAssertionObjectBytes)")
+        }
+        let value: CBORValue
+        do { value = try CBORDecoder.decode(object, limits: Self.cborLimits) } catch {
+            throw VerificationError(.malformed, "assertion is not valid CBOR: \(error)")
+        }
+        guard let signature = value["signature"]?.bytesValue, let authData = value["authenticatorData"]?.bytesValue else {
+            throw VerificationError(.malformed, "assertion is not a map with byte strings 'signature' and 'authenticatorData'")
+        }
+        return (signature, authData)
+    }
+
+    /// The device signs nonce = SHA-256(authenticatorData ‖ clientDataHash) with ECDSA-SHA256.
+    func checkAssertionSignature(_ signature: [UInt8], authData: [UInt8], clientDataHash: [UInt8], publicKey: ECPublicKey) throws {
+        let nonce = sha256(authData, clientDataHash)
+        guard publicKey.isValidSignature(signature, digest: sha256(nonce)) else {
+            throw VerificationError(.signatureInvalid, "assertion signature does not verify with the registered key")
+        }
+    }
+}

@@ -1,0 +1,44 @@
+import AttestCrypto
+
+/// Apple's App Attestation Root CA: the built-in trust anchor. Public; published by Apple at
+/// apple.com/certificateauthority/private/. Its SHA-256 fingerprint is checked before use, so a
+/// corrupted or substituted copy stops the service instead of trusting the wrong root.
+public enum AppleAppAttestationRoot {
+    public static let sha256Fingerprint = "1cb9823ba28ba6ad2d33a006941de2ae4f513ef1d4e831b9f7e0fa7b6242c932"
+
+    static let pem = """
+-----BEGIN CERTIFICATE-----
+MIICITCCAaegAwIBAgIQC/O+DvHN0uD7jG5yH2IXmDAKBggqhkjOPQQDAzBSMSYw
+JAYDVQQDDB1BcHBsZSBBcHAgQXR0ZXN0YXRpb24gUm9vdCBDQTETMBEGA1UECgwK
+QXBwbGUgSW5jLjETMBEGA1UECAwKQ2FsaWZvcm5pYTAeFw0yMDAzMTgxODMyNTNa
+Fw00NTAzMTUwMDAwMDBaMFIxJjAkBgNVBAMMHUFwcGxlIEFwcCBBdHRlc3RhdGlv
+biBSb290IENBMRMwEQYDVQQKDApBcHBsZSBJbmMuMRMwEQYDVQQIDApDYWxpZm9y
+bmlhMHYwEAYHKoZIzj0CAQYFK4EEACIDYgAERTHhmLW07ATaFQIEVwTtT4dyctdh
+NbJhFs/Ii2FdCgAHGbpphY3+d8qjuDngIN3WVhQUBHAoMeQ/cLiP1sOUtgjqK9au
+Yen1mMEvRq9Sk3Jm5X8U62H+xTD3FE9TgS41o0IwQDAPBgNVHRMBAf8EBTADAQH/
+MB0GA1UdDgQWBBSskRBTM72+aEH/pwyp5frq5eWKoTAOBgNVHQ8BAf8EBAMCAQYw
+CgYIKoZIzj0EAwMDaAAwZQIwQgFGnByvsiVbpTKwSga0kP0e8EeDS4+sQmTvb7vn
+53O5+FRXgeLhpJ06ysC5PrOyAjEAp5U4xDgEgllF7En3VcE3iexZZtKeYnpqtijV
+oyFraWVIyd/dganmrduC1bmTBGwD
+-----END CERTIFICATE-----
+"""
+
+    /// The parsed root, after its fingerprint matched.
+    public static func certificate() throws -> Certificate {
+        try checked(pem: pem)
+    }
+
+    static func checked(pem: String) throws -> Certificate {
+        let certificate = try Certificate(pem: pem)
+        let actual = hexString(certificate.sha256Fingerprint)
+        guard actual == sha256Fingerprint else {
+            throw TrustAnchorError("embedded Apple App Attestation Root CA has fingerprint \(actual), expected \(sha256Fingerprint)")
+        }
+        return certificate
+    }
+}
+
+public struct TrustAnchorError: Error, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}

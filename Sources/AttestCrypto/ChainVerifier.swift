@@ -1,0 +1,117 @@
+import COpenSSL
+import Foundation
+
+/// Why a certificate chain was refused.
+public enum ChainError: Error, Equatable, Sendable {
+    /// The chain does not verify to a trust anchor: bad encoding, wrong issuer, bad signature, not a CA.
+    case invalid(String)
+    /// The chain verifies, but some certificate in it is not valid at the verification time.
+    case notValidAtTime(String)
+}
+
+/// Verifies `leaf ← intermediates… ← anchor` chains at a given time.
+///
+/// Device chains share a handful of intermediates (Apple has one), so an intermediate path is
+/// verified to its anchor by OpenSSL's `X509_verify_cert` once and remembered; after that each
+/// device costs one certificate parse and one signature check. Validity periods are still checked
+/// for every certificate of the path — leaf, intermediates and anchor — on every call, because
+/// the verification time differs from call to call.
+public final class CertificateChainVerifier: @unchecked Sendable {
+    public let anchors: [Certificate]
+    private let lock = NSLock()
+    private var verifiedPaths: [[UInt8]: VerifiedPath] = [:]
+    private static let maxCachedPaths = 32
+
+    /// A verified intermediate path: its bottom certificate (the leaf's issuer), that certificate's
+    /// key, and every certificate of the path up to and including the anchor, for time checks.
+    struct VerifiedPath {
+        let issuer: Certificate
+        let issuerKey: ECPublicKey
+        let certificates: [Certificate]
+    }
+
+    public init(anchors: [Certificate]) {
+        self.anchors = anchors
+    }
+
+    /// Verifies the chain and returns the parsed leaf.
+    /// - Parameter chain: DER certificates, leaf first (the order of App Attest's `x5c`).
+    public func verify(chain: [[UInt8]], at time: Date) throws -> Certificate {
+        guard chain.count >= 2 else { throw ChainError.invalid("chain has \(chain.count) certificate(s); expected a leaf and its intermediate(s)") }
+        let leaf: Certificate
+        do { leaf = try Certificate(der: chain[0]) } catch { throw ChainError.invalid("leaf certificate: \(error)") }
+        let intermediates = Array(chain.dropFirst())
+        let path = try verifiedPath(intermediates)
+
+        guard leaf.isIssued(by: path.issuer) else {
+            throw ChainError.invalid("leaf issuer \(leaf.issuerName) does not match \(path.issuer.subjectName)")
+        }
+        guard leaf.isSignatureValid(issuerKey: path.issuerKey) else {
+            throw ChainError.invalid("leaf certificate signature does not verify with its issuer's key")
+        }
+        guard !leaf.isCA else { throw ChainError.invalid("leaf certificate is a CA certificate") }
+        guard !leaf.hasUnhandledCriticalExtension else { throw ChainError.invalid("leaf has an unrecognised critical extension") }
+
+        for certificate in [leaf] + path.certificates where !certificate.isValid(at: time) {
+            throw ChainError.notValidAtTime(
+                "\(certificate.subjectName) is valid from \(certificate.notBefore) to \(certificate.notAfter), not at \(time)")
+        }
+        return leaf
+    }
+
+    private func verifiedPath(_ intermediates: [[UInt8]]) throws -> VerifiedPath {
+        let cacheKey = intermediates.count == 1 ? intermediates[0] : intermediates.flatMap { $0 }
+        lock.lock()
+        let cached = verifiedPaths[cacheKey]
+        lock.unlock()
+        if let cached { return cached }
+
+        let path = try verifyIntermediates(intermediates)
+        lock.lock()
+        if verifiedPaths.count >= Self.maxCachedPaths { verifiedPaths.removeAll() }
+        verifiedPaths[cacheKey] = path
+        lock.unlock()
+        return path
+    }
+
+    /// Full OpenSSL path validation of the intermediates to one of the anchors (time ignored here:
+    /// it is checked per call). Only paths that verify are ever remembered.
+    private func verifyIntermediates(_ ders: [[UInt8]]) throws -> VerifiedPath {
+        let certificates: [Certificate]
+        do { certificates = try ders.map { try Certificate(der: $0) } } catch {
+            throw ChainError.invalid("intermediate certificate: \(error)")
+        }
+        for certificate in certificates where !certificate.isCA {
+            throw ChainError.invalid("intermediate \(certificate.subjectName) is not a CA certificate")
+        }
+        guard let store = X509_STORE_new() else { throw ChainError.invalid("X509_STORE_new failed") }
+        defer { X509_STORE_free(store) }
+        for anchor in anchors { X509_STORE_add_cert(store, anchor.x509) }
+        guard let untrusted = attest_sk_X509_new_null() else { throw ChainError.invalid("sk_X509_new_null failed") }
+        defer { attest_sk_X509_free(untrusted) }
+        for certificate in certificates.dropFirst() { _ = attest_sk_X509_push(untrusted, certificate.x509) }
+        guard let ctx = X509_STORE_CTX_new() else { throw ChainError.invalid("X509_STORE_CTX_new failed") }
+        defer { X509_STORE_CTX_free(ctx) }
+        guard X509_STORE_CTX_init(ctx, store, certificates[0].x509, untrusted) == 1 else {
+            throw ChainError.invalid("X509_STORE_CTX_init: \(openSSLErrorText())")
+        }
+        X509_STORE_CTX_set_flags(ctx, UInt(X509_V_FLAG_NO_CHECK_TIME | X509_V_FLAG_X509_STRICT))
+        guard X509_verify_cert(ctx) == 1 else {
+            let code = X509_STORE_CTX_get_error(ctx)
+            let reason = String(cString: X509_verify_cert_error_string(Int(code)))
+            ERR_clear_error()
+            throw ChainError.invalid("intermediate \(certificates[0].subjectName) does not verify to a trust anchor: \(reason)")
+        }
+        // The anchor that ended the path, for its validity period.
+        guard let built = X509_STORE_CTX_get0_chain(ctx) else { throw ChainError.invalid("no chain built") }
+        let builtCount = attest_sk_X509_num(built)
+        guard builtCount >= 1, let top = attest_sk_X509_value(built, builtCount - 1),
+              let anchor = anchors.first(where: { X509_cmp($0.x509, top) == 0 }) else {
+            throw ChainError.invalid("chain did not end at a configured trust anchor")
+        }
+        let issuer = certificates[0]
+        let issuerKey: ECPublicKey
+        do { issuerKey = try issuer.publicKey() } catch { throw ChainError.invalid("intermediate key: \(error)") }
+        return VerifiedPath(issuer: issuer, issuerKey: issuerKey, certificates: certificates + [anchor])
+    }
+}
