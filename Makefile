@@ -37,13 +37,16 @@ test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build --no-parallel
 
-# libFuzzer over the CBOR decoder: make fuzz RUNS=1000000
+# libFuzzer over the CBOR decoder: make fuzz RUNS=1000000 (seeds: fuzz-seeds/ plus, when
+# present, the real attestation objects from ../shared, decoded into the scratch corpus only).
 RUNS ?= 1000000
 fuzz: deps
 	mkdir -p .build/fuzz fuzz-corpus
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name CBORFuzz \
 	  Sources/CBOR/*.swift Fuzz/CBORFuzz/*.swift -o .build/fuzz/cbor-fuzz
-	./.build/fuzz/cbor-fuzz -runs=$(RUNS) -max_len=4096 fuzz-corpus
+	-for f in ../shared/fixtures/apple/*.json; do \
+	  python3 -c "import json,base64,sys; d=json.load(open(sys.argv[1])); sys.stdout.buffer.write(base64.b64decode(d['attestation']['object']))" "$$f" > fuzz-corpus/$$(basename $$f .json).cbor; done
+	./.build/fuzz/cbor-fuzz -runs=$(RUNS) -max_len=8192 -rss_limit_mb=2048 fuzz-corpus fuzz-seeds
 
 bench: release
 	./.build/release/attestctl bench verify --seconds 5

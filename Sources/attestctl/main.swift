@@ -1,1 +1,27 @@
-print("todo")
+import Foundation
+
+/// attestctl: the operator's tool — offline verification, benchmarks, administration, device simulation.
+let usage = """
+usage: attestctl <command> …
+  verify attestation|assertion …   verify an App Attest object offline
+  bench verify [--seconds S] [--sample FILE]
+"""
+
+let argv = Array(CommandLine.arguments.dropFirst())
+do {
+    let rest = Array(argv.dropFirst())
+    let status: Int32
+    switch argv.first {
+    case "verify": status = try VerifyCommand.run(rest)
+    case "bench": status = try BenchCommand.run(rest)
+    case "help", "--help", "-h": print(usage); status = 0
+    default: throw UsageError(usage)
+    }
+    exit(status)
+} catch let error as UsageError {
+    FileHandle.standardError.write(Data("attestctl: \(error.description)\n".utf8))
+    exit(2)
+} catch {
+    FileHandle.standardError.write(Data("attestctl: \(error)\n".utf8))
+    exit(1)
+}
