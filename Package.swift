@@ -26,20 +26,22 @@ let package = Package(
 
         // Service.
         .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto"]),
-        .target(name: "SQLiteStore", dependencies: ["TokenService", "CSQLite"]),
+        .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "CSQLite"]),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
 
-        // Device side.
-        .target(name: "AttestClient", dependencies: ["AttestCrypto", "TestAuthority"]),
+        // Device side: the client module, and a simulated device on the test authority (never shipped in apps).
+        .target(name: "AttestClient", dependencies: ["AttestCrypto"]),
+        .target(name: "SimulatedDevice", dependencies: ["AttestClient", "TestAuthority", "AttestCrypto", "AppAttest"]),
 
         .executableTarget(name: "attestd", dependencies: ["TokenService", "SQLiteStore", "HTTPServer", "AppAttest"]),
-        .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "TestAuthority", "AttestClient"]),
+        .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "TestAuthority", "AttestClient", "SimulatedDevice"]),
 
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR"]),
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority"]),
-        .testTarget(name: "ServiceTests", dependencies: ["TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient"]),
-        .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "TestAuthority"]),
+        .testTarget(name: "ServiceTests", dependencies: ["TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient", "SimulatedDevice", "AppAttest"]),
+        .testTarget(name: "AttestClientTests", dependencies: ["AttestClient"]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
     ],
     swiftLanguageModes: [.v5]
 )

@@ -1,0 +1,88 @@
+import Foundation
+
+/// One complete HTTP request as handed to the application handler.
+public struct HTTPRequest: Sendable {
+    /// Request method exactly as sent ("GET", "POST", ...).
+    public let method: String
+    /// Path part of the request target, without the query, not percent-decoded
+    /// (e.g. "/v1/oauth/token").
+    public let path: String
+    /// Raw query string (text after the first "?"), if the target had one.
+    public let query: String?
+    /// Request headers in arrival order; names lowercased.
+    public let headers: [(name: String, value: String)]
+    /// The complete request body (at most `maxBodyBytes`).
+    public let body: [UInt8]
+    /// Client IP address as text ("127.0.0.1", "::1").
+    public let remoteAddress: String
+
+    public init(method: String, path: String, query: String? = nil,
+                headers: [(name: String, value: String)] = [], body: [UInt8] = [],
+                remoteAddress: String = "127.0.0.1") {
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers.map { (name: $0.name.lowercased(), value: $0.value) }
+        self.body = body
+        self.remoteAddress = remoteAddress
+    }
+
+    /// Value of the first header called `name` (case-insensitive).
+    public func header(_ name: String) -> String? {
+        let wanted = name.lowercased()
+        return headers.first { $0.name == wanted }?.value
+    }
+}
+
+/// The handler's answer. `content-length` is computed by the server; a
+/// `content-length` header set here is ignored.
+public struct HTTPResponse: Sendable {
+    public var status: Int
+    public var headers: [(name: String, value: String)]
+    public var body: [UInt8]
+
+    public init(status: Int, headers: [(name: String, value: String)] = [], body: [UInt8] = []) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+
+    /// A response with `content-type: application/json` and `body` as UTF-8.
+    public static func json(_ status: Int, _ body: String,
+                            headers: [(name: String, value: String)] = []) -> HTTPResponse {
+        HTTPResponse(status: status,
+                     headers: [(name: "content-type", value: "application/json")] + headers,
+                     body: Array(body.utf8))
+    }
+}
+
+public struct HTTPServerConfiguration: Sendable {
+    /// IPv4 or IPv6 literal to bind to (and only there). "[::1]" is accepted too.
+    public var host: String = "127.0.0.1"
+    /// 0 = let the kernel pick a free port (see `HTTPServer.port`).
+    public var port: UInt16 = 8080
+    /// Size of libmicrohttpd's internal thread pool; handlers run on these threads.
+    public var threads: Int = 4
+    /// Larger bodies are answered with 413.
+    public var maxBodyBytes: Int = 65_536
+    /// Per-connection memory pool; bounds request line + headers (MHD answers 431/414 itself).
+    public var connectionMemoryBytes: Int = 32_768
+    /// Total concurrent connections (split evenly across the pool threads by libmicrohttpd).
+    public var maxConnections: Int = 1024
+    /// Concurrent connections per client IP; extra connections are closed at once. 0 = no limit.
+    public var maxConnectionsPerIP: Int = 64
+    /// Idle connections (including ones that never send anything) are closed after this. 0 = never.
+    public var idleTimeoutSeconds: Int = 15
+
+    public init() {}
+}
+
+/// Failure to start the server; `message` is meant for humans (logs, CLI).
+public struct HTTPServerError: Error, LocalizedError, CustomStringConvertible, Sendable {
+    public let message: String
+
+    public init(_ message: String) { self.message = message }
+
+    public var description: String { message }
+    public var errorDescription: String? { message }
+}
