@@ -1,0 +1,145 @@
+import CSQLite
+import Foundation
+
+/// A SQLite error with the database's own message.
+public struct SQLiteError: Error, CustomStringConvertible, Sendable {
+    public let code: Int32
+    public let message: String
+    public var description: String { "SQLite error \(code): \(message)" }
+    public var isConstraintViolation: Bool { code & 0xff == SQLITE_CONSTRAINT }
+}
+
+/// Values bound to statement parameters.
+enum SQLValue {
+    case int(Int64)
+    case real(Double)
+    case text(String)
+    case blob([UInt8])
+    case null
+}
+
+/// One connection, used by one thread at a time (callers hold its lock). Prepared statements are
+/// cached by SQL text, so the hot paths never re-parse SQL.
+final class SQLiteConnection {
+    private let db: OpaquePointer
+    private var statements: [String: OpaquePointer] = [:]
+    let lock = NSLock()
+
+    init(path: String, synchronous: String = "FULL") throws {
+        var handle: OpaquePointer?
+        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
+        let status = sqlite3_open_v2(path, &handle, flags, nil)
+        guard status == SQLITE_OK, let handle else {
+            let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? "cannot open"
+            if let handle { sqlite3_close(handle) }
+            throw SQLiteError(code: status, message: "\(path): \(message)")
+        }
+        db = handle
+        sqlite3_extended_result_codes(db, 1)
+        sqlite3_busy_timeout(db, 5000)
+        try execute("PRAGMA journal_mode = WAL")
+        try execute("PRAGMA foreign_keys = ON")
+        try execute("PRAGMA synchronous = \(synchronous)")
+    }
+
+    deinit {
+        for statement in statements.values { sqlite3_finalize(statement) }
+        sqlite3_close_v2(db)
+    }
+
+    private func error(_ code: Int32) -> SQLiteError {
+        SQLiteError(code: code, message: String(cString: sqlite3_errmsg(db)))
+    }
+
+    /// Runs one or more statements without results.
+    func execute(_ sql: String) throws {
+        var message: UnsafeMutablePointer<CChar>?
+        let status = sqlite3_exec(db, sql, nil, nil, &message)
+        guard status == SQLITE_OK else {
+            let text = message.map { String(cString: $0) } ?? "error"
+            sqlite3_free(message)
+            throw SQLiteError(code: status, message: text)
+        }
+    }
+
+    private func prepared(_ sql: String) throws -> OpaquePointer {
+        if let statement = statements[sql] { return statement }
+        var statement: OpaquePointer?
+        let status = sqlite3_prepare_v3(db, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+        guard status == SQLITE_OK, let statement else { throw error(status) }
+        statements[sql] = statement
+        return statement
+    }
+
+    /// Runs `sql` with `values` bound and hands each result row to `row`.
+    func query(_ sql: String, _ values: [SQLValue] = [], row: (Row) throws -> Void = { _ in }) throws {
+        let statement = try prepared(sql)
+        defer {
+            sqlite3_reset(statement)
+            sqlite3_clear_bindings(statement)
+        }
+        for (index, value) in values.enumerated() {
+            let position = Int32(index + 1)
+            let status: Int32
+            switch value {
+            case .int(let v): status = sqlite3_bind_int64(statement, position, v)
+            case .real(let v): status = sqlite3_bind_double(statement, position, v)
+            case .text(let v): status = sqlite3_bind_text(statement, position, v, -1, attest_sqlite_transient())
+            case .blob(let v): status = v.withUnsafeBytes { sqlite3_bind_blob(statement, position, $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32($0.count), attest_sqlite_transient()) }
+            case .null: status = sqlite3_bind_null(statement, position)
+            }
+            guard status == SQLITE_OK else { throw error(status) }
+        }
+        while true {
+            let status = sqlite3_step(statement)
+            if status == SQLITE_DONE { return }
+            guard status == SQLITE_ROW else { throw error(status) }
+            try row(Row(statement: statement))
+        }
+    }
+
+    /// Runs a statement and returns how many rows it changed.
+    @discardableResult
+    func run(_ sql: String, _ values: [SQLValue] = []) throws -> Int {
+        try query(sql, values)
+        return Int(sqlite3_changes(db))
+    }
+
+    /// The first row mapped by `map`, or nil.
+    func first<T>(_ sql: String, _ values: [SQLValue] = [], _ map: (Row) throws -> T) throws -> T? {
+        var result: T?
+        try query(sql, values) { row in if result == nil { result = try map(row) } }
+        return result
+    }
+
+    /// `body` inside BEGIN IMMEDIATE … COMMIT: the write lock is taken up front, so the
+    /// transaction cannot fail half-way on a lock upgrade. Rolled back if `body` throws.
+    func transaction<T>(_ body: () throws -> T) throws -> T {
+        try execute("BEGIN IMMEDIATE")
+        do {
+            let result = try body()
+            try execute("COMMIT")
+            return result
+        } catch {
+            try? execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// A result row's columns.
+    struct Row {
+        let statement: OpaquePointer
+        func int(_ i: Int32) -> Int64 { sqlite3_column_int64(statement, i) }
+        func real(_ i: Int32) -> Double { sqlite3_column_double(statement, i) }
+        func isNull(_ i: Int32) -> Bool { sqlite3_column_type(statement, i) == SQLITE_NULL }
+        func text(_ i: Int32) -> String {
+            guard let pointer = sqlite3_column_text(statement, i) else { return "" }
+            return String(cString: pointer)
+        }
+        func blob(_ i: Int32) -> [UInt8] {
+            let count = Int(sqlite3_column_bytes(statement, i))
+            guard count > 0, let pointer = sqlite3_column_blob(statement, i) else { return [] }
+            return Array(UnsafeRawBufferPointer(start: pointer, count: count))
+        }
+    }
+}

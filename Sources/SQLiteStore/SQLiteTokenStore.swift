@@ -1,0 +1,294 @@
+import AppAttest
+import AttestCrypto
+import Foundation
+import TokenService
+
+/// `TokenStore` on SQLite: WAL mode, foreign keys on, one writer connection and a few readers.
+/// Everything that must not race is one conditional statement or one IMMEDIATE transaction on
+/// the writer. Another process (attestctl) may write the same file; SQLite's locks serialise it.
+public final class SQLiteTokenStore: TokenStore, @unchecked Sendable {
+    public let path: String
+    private let writer: SQLiteConnection
+    private let readers: [SQLiteConnection]
+    private var nextReader = 0
+    private let readerLock = NSLock()
+
+    /// Opens (creating if needed) and migrates the database.
+    /// - Parameter synchronous: `FULL` (default) makes every acknowledged commit survive power loss,
+    ///   `NORMAL` only process crashes.
+    public init(path: String, readers readerCount: Int = 4, synchronous: String = "FULL",
+                migrations: [Migration] = Migration.embedded) throws {
+        self.path = path
+        writer = try SQLiteConnection(path: path, synchronous: synchronous)
+        try Migrator.migrate(writer, migrations)
+        readers = try (0..<max(1, readerCount)).map { _ in try SQLiteConnection(path: path, synchronous: synchronous) }
+    }
+
+    private func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+        writer.lock.lock()
+        defer { writer.lock.unlock() }
+        return try body(writer)
+    }
+
+    private func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+        readerLock.lock()
+        let connection = readers[nextReader % readers.count]
+        nextReader &+= 1
+        readerLock.unlock()
+        connection.lock.lock()
+        defer { connection.lock.unlock() }
+        return try body(connection)
+    }
+
+    /// Runs `PRAGMA integrity_check` and returns its verdict ("ok" when sound).
+    public func integrityCheck() throws -> String {
+        try write { try $0.first("PRAGMA integrity_check") { $0.text(0) } ?? "no answer" }
+    }
+
+    // MARK: Organisation
+
+    public func workspace(named name: String) throws -> Workspace? {
+        try read { try $0.first("SELECT id, name FROM workspaces WHERE name = ?", [.text(name)]) { Workspace(id: $0.int(0), name: $0.text(1)) } }
+    }
+
+    public func createWorkspace(name: String, at time: Date) throws -> Workspace {
+        try write { db in
+            try db.run("INSERT INTO workspaces (name, created_at) VALUES (?, ?)", [.text(name), .real(time.timeIntervalSince1970)])
+            return try db.first("SELECT id, name FROM workspaces WHERE name = ?", [.text(name)]) { Workspace(id: $0.int(0), name: $0.text(1)) }!
+        }
+    }
+
+    public func role(of email: String, in workspaceID: Int64) throws -> Role? {
+        try read { try $0.first("SELECT role FROM members WHERE workspace_id = ? AND email = ?", [.int(workspaceID), .text(email)]) { Role(rawValue: $0.text(0)) } ?? nil }
+    }
+
+    public func primaryOwner(workspaceID: Int64) throws -> String? {
+        try read { try $0.first("SELECT email FROM members WHERE workspace_id = ? AND role = 'primary_owner'", [.int(workspaceID)]) { $0.text(0) } }
+    }
+
+    public func addMember(email: String, role: Role, workspaceID: Int64, at time: Date) throws {
+        try write { try $0.run("INSERT INTO members (workspace_id, email, role, created_at) VALUES (?, ?, ?, ?)",
+                               [.int(workspaceID), .text(email), .text(role.rawValue), .real(time.timeIntervalSince1970)]) }
+    }
+
+    // MARK: Integrations
+
+    public func createIntegration(_ integration: Integration) throws {
+        try write { db in
+            try db.transaction {
+                try db.run("""
+                    INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at)
+                    VALUES (?, ?, ?, ?, ?, ?)
+                    """, [.text(integration.clientID), .int(integration.workspaceID), .text(integration.name), .text(integration.teamID),
+                          .text(integration.environments.map(\.rawValue).sorted().joined(separator: ",")),
+                          .real(integration.createdAt.timeIntervalSince1970)])
+                for (position, bundleID) in integration.bundleIDs.enumerated() {
+                    try db.run("INSERT INTO integration_bundle_ids (client_id, position, bundle_id) VALUES (?, ?, ?)",
+                               [.text(integration.clientID), .int(Int64(position)), .text(bundleID)])
+                }
+            }
+        }
+    }
+
+    private static let integrationColumns = """
+        SELECT i.client_id, i.workspace_id, w.name, i.name, i.team_id, i.environments, i.created_at, i.revoked_at,
+               (SELECT group_concat(bundle_id, char(10)) FROM (SELECT bundle_id FROM integration_bundle_ids b
+                 WHERE b.client_id = i.client_id ORDER BY position))
+        FROM integrations i JOIN workspaces w ON w.id = i.workspace_id
+        """
+
+    private static func integration(_ row: SQLiteConnection.Row) -> Integration {
+        Integration(clientID: row.text(0), workspaceID: row.int(1), workspaceName: row.text(2), name: row.text(3), teamID: row.text(4),
+                    bundleIDs: row.text(8).split(separator: "\n").map(String.init),
+                    environments: Set(row.text(5).split(separator: ",").compactMap { AttestationEnvironment(rawValue: String($0)) }),
+                    createdAt: Date(timeIntervalSince1970: row.real(6)),
+                    revokedAt: row.isNull(7) ? nil : Date(timeIntervalSince1970: row.real(7)))
+    }
+
+    public func integration(clientID: String) throws -> Integration? {
+        try read { try $0.first(Self.integrationColumns + " WHERE i.client_id = ?", [.text(clientID)], Self.integration) }
+    }
+
+    public func integrations(workspaceID: Int64?) throws -> [Integration] {
+        try read { db in
+            var result: [Integration] = []
+            if let workspaceID {
+                try db.query(Self.integrationColumns + " WHERE i.workspace_id = ? ORDER BY i.created_at", [.int(workspaceID)]) { result.append(Self.integration($0)) }
+            } else {
+                try db.query(Self.integrationColumns + " ORDER BY i.created_at") { result.append(Self.integration($0)) }
+            }
+            return result
+        }
+    }
+
+    public func revokeIntegration(clientID: String, at time: Date) throws -> Bool {
+        try write { db in
+            try db.transaction {
+                let t = time.timeIntervalSince1970
+                guard try db.run("UPDATE integrations SET revoked_at = ? WHERE client_id = ? AND revoked_at IS NULL", [.real(t), .text(clientID)]) == 1 else {
+                    return false
+                }
+                try db.run("UPDATE tokens SET revoked_at = ? WHERE client_id = ? AND revoked_at IS NULL", [.real(t), .text(clientID)])
+                try db.run("UPDATE challenges SET used = 1 WHERE client_id = ?", [.text(clientID)])
+                return true
+            }
+        }
+    }
+
+    public func counts(clientID: String, at time: Date) throws -> (devices: Int, liveTokens: Int) {
+        try read { db in
+            let devices = try db.first("SELECT count(*) FROM devices WHERE client_id = ?", [.text(clientID)]) { Int($0.int(0)) } ?? 0
+            let tokens = try db.first("""
+                SELECT count(*) FROM tokens t JOIN integrations i ON i.client_id = t.client_id
+                WHERE t.client_id = ? AND t.expires_at > ? AND t.revoked_at IS NULL AND i.revoked_at IS NULL
+                """, [.text(clientID), .real(time.timeIntervalSince1970)]) { Int($0.int(0)) } ?? 0
+            return (devices, tokens)
+        }
+    }
+
+    // MARK: Challenges
+
+    public func pendingOrNewChallenge(clientID: String, keyID: [UInt8], fresh: IssuedChallenge, at time: Date) throws -> IssuedChallenge {
+        try write { db in
+            try db.transaction {
+                if let pending = try db.first("""
+                    SELECT challenge, expires_at FROM challenges WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ?
+                    """, [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970)], {
+                        IssuedChallenge(bytes: $0.blob(0), expiresAt: Date(timeIntervalSince1970: $0.real(1)))
+                    }) {
+                    return pending
+                }
+                try Self.storeChallenge(db, clientID: clientID, keyID: keyID, fresh)
+                return fresh
+            }
+        }
+    }
+
+    private static func storeChallenge(_ db: SQLiteConnection, clientID: String, keyID: [UInt8], _ challenge: IssuedChallenge) throws {
+        try db.run("""
+            INSERT INTO challenges (client_id, key_id, challenge, expires_at, used) VALUES (?, ?, ?, ?, 0)
+            ON CONFLICT (client_id, key_id) DO UPDATE SET challenge = excluded.challenge, expires_at = excluded.expires_at, used = 0
+            """, [.text(clientID), .blob(keyID), .blob(challenge.bytes), .real(challenge.expiresAt.timeIntervalSince1970)])
+    }
+
+    public func consumeChallenge(clientID: String, keyID: [UInt8], at time: Date) throws -> [UInt8]? {
+        // One conditional statement: of two concurrent requests, exactly one gets the challenge.
+        try write { db in
+            try db.first("""
+                UPDATE challenges SET used = 1 WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ? RETURNING challenge
+                """, [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970)]) { $0.blob(0) }
+        }
+    }
+
+    public func purgeChallenges(before time: Date) throws -> Int {
+        try write { db in
+            let challenges = try db.run("DELETE FROM challenges WHERE used = 1 OR expires_at <= ?", [.real(time.timeIntervalSince1970)])
+            // Token rows a day past expiry can never authenticate again.
+            try db.run("DELETE FROM tokens WHERE expires_at <= ?", [.real(time.timeIntervalSince1970 - 86_400)])
+            return challenges
+        }
+    }
+
+    // MARK: Devices and tokens
+
+    public func device(clientID: String, keyID: [UInt8]) throws -> Device? {
+        try read { db in
+            try db.first("""
+                SELECT key_id, client_id, public_key, sign_counter, environment, app_id FROM devices WHERE key_id = ? AND client_id = ?
+                """, [.blob(keyID), .text(clientID)]) {
+                    Device(keyID: $0.blob(0), clientID: $0.text(1), publicKey: $0.blob(2), counter: UInt32(truncatingIfNeeded: $0.int(3)),
+                           environment: AttestationEnvironment(rawValue: $0.text(4)) ?? .production, appID: $0.text(5))
+                }
+        }
+    }
+
+    private static func insertToken(_ db: SQLiteConnection, _ token: TokenRecord) throws {
+        try db.run("""
+            INSERT INTO tokens (token_hash, client_id, workspace_id, key_id, issued_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)
+            """, [.blob(token.tokenHash), .text(token.clientID), .int(token.workspaceID), .blob(token.keyID),
+                  .real(token.issuedAt.timeIntervalSince1970), .real(token.expiresAt.timeIntervalSince1970)])
+    }
+
+    public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, nextChallenge: IssuedChallenge, at time: Date) throws -> Bool {
+        try write { db in
+            try db.transaction {
+                let inserted = try db.run("""
+                    INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at)
+                    SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
+                    ON CONFLICT (key_id) DO NOTHING
+                    """, [.blob(device.keyID), .text(device.clientID), .blob(device.publicKey), .int(Int64(device.counter)),
+                          .text(device.environment.rawValue), .text(device.appID), .blob(receipt), .real(time.timeIntervalSince1970),
+                          .text(device.clientID)])
+                guard inserted == 1 else { return false }
+                try Self.insertToken(db, firstToken)
+                try Self.storeChallenge(db, clientID: device.clientID, keyID: device.keyID, nextChallenge)
+                return true
+            }
+        }
+    }
+
+    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord,
+                               nextChallenge: IssuedChallenge, at time: Date) throws -> Bool {
+        try write { db in
+            try db.transaction {
+                // Compare-and-set on the counter, and only while the integration is live.
+                let changed = try db.run("""
+                    UPDATE devices SET sign_counter = ? WHERE key_id = ? AND client_id = ? AND sign_counter = ?
+                      AND EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
+                    """, [.int(Int64(to)), .blob(keyID), .text(clientID), .int(Int64(from)), .text(clientID)])
+                guard changed == 1 else { return false }
+                try Self.insertToken(db, token)
+                try Self.storeChallenge(db, clientID: clientID, keyID: keyID, nextChallenge)
+                return true
+            }
+        }
+    }
+
+    public func liveToken(hash: [UInt8], at time: Date) throws -> TokenGrant? {
+        try read { db in
+            try db.first("""
+                SELECT t.client_id, w.name, t.issued_at, t.expires_at, t.token_hash FROM tokens t
+                JOIN integrations i ON i.client_id = t.client_id JOIN workspaces w ON w.id = t.workspace_id
+                WHERE t.token_hash = ? AND t.revoked_at IS NULL AND t.expires_at > ? AND i.revoked_at IS NULL
+                """, [.blob(hash), .real(time.timeIntervalSince1970)]) { row -> TokenGrant? in
+                    // The index lookup found it; confirm in constant time all the same.
+                    guard constantTimeEquals(row.blob(4), hash) else { return nil }
+                    return TokenGrant(clientID: row.text(0), workspaceName: row.text(1), issuedAt: Date(timeIntervalSince1970: row.real(2)),
+                                      expiresAt: Date(timeIntervalSince1970: row.real(3)))
+                } ?? nil
+        }
+    }
+
+    // MARK: Audit
+
+    public func appendAudit(_ events: [AuditEvent]) throws {
+        try write { db in
+            try db.transaction {
+                for event in events {
+                    try db.run("""
+                        INSERT INTO audit_log (at, actor, action, client_id, key_id, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?)
+                        """, [.real(event.at.timeIntervalSince1970), event.actor.map { .text($0) } ?? .null, .text(event.action),
+                              event.clientID.map { .text($0) } ?? .null, event.keyID.map { .blob($0) } ?? .null,
+                              event.reason.map { .text($0) } ?? .null, event.detail.map { .text(String($0.prefix(1000))) } ?? .null])
+                }
+            }
+        }
+    }
+
+    /// The newest audit events, newest first (for the CLI and tests).
+    public func auditEvents(limit: Int = 100, clientID: String? = nil) throws -> [AuditEvent] {
+        try read { db in
+            var events: [AuditEvent] = []
+            let sql = "SELECT at, actor, action, client_id, key_id, reason, detail FROM audit_log"
+                + (clientID == nil ? "" : " WHERE client_id = ?") + " ORDER BY id DESC LIMIT ?"
+            let values: [SQLValue] = (clientID.map { [.text($0)] } ?? []) + [.int(Int64(limit))]
+            try db.query(sql, values) { row in
+                events.append(AuditEvent(at: Date(timeIntervalSince1970: row.real(0)), actor: row.isNull(1) ? nil : row.text(1),
+                                         action: row.text(2), clientID: row.isNull(3) ? nil : row.text(3),
+                                         keyID: row.isNull(4) ? nil : row.blob(4), reason: row.isNull(5) ? nil : row.text(5),
+                                         detail: row.isNull(6) ? nil : row.text(6)))
+            }
+            return events
+        }
+    }
+}

@@ -1,0 +1,191 @@
+import AppAttest
+import AttestCrypto
+import Foundation
+
+/// A refused admin request: a clear one-line message; nothing was changed.
+public struct AdminError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Operator actions: the organisation model and integrations. Every action is checked against the
+/// actor's role and written to the audit trail synchronously.
+public final class AdminService: @unchecked Sendable {
+    public let store: TokenStore
+    let now: @Sendable () -> Date
+
+    public static let defaultWorkspace = "default"
+    public static let maxBundleIDs = 32
+
+    public init(store: TokenStore, now: @escaping @Sendable () -> Date = Date.init) {
+        self.store = store
+        self.now = now
+    }
+
+    // MARK: Organisation
+
+    public enum InitResult: Equatable { case created, unchanged(primaryOwner: String) }
+
+    /// Creates the `default` workspace's primary owner; a second run changes nothing.
+    public func initialize(owner email: String) throws -> InitResult {
+        let email = try Validate.email(email)
+        let workspace = try defaultWorkspace()
+        if let existing = try store.primaryOwner(workspaceID: workspace.id) {
+            return .unchanged(primaryOwner: existing)
+        }
+        try store.addMember(email: email, role: .primaryOwner, workspaceID: workspace.id, at: now())
+        try audit(actor: email, "organisation.initialized", detail: "primary owner \(email)")
+        return .created
+    }
+
+    public func addMember(actor: String, email: String, role: Role, workspace name: String = defaultWorkspace) throws {
+        let email = try Validate.email(email)
+        let workspace = try existingWorkspace(name)
+        let actorRole = try requireRole(actor, in: workspace, "add members") { $0.managesIntegrations }
+        guard role != .primaryOwner else { throw AdminError("a workspace has one primary owner; add owners instead") }
+        if actorRole == .admin && (role == .owner || role == .admin) {
+            throw AdminError("\(actor) is an admin of \(workspace.name) and may add only developers and users")
+        }
+        guard try store.role(of: email, in: workspace.id) == nil else { throw AdminError("\(email) is already a member of \(workspace.name)") }
+        try store.addMember(email: email, role: role, workspaceID: workspace.id, at: now())
+        try audit(actor: actor, "member.added", detail: "\(email) as \(role.rawValue) in \(workspace.name)")
+    }
+
+    /// Creates a workspace; the actor (an owner of the default workspace) becomes its primary owner.
+    public func createWorkspace(actor: String, name: String) throws -> Workspace {
+        let name = try Validate.name(name, what: "workspace name")
+        let home = try defaultWorkspace()
+        _ = try requireRole(actor, in: home, "create workspaces") { $0 == .primaryOwner || $0 == .owner }
+        guard try store.workspace(named: name) == nil else { throw AdminError("workspace \(name) already exists") }
+        let workspace = try store.createWorkspace(name: name, at: now())
+        try store.addMember(email: actor, role: .primaryOwner, workspaceID: workspace.id, at: now())
+        try audit(actor: actor, "workspace.created", detail: name)
+        return workspace
+    }
+
+    // MARK: Integrations
+
+    public func createIntegration(actor: String, workspace workspaceName: String = defaultWorkspace, name: String, teamID: String,
+                                  bundleIDs: [String], environments: Set<AttestationEnvironment> = [.development, .production]) throws -> Integration {
+        let name = try Validate.name(name, what: "integration name")
+        let teamID = try Validate.teamID(teamID)
+        let bundleIDs = try Validate.bundleIDs(bundleIDs)
+        guard !environments.isEmpty else { throw AdminError("allow at least one environment: development, production") }
+        let workspace = try existingWorkspace(workspaceName)
+        _ = try requireRole(actor, in: workspace, "create integrations") { $0.managesIntegrations }
+        let integration = Integration(
+            clientID: DeviceTokenService.clientIDPrefix + base64URL(secureRandomBytes(18)),  // 144 random bits
+            workspaceID: workspace.id, workspaceName: workspace.name, name: name, teamID: teamID, bundleIDs: bundleIDs,
+            environments: environments, createdAt: now(), revokedAt: nil)
+        try store.createIntegration(integration)
+        try audit(actor: actor, "integration.created", clientID: integration.clientID,
+                  detail: "\(name) team \(teamID) bundles \(bundleIDs.joined(separator: ",")) in \(workspace.name)")
+        return integration
+    }
+
+    public func integration(_ clientID: String) throws -> Integration {
+        guard let integration = try store.integration(clientID: clientID) else { throw AdminError("no integration \(clientID)") }
+        return integration
+    }
+
+    public func integrations(workspace name: String? = nil) throws -> [Integration] {
+        try store.integrations(workspaceID: try name.map { try existingWorkspace($0).id })
+    }
+
+    public func counts(_ clientID: String) throws -> (devices: Int, liveTokens: Int) {
+        try store.counts(clientID: clientID, at: now())
+    }
+
+    /// Permanent: the integration's live tokens stop working at once and its devices can never mint again.
+    public func revokeIntegration(actor: String, clientID: String) throws {
+        let integration = try integration(clientID)
+        let workspace = try existingWorkspace(integration.workspaceName)
+        _ = try requireRole(actor, in: workspace, "revoke integrations") { $0.managesIntegrations }
+        guard try store.revokeIntegration(clientID: clientID, at: now()) else { throw AdminError("\(clientID) is already revoked") }
+        try audit(actor: actor, "integration.revoked", clientID: clientID, detail: integration.name)
+    }
+
+    // MARK: Helpers
+
+    private func defaultWorkspace() throws -> Workspace {
+        if let workspace = try store.workspace(named: Self.defaultWorkspace) { return workspace }
+        return try store.createWorkspace(name: Self.defaultWorkspace, at: now())
+    }
+
+    private func existingWorkspace(_ name: String) throws -> Workspace {
+        guard let workspace = try store.workspace(named: name) else { throw AdminError("no workspace named \(name)") }
+        return workspace
+    }
+
+    @discardableResult
+    private func requireRole(_ actor: String, in workspace: Workspace, _ action: String, _ allowed: (Role) -> Bool) throws -> Role {
+        guard let role = try store.role(of: actor, in: workspace.id) else {
+            throw AdminError("\(actor) is not a member of workspace \(workspace.name)")
+        }
+        guard allowed(role) else { throw AdminError("\(actor) is \(role.rawValue) in \(workspace.name) and may not \(action)") }
+        return role
+    }
+
+    private func audit(actor: String, _ action: String, clientID: String? = nil, detail: String) throws {
+        try store.appendAudit([AuditEvent(at: now(), actor: actor, action: action, clientID: clientID, detail: detail)])
+    }
+}
+
+/// Input rules for operator-supplied values.
+public enum Validate {
+    public static func email(_ text: String) throws -> String {
+        let email = text.trimmingCharacters(in: .whitespaces).lowercased()
+        let parts = email.split(separator: "@", omittingEmptySubsequences: false)
+        guard email.count <= 254, parts.count == 2, !parts[0].isEmpty, parts[1].contains("."),
+              !email.contains(where: { $0.isWhitespace || $0.isNewline }) else {
+            throw AdminError("'\(text)' is not an email address")
+        }
+        return email
+    }
+
+    public static func name(_ text: String, what: String) throws -> String {
+        let name = text.trimmingCharacters(in: .whitespaces)
+        guard (1...100).contains(name.count), !name.contains(where: { $0.isNewline || $0.asciiValue.map { $0 < 0x20 } == true }) else {
+            throw AdminError("\(what) must be 1 to 100 printable characters")
+        }
+        return name
+    }
+
+    /// An Apple Developer Team ID: 10 characters, A–Z and 0–9.
+    public static func teamID(_ text: String) throws -> String {
+        guard text.utf8.count == 10, text.utf8.allSatisfy({ (0x41...0x5a).contains($0) || (0x30...0x39).contains($0) }) else {
+            throw AdminError("team ID '\(text)' must be 10 characters, A-Z and 0-9 (got \(text.count))")
+        }
+        return text
+    }
+
+    /// 1 to 32 distinct bundle IDs, each reverse-DNS characters only (A–Z a–z 0–9 - .), at most 155 characters.
+    public static func bundleIDs(_ ids: [String]) throws -> [String] {
+        guard !ids.isEmpty else { throw AdminError("give at least one --bundle-id") }
+        guard ids.count <= AdminService.maxBundleIDs else { throw AdminError("at most \(AdminService.maxBundleIDs) bundle IDs (got \(ids.count))") }
+        var seen = Set<String>()
+        for id in ids {
+            guard (1...155).contains(id.utf8.count) else { throw AdminError("bundle ID '\(id.prefix(40))…' must be 1 to 155 characters") }
+            let allowed = id.utf8.allSatisfy { b in
+                (0x41...0x5a).contains(b) || (0x61...0x7a).contains(b) || (0x30...0x39).contains(b) || b == 0x2d || b == 0x2e
+            }
+            guard allowed, !id.hasPrefix("."), !id.hasSuffix("."), !id.contains("..") else {
+                throw AdminError("bundle ID '\(id)' may contain only A-Z, a-z, 0-9, '-' and '.' in dot-separated parts")
+            }
+            guard seen.insert(id.lowercased()).inserted else { throw AdminError("bundle ID '\(id)' is given twice") }
+        }
+        return ids
+    }
+
+    public static func environments(_ text: String) throws -> Set<AttestationEnvironment> {
+        var result = Set<AttestationEnvironment>()
+        for part in text.split(separator: ",") {
+            guard let environment = AttestationEnvironment(rawValue: part.trimmingCharacters(in: .whitespaces)) else {
+                throw AdminError("unknown environment '\(part)': use development, production or both")
+            }
+            result.insert(environment)
+        }
+        guard !result.isEmpty else { throw AdminError("--environments needs development, production or both") }
+        return result
+    }
+}

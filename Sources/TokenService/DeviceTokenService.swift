@@ -1,0 +1,241 @@
+import AppAttest
+import AttestCrypto
+import Foundation
+
+/// Limits and lifetimes of the device token exchange.
+public struct ExchangeConfiguration: Sendable {
+    public var tokenTTL: TimeInterval = 3600
+    public var challengeTTL: TimeInterval = 300
+    /// Token mints per device key per minute (0 = unlimited).
+    public var mintLimitPerMinute = 10
+    /// Registrations per integration per hour (0 = unlimited).
+    public var registrationQuotaPerHour = 1000
+    /// Challenge requests per integration per minute (0 = unlimited): bounds the rows an anonymous caller can create.
+    public var challengeLimitPerMinute = 6000
+    public init() {}
+}
+
+/// What a successful register or token request returns to the device.
+public struct TokenResponse: Sendable {
+    public let accessToken: String
+    public let expiresIn: Int
+    public let nextChallenge: [UInt8]
+    public let nextChallengeExpiresIn: Int
+}
+
+/// The device token exchange: challenge → attestation → first token; challenge → assertion → token.
+/// Knows nothing of HTTP: the transport decodes, calls one method, and encodes the result.
+public final class DeviceTokenService: @unchecked Sendable {
+    public let store: TokenStore
+    public let verifier: AppAttestVerifier
+    public let configuration: ExchangeConfiguration
+    public let metrics: Metrics
+    let audit: AuditSink
+    let now: @Sendable () -> Date
+    private let mintLimiter: RateLimiter
+    private let registrationLimiter: RateLimiter
+    private let challengeLimiter: RateLimiter
+    private let keyCache = DeviceKeyCache()
+
+    public static let tokenPrefix = "aat_"
+    public static let clientIDPrefix = "clid_"
+
+    public init(store: TokenStore, verifier: AppAttestVerifier, configuration: ExchangeConfiguration = ExchangeConfiguration(),
+                metrics: Metrics = Metrics(), audit: AuditSink, now: @escaping @Sendable () -> Date = Date.init) {
+        self.store = store
+        self.verifier = verifier
+        self.configuration = configuration
+        self.metrics = metrics
+        self.audit = audit
+        self.now = now
+        mintLimiter = RateLimiter(limit: configuration.mintLimitPerMinute, window: 60)
+        registrationLimiter = RateLimiter(limit: configuration.registrationQuotaPerHour, window: 3600)
+        challengeLimiter = RateLimiter(limit: configuration.challengeLimitPerMinute, window: 60)
+        metrics.describe("attestd_tokens_issued_total", "Access tokens issued, by grant (registration or assertion).")
+        metrics.describe("attestd_registrations_total", "Devices registered by a verified attestation.")
+        metrics.describe("attestd_rejections_total", "Refused device requests, by exact reason.")
+        metrics.describe("attestd_verification_seconds", "Time spent in App Attest verification, by kind.")
+    }
+
+    // MARK: Challenge
+
+    /// A challenge for (client ID, key ID): the pending one with its remaining TTL, or a new one.
+    public func challenge(clientID: String, keyID: [UInt8]) throws -> (challenge: [UInt8], expiresIn: Int) {
+        try rejecting(clientID: clientID, keyID: keyID, action: "challenge") {
+            let time = now()
+            try requireKeyIDShape(keyID)
+            _ = try liveIntegration(clientID)
+            if let retry = challengeLimiter.acquire(clientID, at: time) {
+                throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.challengeLimit,
+                                "integration over \(configuration.challengeLimitPerMinute) challenge requests a minute")
+            }
+            let fresh = IssuedChallenge(bytes: secureRandomBytes(32), expiresAt: time.addingTimeInterval(configuration.challengeTTL))
+            let issued = try store.pendingOrNewChallenge(clientID: clientID, keyID: keyID, fresh: fresh, at: time)
+            return (issued.bytes, remaining(issued.expiresAt, from: time))
+        }
+    }
+
+    // MARK: Register
+
+    public func register(clientID: String, keyID: [UInt8], attestationObject: [UInt8]) throws -> TokenResponse {
+        try rejecting(clientID: clientID, keyID: keyID, action: "register") {
+            let time = now()
+            try requireKeyIDShape(keyID)
+            let integration = try liveIntegration(clientID)
+            // Any attempt, successful or not, uses the challenge up.
+            guard let challenge = try store.consumeChallenge(clientID: clientID, keyID: keyID, at: time) else {
+                throw Rejection(.invalidGrant, ServiceReason.noPendingChallenge, "no pending challenge for this key (expired, used, or never issued)")
+            }
+            if try store.device(clientID: clientID, keyID: keyID) != nil {
+                throw Rejection(.invalidGrant, ServiceReason.keyAlreadyRegistered, "key ID is already registered")
+            }
+            if let retry = registrationLimiter.acquire(clientID, at: time) {
+                throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.registrationQuota,
+                                "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
+            }
+            let verified = try timed("attestation") {
+                try verifier.verifyAttestation(attestationObject, keyID: keyID, clientDataHash: sha256(challenge),
+                                               allowedAppIDs: integration.appIDs, allowedEnvironments: integration.environments, at: time)
+            }
+            let device = Device(keyID: keyID, clientID: clientID, publicKey: verified.publicKey, counter: 0,
+                                environment: verified.environment, appID: verified.appID.description)
+            let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
+            let next = nextChallenge(at: time)
+            guard try store.registerDevice(device, receipt: verified.receipt, firstToken: record, nextChallenge: next, at: time) else {
+                throw Rejection(.invalidGrant, ServiceReason.keyAlreadyRegistered, "key ID was registered concurrently")
+            }
+            metrics.increment("attestd_registrations_total")
+            metrics.increment("attestd_tokens_issued_total", labels: [("grant", "registration")])
+            audit.record(AuditEvent(at: time, action: "device.registered", clientID: clientID, keyID: keyID,
+                                    detail: "\(verified.environment.rawValue) \(verified.appID)"))
+            return response(token, next, at: time)
+        }
+    }
+
+    // MARK: Token (assertion)
+
+    /// clientDataHash of a token request: SHA-256("anthropic-app-attest-token-v1" ‖ challenge ‖ client ID ‖ key ID).
+    public static func tokenClientDataHash(challenge: [UInt8], clientID: String, keyID: [UInt8]) -> [UInt8] {
+        sha256(Array("anthropic-app-attest-token-v1".utf8), challenge, Array(clientID.utf8), keyID)
+    }
+
+    public func refresh(clientID: String, keyID: [UInt8], assertion: [UInt8]) throws -> TokenResponse {
+        try rejecting(clientID: clientID, keyID: keyID, action: "token") {
+            let time = now()
+            try requireKeyIDShape(keyID)
+            let integration = try liveIntegration(clientID)
+            guard let challenge = try store.consumeChallenge(clientID: clientID, keyID: keyID, at: time) else {
+                throw Rejection(.invalidGrant, ServiceReason.noPendingChallenge, "no pending challenge for this key (expired, used, raced, or never issued)")
+            }
+            guard let device = try store.device(clientID: clientID, keyID: keyID) else {
+                throw Rejection(.invalidGrant, ServiceReason.unknownKey, "key ID is not registered for this client")
+            }
+            if let retry = mintLimiter.acquire(clientID + "/" + hexString(keyID), at: time) {
+                throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.mintLimit,
+                                "device over \(configuration.mintLimitPerMinute) tokens a minute")
+            }
+            guard let appID = AppID(device.appID) else {
+                throw Rejection(.invalidGrant, ServiceReason.unknownKey, "stored app ID \(device.appID) is unreadable")
+            }
+            let publicKey = try keyCache.key(for: device)
+            let hash = Self.tokenClientDataHash(challenge: challenge, clientID: clientID, keyID: keyID)
+            let verified = try timed("assertion") {
+                try verifier.verifyAssertion(assertion, publicKey: publicKey, clientDataHash: hash, appID: appID, previousCounter: device.counter)
+            }
+            let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
+            let next = nextChallenge(at: time)
+            guard try store.advanceCounter(clientID: clientID, keyID: keyID, from: device.counter, to: verified.counter,
+                                           token: record, nextChallenge: next, at: time) else {
+                throw Rejection(.invalidGrant, ServiceReason.counterRaced, "counter moved past \(device.counter) concurrently")
+            }
+            metrics.increment("attestd_tokens_issued_total", labels: [("grant", "assertion")])
+            return response(token, next, at: time)
+        }
+    }
+
+    // MARK: Using tokens
+
+    /// The grant behind a bearer token, or nil (with the reason counted) when it is not live.
+    public func authenticate(bearer token: String) throws -> TokenGrant? {
+        guard token.hasPrefix(Self.tokenPrefix), token.utf8.count <= 128 else { return nil }
+        return try store.liveToken(hash: sha256(Array(token.utf8)), at: now())
+    }
+
+    // MARK: Helpers
+
+    private func requireKeyIDShape(_ keyID: [UInt8]) throws {
+        guard keyID.count == 32 else { throw Rejection.request("key_id is \(keyID.count) bytes, expected 32") }
+    }
+
+    private func liveIntegration(_ clientID: String) throws -> Integration {
+        guard clientID.hasPrefix(Self.clientIDPrefix), clientID.utf8.count <= 64,
+              let integration = try store.integration(clientID: clientID) else {
+            throw Rejection(.invalidClient, ServiceReason.unknownClient, "no integration with this client ID")
+        }
+        guard !integration.isRevoked else { throw Rejection(.invalidClient, ServiceReason.clientRevoked, "integration was revoked") }
+        return integration
+    }
+
+    private func mintToken(integration: Integration, keyID: [UInt8], at time: Date) -> (String, TokenRecord) {
+        let token = Self.tokenPrefix + base64URL(secureRandomBytes(32))
+        let record = TokenRecord(tokenHash: sha256(Array(token.utf8)), clientID: integration.clientID, workspaceID: integration.workspaceID,
+                                 keyID: keyID, issuedAt: time, expiresAt: time.addingTimeInterval(configuration.tokenTTL))
+        return (token, record)
+    }
+
+    private func nextChallenge(at time: Date) -> IssuedChallenge {
+        IssuedChallenge(bytes: secureRandomBytes(32), expiresAt: time.addingTimeInterval(configuration.challengeTTL))
+    }
+
+    private func response(_ token: String, _ next: IssuedChallenge, at time: Date) -> TokenResponse {
+        TokenResponse(accessToken: token, expiresIn: Int(configuration.tokenTTL), nextChallenge: next.bytes,
+                      nextChallengeExpiresIn: remaining(next.expiresAt, from: time))
+    }
+
+    private func remaining(_ expiry: Date, from time: Date) -> Int { max(1, Int(expiry.timeIntervalSince(time).rounded(.down))) }
+
+    private func timed<T>(_ kind: String, _ body: () throws -> T) throws -> T {
+        let start = DispatchTime.now().uptimeNanoseconds
+        defer { metrics.observe("attestd_verification_seconds", seconds: Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9, labels: [("kind", kind)]) }
+        do { return try body() } catch let error as VerificationError { throw Rejection.verification(error) }
+    }
+
+    /// Runs `body`; a rejection is counted by reason and written to the audit trail before it propagates.
+    private func rejecting<T>(clientID: String, keyID: [UInt8], action: String, _ body: () throws -> T) throws -> T {
+        do {
+            return try body()
+        } catch let rejection as Rejection {
+            metrics.increment("attestd_rejections_total", labels: [("endpoint", action), ("reason", rejection.reason)])
+            audit.record(AuditEvent(at: now(), action: "\(action).rejected", clientID: String(clientID.prefix(64)),
+                                    keyID: keyID.count == 32 ? keyID : nil, reason: rejection.reason, detail: rejection.detail))
+            throw rejection
+        }
+    }
+}
+
+/// Parsed device keys, so an assertion does not rebuild the key (device keys never change).
+final class DeviceKeyCache: @unchecked Sendable {
+    private var keys: [[UInt8]: ECPublicKey] = [:]
+    private let lock = NSLock()
+    private let capacity = 100_000
+
+    func key(for device: Device) throws -> ECPublicKey {
+        lock.lock()
+        if let key = keys[device.keyID] { lock.unlock(); return key }
+        lock.unlock()
+        let key: ECPublicKey
+        do { key = try ECPublicKey(p256Point: device.publicKey) } catch {
+            throw Rejection(.invalidGrant, VerificationReason.malformed.rawValue, "stored device key is unreadable: \(error)")
+        }
+        lock.lock()
+        if keys.count >= capacity { keys.removeAll(keepingCapacity: true) }
+        keys[device.keyID] = key
+        lock.unlock()
+        return key
+    }
+}
+
+public func base64URL(_ bytes: [UInt8]) -> String {
+    Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+        .replacingOccurrences(of: "=", with: "")
+}

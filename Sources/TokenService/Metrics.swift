@@ -1,0 +1,90 @@
+import Foundation
+
+/// Counters and histograms for `/metrics`, rendered in Prometheus text format.
+public final class Metrics: @unchecked Sendable {
+    private let lock = NSLock()
+    private var counters: [String: [String: Double]] = [:]   // name → rendered labels → value
+    private var help: [String: String] = [:]
+    private var histograms: [String: Histogram] = [:]
+
+    struct Histogram {
+        let bounds: [Double]
+        var buckets: [String: [Int]] = [:]   // labels → cumulative-free bucket counts (+Inf last)
+        var sums: [String: Double] = [:]
+        var counts: [String: Int] = [:]
+    }
+
+    public static let latencyBuckets: [Double] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25]
+
+    public init() {}
+
+    public func describe(_ name: String, _ text: String) {
+        lock.lock(); help[name] = text; lock.unlock()
+    }
+
+    public func increment(_ name: String, labels: [(String, String)] = [], by value: Double = 1) {
+        let key = Metrics.render(labels)
+        lock.lock()
+        counters[name, default: [:]][key, default: 0] += value
+        lock.unlock()
+    }
+
+    public func observe(_ name: String, seconds: Double, labels: [(String, String)] = []) {
+        let key = Metrics.render(labels)
+        lock.lock()
+        var histogram = histograms[name] ?? Histogram(bounds: Metrics.latencyBuckets)
+        var bucket = histogram.buckets[key] ?? [Int](repeating: 0, count: histogram.bounds.count + 1)
+        bucket[histogram.bounds.firstIndex(where: { seconds <= $0 }) ?? histogram.bounds.count] += 1
+        histogram.buckets[key] = bucket
+        histogram.sums[key, default: 0] += seconds
+        histogram.counts[key, default: 0] += 1
+        histograms[name] = histogram
+        lock.unlock()
+    }
+
+    public func value(_ name: String, labels: [(String, String)] = []) -> Double {
+        lock.lock(); defer { lock.unlock() }
+        return counters[name]?[Metrics.render(labels)] ?? 0
+    }
+
+    public func prometheusText() -> String {
+        lock.lock(); defer { lock.unlock() }
+        var out = ""
+        for name in counters.keys.sorted() {
+            if let text = help[name] { out += "# HELP \(name) \(text)\n" }
+            out += "# TYPE \(name) counter\n"
+            for (labels, value) in counters[name]!.sorted(by: { $0.key < $1.key }) {
+                out += "\(name)\(labels) \(format(value))\n"
+            }
+        }
+        for name in histograms.keys.sorted() {
+            let histogram = histograms[name]!
+            if let text = help[name] { out += "# HELP \(name) \(text)\n" }
+            out += "# TYPE \(name) histogram\n"
+            for labels in histogram.buckets.keys.sorted() {
+                let inner = labels.isEmpty ? "" : String(labels.dropFirst().dropLast()) + ","
+                var cumulative = 0
+                for (i, count) in histogram.buckets[labels]!.enumerated() {
+                    cumulative += count
+                    let le = i < histogram.bounds.count ? format(histogram.bounds[i]) : "+Inf"
+                    out += "\(name)_bucket{\(inner)le=\"\(le)\"} \(cumulative)\n"
+                }
+                out += "\(name)_sum\(labels) \(histogram.sums[labels]!)\n"
+                out += "\(name)_count\(labels) \(histogram.counts[labels]!)\n"
+            }
+        }
+        return out
+    }
+
+    private func format(_ value: Double) -> String {
+        value == value.rounded() && abs(value) < 1e15 ? String(Int64(value)) : String(value)
+    }
+
+    static func render(_ labels: [(String, String)]) -> String {
+        guard !labels.isEmpty else { return "" }
+        let escaped = labels.map { name, value in
+            "\(name)=\"\(value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"").replacingOccurrences(of: "\n", with: "\\n"))\""
+        }
+        return "{" + escaped.joined(separator: ",") + "}"
+    }
+}

@@ -1,0 +1,136 @@
+import AppAttest
+import Foundation
+
+/// Roles of workspace members, from most to least privileged.
+public enum Role: String, Sendable, CaseIterable {
+    case primaryOwner = "primary_owner"
+    case owner
+    case admin
+    case developer
+    case user
+
+    /// Who may create and revoke integrations.
+    public var managesIntegrations: Bool { self == .primaryOwner || self == .owner || self == .admin }
+}
+
+public struct Workspace: Sendable, Equatable {
+    public let id: Int64
+    public let name: String
+    public init(id: Int64, name: String) {
+        self.id = id
+        self.name = name
+    }
+}
+
+/// An app integration: the registered app(s) whose genuine installs may mint tokens.
+public struct Integration: Sendable, Equatable {
+    public let clientID: String
+    public let workspaceID: Int64
+    public let workspaceName: String
+    public let name: String
+    public let teamID: String
+    public let bundleIDs: [String]
+    public let environments: Set<AttestationEnvironment>
+    public let createdAt: Date
+    public let revokedAt: Date?
+
+    public var isRevoked: Bool { revokedAt != nil }
+    public var appIDs: [AppID] { bundleIDs.map { AppID(teamID: teamID, bundleID: $0) } }
+
+    public init(clientID: String, workspaceID: Int64, workspaceName: String, name: String, teamID: String, bundleIDs: [String],
+                environments: Set<AttestationEnvironment>, createdAt: Date, revokedAt: Date?) {
+        self.clientID = clientID
+        self.workspaceID = workspaceID
+        self.workspaceName = workspaceName
+        self.name = name
+        self.teamID = teamID
+        self.bundleIDs = bundleIDs
+        self.environments = environments
+        self.createdAt = createdAt
+        self.revokedAt = revokedAt
+    }
+}
+
+/// A registered App Attest key.
+public struct Device: Sendable, Equatable {
+    public let keyID: [UInt8]
+    public let clientID: String
+    public let publicKey: [UInt8]
+    public let counter: UInt32
+    public let environment: AttestationEnvironment
+    public let appID: String
+
+    public init(keyID: [UInt8], clientID: String, publicKey: [UInt8], counter: UInt32, environment: AttestationEnvironment, appID: String) {
+        self.keyID = keyID
+        self.clientID = clientID
+        self.publicKey = publicKey
+        self.counter = counter
+        self.environment = environment
+        self.appID = appID
+    }
+}
+
+/// What the service stores about an access token: never the token, only its SHA-256.
+public struct TokenRecord: Sendable, Equatable {
+    public let tokenHash: [UInt8]
+    public let clientID: String
+    public let workspaceID: Int64
+    public let keyID: [UInt8]
+    public let issuedAt: Date
+    public let expiresAt: Date
+
+    public init(tokenHash: [UInt8], clientID: String, workspaceID: Int64, keyID: [UInt8], issuedAt: Date, expiresAt: Date) {
+        self.tokenHash = tokenHash
+        self.clientID = clientID
+        self.workspaceID = workspaceID
+        self.keyID = keyID
+        self.issuedAt = issuedAt
+        self.expiresAt = expiresAt
+    }
+}
+
+/// A live token as the Messages API check sees it.
+public struct TokenGrant: Sendable, Equatable {
+    public let clientID: String
+    public let workspaceName: String
+    public let issuedAt: Date
+    public let expiresAt: Date
+    public init(clientID: String, workspaceName: String, issuedAt: Date, expiresAt: Date) {
+        self.clientID = clientID
+        self.workspaceName = workspaceName
+        self.issuedAt = issuedAt
+        self.expiresAt = expiresAt
+    }
+}
+
+/// A challenge handed to a device: 32 random bytes, bound to (client ID, key ID).
+public struct IssuedChallenge: Sendable, Equatable {
+    public let bytes: [UInt8]
+    public let expiresAt: Date
+    public init(bytes: [UInt8], expiresAt: Date) {
+        self.bytes = bytes
+        self.expiresAt = expiresAt
+    }
+}
+
+/// One line of the audit trail.
+public struct AuditEvent: Sendable {
+    public let at: Date
+    public let actor: String?
+    public let action: String
+    public let clientID: String?
+    public let keyID: [UInt8]?
+    public let reason: String?
+    public let detail: String?
+
+    public init(at: Date, actor: String? = nil, action: String, clientID: String? = nil, keyID: [UInt8]? = nil,
+                reason: String? = nil, detail: String? = nil) {
+        self.at = at
+        self.actor = actor
+        self.action = action
+        self.clientID = clientID
+        self.keyID = keyID
+        self.reason = reason
+        self.detail = detail
+    }
+}
