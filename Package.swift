@@ -28,20 +28,23 @@ let package = Package(
         .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto"]),
         .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "CSQLite"]),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
+        // The service's HTTP API: routes from HTTP requests to the token service and back.
+        .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto"]),
 
         // Device side: the client module, and a simulated device on the test authority (never shipped in apps).
         .target(name: "AttestClient", dependencies: ["AttestCrypto"]),
         .target(name: "SimulatedDevice", dependencies: ["AttestClient", "TestAuthority", "AttestCrypto", "AppAttest"]),
 
-        .executableTarget(name: "attestd", dependencies: ["TokenService", "SQLiteStore", "HTTPServer", "AppAttest"]),
+        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto"]),
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "TestAuthority", "AttestClient", "SimulatedDevice"]),
 
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR"]),
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority"]),
-        .testTarget(name: "ServiceTests", dependencies: ["TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient", "SimulatedDevice", "AppAttest"]),
+        .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient", "SimulatedDevice", "AppAttest"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
+        .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
     ],
     swiftLanguageModes: [.v5]
 )

@@ -32,21 +32,8 @@ public final class ECPublicKey: @unchecked Sendable {
         guard point.count == 65, point.first == 0x04 else {
             throw CryptoError("a P-256 public key is a 65-byte uncompressed point, got \(point.count) bytes")
         }
-        guard let ctx = EVP_PKEY_CTX_new_from_name(nil, "EC", nil) else { throw CryptoError.openSSL("EVP_PKEY_CTX_new_from_name") }
-        defer { EVP_PKEY_CTX_free(ctx) }
-        var pkey: OpaquePointer?
-        let status: Int32 = "P-256".withCString { group in
-            point.withUnsafeBufferPointer { pub in
-                var params = [
-                    OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME, UnsafeMutablePointer(mutating: group), 0),
-                    OSSL_PARAM_construct_octet_string(OSSL_PKEY_PARAM_PUB_KEY, UnsafeMutableRawPointer(mutating: pub.baseAddress), pub.count),
-                    OSSL_PARAM_construct_end(),
-                ]
-                guard EVP_PKEY_fromdata_init(ctx) == 1 else { return 0 }
-                return EVP_PKEY_fromdata(ctx, &pkey, attest_evp_pkey_public_key_selection(), &params)
-            }
-        }
-        guard status == 1, let pkey else { throw CryptoError.openSSL("not a valid P-256 point") }
+        let pkey = point.withUnsafeBufferPointer { attest_ec_public_key_from_point("P-256", $0.baseAddress, $0.count) }
+        guard let pkey else { throw CryptoError.openSSL("not a valid P-256 point") }
         try self.init(owning: pkey)
     }
 

@@ -24,5 +24,19 @@ static inline int attest_sk_X509_push(STACK_OF(X509) *s, X509 *x) { return sk_X5
 static inline void attest_sk_X509_free(STACK_OF(X509) *s) { sk_X509_free(s); }
 static inline long attest_BIO_get_mem_data(BIO *b, char **pp) { return BIO_get_mem_data(b, pp); }
 static inline X509 *attest_sk_X509_value(const STACK_OF(X509) *s, int i) { return sk_X509_value(s, i); }
-static inline int attest_evp_pkey_public_key_selection(void) { return EVP_PKEY_PUBLIC_KEY; }
+/* An EC public key from an encoded point. Built in C because OSSL_PARAM keeps pointers to its
+   key names, which must outlive the call: Swift would pass temporary copies of the macros. */
+static inline EVP_PKEY *attest_ec_public_key_from_point(const char *group, const unsigned char *point, size_t length) {
+    EVP_PKEY *pkey = NULL;
+    EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new_from_name(NULL, "EC", NULL);
+    if (ctx == NULL) return NULL;
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME, (char *)group, 0),
+        OSSL_PARAM_construct_octet_string(OSSL_PKEY_PARAM_PUB_KEY, (void *)point, length),
+        OSSL_PARAM_construct_end(),
+    };
+    if (EVP_PKEY_fromdata_init(ctx) != 1 || EVP_PKEY_fromdata(ctx, &pkey, EVP_PKEY_PUBLIC_KEY, params) != 1) pkey = NULL;
+    EVP_PKEY_CTX_free(ctx);
+    return pkey;
+}
 #endif

@@ -1,0 +1,324 @@
+import AppAttest
+import AttestCrypto
+import Foundation
+import Testing
+import TestAuthority
+import TokenService
+
+/// The token service driven over loopback HTTP, as a device and an operator would.
+@Suite struct TokenExchangeTests {
+    @Test func fullFlowRegisterRefreshMessagesRevoke() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+
+        // Register: challenge → attestation → first token.
+        let registered = try await http.registerFresh(device)
+        #expect(registered.status == 200)
+        #expect(registered.json["token_type"] as? String == "Bearer")
+        #expect(registered.json["expires_in"] as? Int == 3600)
+        #expect(registered.header("cache-control") == "no-store")
+        let first = try #require(registered.json["access_token"] as? String)
+        let next = try #require((registered.json["next_challenge"] as? String).flatMap { Data(base64Encoded: $0) })
+        #expect(next.count == 32)
+        #expect((registered.json["next_challenge_expires_in"] as? Int ?? 0) > 0)
+
+        // The token authorizes the Messages API (503 for now: no upstream) and nothing else.
+        let messages = try await http.messages(token: first)
+        #expect(messages.status == 503)
+        #expect((messages.json["error"] as? [String: Any])?["type"] as? String == "api_error")
+        let other = try await http.send("GET", "/v1/models", headers: ["authorization": "Bearer \(first)"])
+        #expect(other.status == 403)
+        #expect((other.json["error"] as? [String: Any])?["type"] as? String == "permission_error")
+
+        // Refresh by assertion with the pre-issued challenge.
+        let refreshed = try await http.token(device, assertion: try device.assertion(challenge: Array(next)))
+        #expect(refreshed.status == 200)
+        let second = try #require(refreshed.json["access_token"] as? String)
+        #expect(second != first)
+        #expect(try await http.messages(token: second).status == 503)
+
+        // Revocation: outstanding tokens die at once; the device can never mint again.
+        try service.admin.revokeIntegration(actor: service.owner, clientID: integration.clientID)
+        for token in [first, second] {
+            let rejected = try await http.messages(token: token)
+            #expect(rejected.status == 401)
+            #expect((rejected.json["error"] as? [String: Any])?["type"] as? String == "authentication_error")
+        }
+        let challenge = try await http.challenge(device)
+        #expect(challenge.status == 401)
+        #expect(challenge.error == "invalid_client")
+        let token = try await http.token(device, assertion: try device.assertion(challenge: Array(next)))
+        #expect(token.status == 401)
+        #expect(token.error == "invalid_client")
+    }
+
+    @Test func pendingChallengeIsReissuedWithItsRemainingTTLAndIsSingleUse() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+
+        let first = try await http.challenge(device)
+        #expect(first.status == 200)
+        #expect(first.json["expires_in"] as? Int == 300)
+        service.clock.advance(100)
+        let again = try await http.challenge(device)
+        #expect(again.json["challenge"] as? String == first.json["challenge"] as? String)
+        #expect(again.json["expires_in"] as? Int == 200)
+
+        // Used once (successfully), it cannot be used again.
+        let challenge = Array(Data(base64Encoded: first.json["challenge"] as! String)!)
+        let attestation = try device.attestation(challenge: challenge)
+        #expect(try await http.register(device, attestation: attestation).status == 200)
+        let reuse = try await http.register(device, attestation: attestation)
+        #expect(reuse.status == 401)
+        #expect(reuse.error == "invalid_grant")
+
+        // After expiry a new challenge is minted.
+        service.clock.advance(301)
+        let fresh = try await http.challenge(device)
+        #expect(fresh.json["challenge"] as? String != first.json["challenge"] as? String)
+    }
+
+    @Test func expiredChallengeIsRefused() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        let challenge = try await http.challengeBytes(device)
+        service.clock.advance(301)
+        let late = try await http.register(device, attestation: try device.attestation(challenge: challenge))
+        #expect(late.status == 401)
+        #expect(late.error == "invalid_grant")
+        #expect(try service.store.auditEvents(limit: 1).first?.reason == ServiceReason.noPendingChallenge)
+    }
+
+    @Test func failedAttemptUsesTheChallengeUp() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        let challenge = try await http.challengeBytes(device)
+        let wrong = try await http.register(device, attestation: try device.attestation(challenge: Array("not the challenge".utf8)))
+        #expect(wrong.status == 401)
+        // The right attestation for the same challenge is now too late.
+        let right = try await http.register(device, attestation: try device.attestation(challenge: challenge))
+        #expect(right.status == 401)
+        #expect(right.error == "invalid_grant")
+    }
+
+    /// Every rejection case of PROTOCOL.md's table, with the exact reason recorded in the audit trail.
+    @Test func protocolRejectionTable() async throws {
+        let service = try TestService { $0.mintLimitPerMinute = 3; $0.registrationQuotaPerHour = 2 }
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        func lastReason() throws -> String? { try service.store.auditEvents(limit: 1).first?.reason }
+
+        // 401 invalid_client for an unknown client, on every endpoint; never 404.
+        let stranger = try ManualDevice(clientID: "clid_doesnotexist")
+        let unknown = try await http.challenge(stranger)
+        #expect(unknown.status == 401 && unknown.error == "invalid_client")
+        #expect(try lastReason() == ServiceReason.unknownClient)
+        let unknownToken = try await http.token(stranger, assertion: "AAAA")
+        #expect(unknownToken.status == 401 && unknownToken.error == "invalid_client")
+
+        // 400 for malformed bodies and missing fields.
+        #expect(try await http.postJSON("/v1/oauth/app-attest/challenge", ["client_id": integration.clientID]).status == 400)
+        #expect(try await http.send("POST", "/v1/oauth/app-attest/challenge", body: Data("{".utf8), contentType: "application/json").json["error"] as? String == "invalid_request")
+        #expect(try await http.postJSON("/v1/oauth/app-attest/challenge", ["client_id": integration.clientID, "key_id": "AAAA"]).status == 400)
+        #expect(try await http.postForm("/v1/oauth/token", [("grant_type", "password"), ("client_id", integration.clientID)]).status == 400)
+        #expect(try await http.postJSON("/v1/oauth/app-attest/register", ["client_id": integration.clientID, "key_id": 5, "attestation_object": "x"]).status == 400)
+
+        // Register: attestation for another app → 401 invalid_grant (rpIDMismatch).
+        let otherApp = try ManualDevice(clientID: integration.clientID, appID: AppID(teamID: "ABCDE12345", bundleID: "com.example.other"))
+        let rejected = try await http.registerFresh(otherApp)
+        #expect(rejected.status == 401 && rejected.error == "invalid_grant")
+        #expect(try lastReason() == VerificationReason.rpIDMismatch.rawValue)
+
+        // A registered device; then the token endpoint's failure modes.
+        let device = try ManualDevice(clientID: integration.clientID)
+        let registered = try await http.registerFresh(device)
+        #expect(registered.status == 200)
+        var next = Array(Data(base64Encoded: registered.json["next_challenge"] as! String)!)
+
+        // Bad signature (assertion over another challenge).
+        let badSignature = try await http.token(device, assertion: try device.assertion(challenge: Array(repeating: 9, count: 32)))
+        #expect(badSignature.status == 401 && badSignature.error == "invalid_grant")
+        #expect(try lastReason() == VerificationReason.signatureInvalid.rawValue)
+
+        // Replayed counter.
+        next = try await http.challengeBytes(device)
+        let replay = try await http.token(device, assertion: try device.assertion(challenge: next, counter: 0))
+        #expect(replay.status == 401 && replay.error == "invalid_grant")
+        #expect(try lastReason() == VerificationReason.counterNotIncreasing.rawValue)
+
+        // Unknown key.
+        let unregistered = try ManualDevice(clientID: integration.clientID)
+        let unknownKey = try await http.token(unregistered, assertion: try unregistered.assertion(challenge: try await http.challengeBytes(unregistered)))
+        #expect(unknownKey.status == 401 && unknownKey.error == "invalid_grant")
+        #expect(try lastReason() == ServiceReason.unknownKey)
+
+        // No pending challenge.
+        let noChallenge = try await http.token(device, assertion: try device.assertion(challenge: next))
+        #expect(noChallenge.status == 401 && noChallenge.error == "invalid_grant")
+        #expect(try lastReason() == ServiceReason.noPendingChallenge)
+
+        // Key registered twice.
+        let again = try await http.register(device, attestation: try device.attestation(challenge: try await http.challengeBytes(device)))
+        #expect(again.status == 401 && again.error == "invalid_grant")
+        #expect(try lastReason() == ServiceReason.keyAlreadyRegistered)
+
+        // 429 mint limit with Retry-After (3 a minute; the failures above count as attempts).
+        var limited: HTTPResult?
+        for _ in 0..<4 {
+            let result = try await http.token(device, assertion: try device.assertion(challenge: try await http.challengeBytes(device)))
+            if result.status == 429 { limited = result; break }
+            #expect(result.status == 200)
+        }
+        let mintLimited = try #require(limited)
+        #expect(mintLimited.error == "rate_limit_error")
+        #expect(Int(mintLimited.header("retry-after") ?? "") ?? 0 > 0)
+        #expect(try lastReason() == ServiceReason.mintLimit)
+
+        // 429 registration quota (2 an hour; two registrations were attempted above past the challenge).
+        let late = try ManualDevice(clientID: integration.clientID)
+        let quota = try await http.registerFresh(late)
+        #expect(quota.status == 429 && quota.error == "rate_limit_error")
+        #expect(Int(quota.header("retry-after") ?? "") ?? 0 > 60)
+
+        // Unknown routes are 404, wrong methods 405 — but never 404 for an unknown client or key.
+        #expect(try await http.send("GET", "/nope").status == 404)
+        #expect(try await http.send("GET", "/v1/oauth/token").status == 405)
+    }
+
+    @Test func concurrentRequestsWithOneCounterMintExactlyOneToken() async throws {
+        let service = try TestService { $0.mintLimitPerMinute = 0 }
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        let registered = try await http.registerFresh(device)
+        let next = Array(Data(base64Encoded: registered.json["next_challenge"] as! String)!)
+        // 64 distinct assertions, all signed with counter 1 over the same challenge.
+        let assertions = try (0..<64).map { _ in try device.assertion(challenge: next, counter: 1) }
+        let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+            for assertion in assertions { group.addTask { try await http.token(device, assertion: assertion).status } }
+            return try await group.reduce(into: [Int]()) { $0.append($1) }
+        }
+        #expect(statuses.filter { $0 == 200 }.count == 1)
+        #expect(statuses.filter { $0 == 401 }.count == 63)
+        #expect(try service.store.counts(clientID: integration.clientID, at: service.clock.now).liveTokens == 2)
+        #expect(try service.store.device(clientID: integration.clientID, keyID: device.key.keyID)?.counter == 1)
+    }
+
+    @Test func concurrentCounterRaceAtTheStoreLevel() async throws {
+        // Even with a challenge each, two assertions with one counter cannot both advance it.
+        let service = try TestService { $0.mintLimitPerMinute = 0 }
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        _ = try await http.registerFresh(device)
+        let record = { (n: UInt8) in TokenRecord(tokenHash: sha256([n]), clientID: integration.clientID, workspaceID: integration.workspaceID,
+                                                  keyID: device.key.keyID, issuedAt: Date(), expiresAt: Date() + 60) }
+        let challenge = IssuedChallenge(bytes: [UInt8](repeating: 1, count: 32), expiresAt: Date() + 60)
+        let wins = await withTaskGroup(of: Bool.self) { group in
+            for n in 0..<32 {
+                group.addTask {
+                    (try? service.store.advanceCounter(clientID: integration.clientID, keyID: device.key.keyID, from: 0, to: 5,
+                                                       token: record(UInt8(n)), nextChallenge: challenge, at: Date())) ?? false
+                }
+            }
+            return await group.reduce(into: 0) { $0 += $1 ? 1 : 0 }
+        }
+        #expect(wins == 1)
+    }
+
+    @Test func tokensExpireAfterTheirTTL() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        let token = try #require(try await http.registerFresh(device).json["access_token"] as? String)
+        service.clock.advance(3599)
+        #expect(try await http.messages(token: token).status == 503)
+        service.clock.advance(2)
+        #expect(try await http.messages(token: token).status == 401)
+    }
+
+    @Test func base64InAllFourAlphabetsAndFieldsInAnyOrder() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        let urlSafeUnpadded = device.keyIDBase64.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+        let challenge = try await http.postJSON("/v1/oauth/app-attest/challenge", ["client_id": integration.clientID, "key_id": urlSafeUnpadded])
+        #expect(challenge.status == 200)
+        let bytes = Array(Data(base64Encoded: challenge.json["challenge"] as! String)!)
+        let registered = try await http.register(device, attestation: try device.attestation(challenge: bytes))
+        #expect(registered.status == 200)
+        let next = Array(Data(base64Encoded: registered.json["next_challenge"] as! String)!)
+        let assertion = try device.assertion(challenge: next).replacingOccurrences(of: "=", with: "")
+        let refreshed = try await http.postForm("/v1/oauth/token", [("key_id", urlSafeUnpadded), ("grant_type", "urn:anthropic:params:oauth:grant-type:app-attest"),
+                                                                    ("assertion", assertion), ("client_id", integration.clientID)])
+        #expect(refreshed.status == 200)
+    }
+
+    @Test func introspectionForGateways() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        let token = try #require(try await http.registerFresh(device).json["access_token"] as? String)
+        let key = ["authorization": "Bearer \(TestService.introspectionKey)"]
+
+        let active = try await http.postForm("/v1/oauth/introspect", [("token", token)], headers: key)
+        #expect(active.status == 200)
+        #expect(active.json["active"] as? Bool == true)
+        #expect(active.json["scope"] as? String == "messages")
+        #expect(active.json["client_id"] as? String == integration.clientID)
+        #expect(active.json["workspace"] as? String == "default")
+        #expect(active.json["token_type"] as? String == "Bearer")
+        #expect((active.json["exp"] as? Int ?? 0) - (active.json["iat"] as? Int ?? 0) == 3600)
+
+        #expect(try await http.postForm("/v1/oauth/introspect", [("token", "aat_nope")], headers: key).json["active"] as? Bool == false)
+        #expect(try await http.postForm("/v1/oauth/introspect", [("token", token)]).status == 401)
+        #expect(try await http.postForm("/v1/oauth/introspect", [("token", token)], headers: ["authorization": "Bearer wrong"]).status == 401)
+        try service.admin.revokeIntegration(actor: service.owner, clientID: integration.clientID)
+        #expect(try await http.postForm("/v1/oauth/introspect", [("token", token)], headers: key).json["active"] as? Bool == false)
+    }
+
+    @Test func environmentRestrictionIsEnforced() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration(environments: [.production])
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        let result = try await http.registerFresh(device)   // the test authority attests in development by default
+        #expect(result.status == 401)
+        #expect(try service.store.auditEvents(limit: 1).first?.reason == VerificationReason.environmentNotAllowed.rawValue)
+    }
+
+    @Test func untrustedAuthorityIsRejected() async throws {
+        let service = try TestService(trustTestAuthority: false)
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let result = try await http.registerFresh(try ManualDevice(clientID: integration.clientID))
+        #expect(result.status == 401 && result.error == "invalid_grant")
+        #expect(try service.store.auditEvents(limit: 1).first?.reason == VerificationReason.certificateChainInvalid.rawValue)
+    }
+
+    @Test func metricsCountRequestsRejectionsAndTokens() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        _ = try await http.registerFresh(try ManualDevice(clientID: integration.clientID))
+        _ = try await http.challenge(try ManualDevice(clientID: "clid_unknown"))
+        let text = String(decoding: try await http.send("GET", "/metrics").body, as: UTF8.self)
+        #expect(text.contains(#"attestd_tokens_issued_total{grant="registration"} 1"#))
+        #expect(text.contains(#"attestd_rejections_total{endpoint="challenge",reason="unknownClient"} 1"#))
+        #expect(text.contains(#"attestd_http_requests_total{route="/v1/oauth/app-attest/register",status="200"} 1"#))
+        #expect(text.contains(#"attestd_verification_seconds_count{kind="attestation"} 1"#))
+        #expect(try await http.send("GET", "/healthz").status == 200)
+    }
+}
