@@ -5,6 +5,9 @@ let usage = """
 usage: attestctl <command> …
   verify attestation|assertion …   verify an App Attest object offline
   bench verify [--seconds S] [--sample FILE]
+  init | members add | workspaces create   set up the organisation (any of these --help: usage)
+  integrations create|list|show|revoke     manage app integrations
+  audit [--client-id CLID] [--limit N]     newest audit events
 """
 
 let argv = Array(CommandLine.arguments.dropFirst())
@@ -14,6 +17,7 @@ do {
     switch argv.first {
     case "verify": status = try VerifyCommand.run(rest)
     case "bench": status = try BenchCommand.run(rest)
+    case "init", "members", "workspaces", "integrations", "audit": status = try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); status = 0
     default: throw UsageError(usage)
     }

@@ -1,0 +1,215 @@
+import AppAttest
+import Foundation
+import SQLiteStore
+import TokenService
+
+/// `attestctl init|members|workspaces|integrations|audit`: administration on the service database.
+/// Arguments are checked before the database is opened, and `AdminService` refuses before it
+/// writes, so every exit-2 path leaves the database as it was.
+enum AdminCommands {
+    static let usage = """
+    usage: attestctl init --owner EMAIL
+           attestctl members add --actor EMAIL --email EMAIL --role owner|admin|developer|user [--workspace NAME]
+           attestctl workspaces create --actor EMAIL --name NAME
+           attestctl integrations create --actor EMAIL [--workspace NAME] --name NAME --team-id TEAMID
+             --bundle-id ID [--bundle-id ID]… [--environments development,production] [--json]
+           attestctl integrations list [--workspace NAME] [--json]
+           attestctl integrations show CLIENT_ID [--json]
+           attestctl integrations revoke CLIENT_ID --actor EMAIL --yes
+           attestctl audit [--client-id CLIENT_ID] [--limit N] [--json]
+         every command takes --db PATH (default: $ATTESTD_DB, else ./attestd.sqlite)
+    """
+
+    static func run(_ command: String, _ argv: [String]) throws -> Int32 {
+        if argv.contains("--help") || argv.contains("-h") {
+            print(usage)
+            return 0
+        }
+        do {
+            switch (command, argv.first) {
+            case ("init", _): try initialize(argv)
+            case ("members", "add"): try addMember(Array(argv.dropFirst()))
+            case ("workspaces", "create"): try createWorkspace(Array(argv.dropFirst()))
+            case ("integrations", "create"): try createIntegration(Array(argv.dropFirst()))
+            case ("integrations", "list"): try listIntegrations(Array(argv.dropFirst()))
+            case ("integrations", "show"): try showIntegration(Array(argv.dropFirst()))
+            case ("integrations", "revoke"): try revokeIntegration(Array(argv.dropFirst()))
+            case ("audit", _): try audit(argv)
+            default: throw UsageError(usage)
+            }
+            return 0
+        } catch let error as AdminError {
+            // A refusal by the domain is the operator's to fix, like a usage error: exit 2.
+            throw UsageError(error.description)
+        }
+    }
+
+    // MARK: Commands
+
+    static func initialize(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["owner"])
+        let owner = try arguments.required("owner")
+        let (service, store) = try open(arguments)
+        switch try service.initialize(owner: owner) {
+        case .created:
+            print("initialised \(store.path): workspace \(AdminService.defaultWorkspace), primary owner \(try Validate.email(owner))")
+        case .unchanged(let existing):
+            print("already initialised \(store.path): primary owner \(existing); nothing changed")
+        }
+    }
+
+    static func addMember(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "email", "role", "workspace"])
+        let actor = try arguments.required("actor"), email = try arguments.required("email")
+        let roleText = try arguments.required("role")
+        guard let role = Role(rawValue: roleText) else { throw UsageError("--role \(roleText): use owner, admin, developer or user") }
+        let workspace = try arguments.value("workspace") ?? AdminService.defaultWorkspace
+        let (service, _) = try open(arguments)
+        try service.addMember(actor: try Validate.email(actor), email: email, role: role, workspace: workspace)
+        print("added \(try Validate.email(email)) as \(role.rawValue) in \(workspace)")
+    }
+
+    static func createWorkspace(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "name"])
+        let actor = try Validate.email(try arguments.required("actor"))
+        let name = try arguments.required("name")
+        let (service, _) = try open(arguments)
+        let workspace = try service.createWorkspace(actor: actor, name: name)
+        print("created workspace \(workspace.name); primary owner \(actor)")
+    }
+
+    static func createIntegration(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "workspace", "name", "team-id", "bundle-id", "environments"], flags: ["json"])
+        let actor = try Validate.email(try arguments.required("actor"))
+        let name = try arguments.required("name"), teamID = try arguments.required("team-id")
+        let environments = try arguments.value("environments").map(Validate.environments) ?? [.development, .production]
+        let workspace = try arguments.value("workspace") ?? AdminService.defaultWorkspace
+        let (service, _) = try open(arguments)
+        let integration = try service.createIntegration(actor: actor, workspace: workspace, name: name, teamID: teamID,
+                                                        bundleIDs: arguments.all("bundle-id"), environments: environments)
+        if arguments.has("json") {
+            printJSON(record(integration))
+        } else {
+            print("created integration \(integration.name) in \(integration.workspaceName): client ID \(integration.clientID)")
+        }
+    }
+
+    static func listIntegrations(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["workspace"], flags: ["json"])
+        let (service, _) = try open(arguments)
+        let integrations = try service.integrations(workspace: try arguments.value("workspace"))
+        let records = try integrations.map { try detailedRecord($0, service) }
+        if arguments.has("json") {
+            printJSON(["integrations": records])
+        } else if records.isEmpty {
+            print("no integrations")
+        } else {
+            for record in records { print(summaryLine(record)) }
+        }
+    }
+
+    static func showIntegration(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: [], flags: ["json"], positional: 1)
+        let (service, _) = try open(arguments)
+        let record = try detailedRecord(try service.integration(arguments.positional[0]), service)
+        if arguments.has("json") {
+            printJSON(record)
+        } else {
+            for key in ["client_id", "name", "workspace", "team_id", "bundle_ids", "environments", "created_at", "revoked_at", "devices", "live_tokens"] {
+                print("\(key): \(text(record[key]))")
+            }
+        }
+    }
+
+    static func revokeIntegration(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor"], flags: ["yes"], positional: 1)
+        let clientID = arguments.positional[0]
+        let actor = try Validate.email(try arguments.required("actor"))
+        guard arguments.has("yes") else {
+            throw UsageError("revoking \(clientID) is permanent: its tokens stop working and its devices can never mint again; add --yes to confirm")
+        }
+        let (service, _) = try open(arguments)
+        let liveTokens = try service.counts(clientID).liveTokens
+        // SQLiteTokenStore commits synchronously, so the revocation is on disk once this returns.
+        try service.revokeIntegration(actor: actor, clientID: clientID)
+        print("revoked \(clientID) permanently (\(liveTokens) live tokens revoked)")
+    }
+
+    static func audit(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["client-id", "limit"], flags: ["json"])
+        let limit = try arguments.integer("limit", default: 50, range: 1...100_000)!
+        let (_, store) = try open(arguments)
+        let events = try store.auditEvents(limit: limit, clientID: try arguments.value("client-id")).map { event -> [String: Any] in
+            ["at": iso8601(event.at), "actor": event.actor ?? NSNull(), "action": event.action,
+             "client_id": event.clientID ?? NSNull(), "key_id": event.keyID.map { Data($0).base64EncodedString() } ?? NSNull(),
+             "reason": event.reason ?? NSNull(), "detail": event.detail ?? NSNull()]
+        }
+        if arguments.has("json") {
+            printJSON(["events": events])
+        } else {
+            for event in events {
+                let fields = ["actor", "client_id", "key_id", "reason"].compactMap { key in (event[key] as? String).map { "\(key)=\($0)" } }
+                print(([text(event["at"]), text(event["action"])] + fields + [(event["detail"] as? String) ?? ""]).joined(separator: "  "))
+            }
+        }
+    }
+
+    // MARK: Helpers
+
+    /// Parses with `--db` allowed everywhere and an exact number of positional arguments.
+    static func parse(_ argv: [String], options: Set<String>, flags: Set<String> = [], positional: Int = 0) throws -> Arguments {
+        let arguments = try Arguments(argv, options: options.union(["db"]), flags: flags)
+        guard arguments.positional.count == positional else {
+            throw UsageError(positional == 0 ? "unexpected argument \(arguments.positional[0])"
+                                             : "expected \(positional) argument(s), got \(arguments.positional.count)")
+        }
+        return arguments
+    }
+
+    /// Opening creates and migrates the database, so it happens only after the arguments are known to be good.
+    static func open(_ arguments: Arguments) throws -> (AdminService, SQLiteTokenStore) {
+        let environment = ProcessInfo.processInfo.environment["ATTESTD_DB"].flatMap { $0.isEmpty ? nil : $0 }
+        let path = try arguments.value("db") ?? environment ?? "./attestd.sqlite"
+        let store = try SQLiteTokenStore(path: path, readers: 1)
+        return (AdminService(store: store), store)
+    }
+
+    /// What `integrations create --json` prints.
+    static func record(_ integration: Integration) -> [String: Any] {
+        ["client_id": integration.clientID, "name": integration.name, "workspace": integration.workspaceName,
+         "team_id": integration.teamID, "bundle_ids": integration.bundleIDs,
+         "environments": integration.environments.map(\.rawValue).sorted(), "created_at": iso8601(integration.createdAt)]
+    }
+
+    /// The record plus usage counts and revocation time, for list and show.
+    static func detailedRecord(_ integration: Integration, _ service: AdminService) throws -> [String: Any] {
+        let counts = try service.counts(integration.clientID)
+        var result = record(integration)
+        result["devices"] = counts.devices
+        result["live_tokens"] = counts.liveTokens
+        result["revoked_at"] = integration.revokedAt.map(iso8601) ?? NSNull()
+        return result
+    }
+
+    static func summaryLine(_ record: [String: Any]) -> String {
+        var line = "\(text(record["client_id"]))  \(text(record["name"]))  workspace=\(text(record["workspace"]))"
+            + "  team=\(text(record["team_id"]))  bundles=\(text(record["bundle_ids"]))  environments=\(text(record["environments"]))"
+            + "  devices=\(text(record["devices"]))  live_tokens=\(text(record["live_tokens"]))"
+        if record["revoked_at"] is String { line += "  revoked_at=\(text(record["revoked_at"]))" }
+        return line
+    }
+
+    static func text(_ value: Any?) -> String {
+        switch value {
+        case let list as [String]: return list.joined(separator: ",")
+        case nil, is NSNull: return "-"
+        case let value?: return "\(value)"
+        }
+    }
+
+    static func iso8601(_ date: Date) -> String {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime]
+        return formatter.string(from: date)
+    }
+}
