@@ -1,0 +1,148 @@
+import AttestCrypto
+import Foundation
+import SQLiteStore
+import Testing
+import TokenService
+
+/// The real binaries, as an operator runs them: crash safety, secrets at rest and in logs,
+/// and revocation by attestctl reaching a running server.
+@Suite(.serialized) struct DurabilityTests {
+    func makeDatabase() throws -> (directory: URL, db: String, clientID: String) {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-proc-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let db = directory.appendingPathComponent("attestd.sqlite").path
+        #expect(try ServerProcess.attestctl(["init", "--db", db, "--owner", "owner@example.com"]).0 == 0)
+        let (status, output) = try ServerProcess.attestctl(["integrations", "create", "--db", db, "--actor", "owner@example.com", "--name", "App",
+                                                            "--team-id", "ABCDE12345", "--bundle-id", "com.example.app", "--json"])
+        #expect(status == 0)
+        let json = try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any]
+        return (directory, db, try #require(json?["client_id"] as? String))
+    }
+
+    @Test func killDashNineLosesNoAcknowledgedTokenAndNoSecretReachesDiskOrLogs() async throws {
+        let (directory, db, clientID) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var server: ServerProcess? = try ServerProcess(db: db, extraArguments: ["--mint-limit", "0"])
+        let http = TestHTTP(baseURL: server!.baseURL)
+
+        let devices = try (0..<4).map { _ in try ManualDevice(clientID: clientID) }
+        var secrets: [String] = devices.map(\.keyIDBase64)
+        for device in devices {
+            let registered = try await http.registerFresh(device)
+            #expect(registered.status == 200)
+        }
+
+        // A burst of refreshes from all devices; kill -9 the server in the middle of it.
+        let collector = TokenCollector()
+        let burst = Task {
+            await withTaskGroup(of: Void.self) { group in
+                for device in devices {
+                    group.addTask {
+                        while !Task.isCancelled {
+                            do {
+                                let challenge = try await http.challengeBytes(device)
+                                collector.add(secret: Data(challenge).base64EncodedString())
+                                let result = try await http.token(device, assertion: try device.assertion(challenge: challenge))
+                                if result.status == 200, let token = result.json["access_token"] as? String { collector.add(token: token) }
+                            } catch { return }  // the server is gone
+                        }
+                    }
+                }
+            }
+        }
+        let deadline = Date() + 60
+        while collector.tokens.count < 40 && Date() < deadline { try await Task.sleep(nanoseconds: 10_000_000) }
+        server!.kill9()
+        let log = server!.log
+        server = nil
+        burst.cancel()
+        await burst.value
+        let acknowledged = collector.tokens
+        #expect(acknowledged.count >= 40)
+
+        // Restart on the same file: every token a client received still authenticates.
+        let restarted = try ServerProcess(db: db)
+        let after = TestHTTP(baseURL: restarted.baseURL)
+        for token in acknowledged {
+            let status = try await after.messages(token: token).status
+            #expect(status == 503, "token lost by the crash")
+        }
+        #expect(try SQLiteTokenStore(path: db).integrityCheck() == "ok")
+
+        // No issued token anywhere in the database files, byte by byte.
+        restarted.stop()
+        var stored = Data()
+        for suffix in ["", "-wal", "-shm"] { stored.append((try? Data(contentsOf: URL(fileURLWithPath: db + suffix))) ?? Data()) }
+        #expect(stored.count > 0)
+        for token in acknowledged {
+            #expect(stored.range(of: Data(token.utf8)) == nil, "a token is stored in clear")
+            #expect(stored.range(of: Data(token.dropFirst(4).utf8)) == nil)
+        }
+        // Nor in the logs: no token, key ID or challenge.
+        secrets += collector.secrets
+        let logs = log + restarted.log
+        #expect(logs.contains(#""event":"request""#))
+        for secret in acknowledged + secrets { #expect(!logs.contains(secret), "a secret reached the logs") }
+    }
+
+    @Test func revocationByAttestctlStopsARunningServerAtOnce() async throws {
+        let (directory, db, clientID) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let server = try ServerProcess(db: db)
+        let http = TestHTTP(baseURL: server.baseURL)
+        let device = try ManualDevice(clientID: clientID)
+        let token = try #require(try await http.registerFresh(device).json["access_token"] as? String)
+        #expect(try await http.messages(token: token).status == 503)
+
+        #expect(try ServerProcess.attestctl(["integrations", "revoke", clientID, "--db", db, "--actor", "owner@example.com", "--yes"]).0 == 0)
+        #expect(try await http.messages(token: token).status == 401)
+        let challenge = try await http.challenge(device)
+        #expect(challenge.status == 401 && challenge.error == "invalid_client")
+    }
+
+    @Test func migrationsAreAppliedOnceAndAChangedMigrationRefusesToStart() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-mig-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let db = directory.appendingPathComponent("m.sqlite").path
+        _ = try SQLiteTokenStore(path: db)
+        _ = try SQLiteTokenStore(path: db)  // second open applies nothing and succeeds
+        let changed = Migration.embedded.map { Migration(name: $0.name, sql: $0.sql + "\n-- edited after release") }
+        #expect(throws: MigrationError.self) { _ = try SQLiteTokenStore(path: db, migrations: changed) }
+        let older = Array(Migration.embedded.dropLast())
+        if Migration.embedded.count == 1 {
+            #expect(throws: MigrationError.self) { _ = try SQLiteTokenStore(path: db, migrations: older) }
+        }
+        // And the server says why, with a non-zero exit.
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: ServerProcess.attestd)
+        process.arguments = ["serve", "--db", "/nonexistent-dir/x.sqlite", "--listen", "127.0.0.1:0"]
+        let err = Pipe()
+        process.standardError = err
+        try process.run()
+        let text = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 2)
+        #expect(text.contains("startup_failed"))
+    }
+
+    @Test func embeddedMigrationsMatchTheFilesInMigrations() throws {
+        let folder = ServerProcess.packageRoot.appendingPathComponent("Migrations")
+        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }.sorted()
+        #expect(files == Migration.embedded.map(\.name), "run scripts/embed-migrations.sh")
+        for migration in Migration.embedded {
+            let text = try String(contentsOf: folder.appendingPathComponent(migration.name), encoding: .utf8)
+            #expect(Migration(name: migration.name, sql: text).checksum == migration.checksum, "run scripts/embed-migrations.sh")
+        }
+    }
+}
+
+final class TokenCollector: @unchecked Sendable {
+    private let lock = NSLock()
+    private var _tokens: [String] = []
+    private var _secrets: [String] = []
+    var tokens: [String] { lock.lock(); defer { lock.unlock() }; return _tokens }
+    var secrets: [String] { lock.lock(); defer { lock.unlock() }; return _secrets }
+    func add(token: String) { lock.lock(); _tokens.append(token); lock.unlock() }
+    func add(secret: String) { lock.lock(); _secrets.append(secret); lock.unlock() }
+}

@@ -1,0 +1,84 @@
+import Foundation
+
+/// The real `attestd` binary, started as a child process on a free loopback port.
+final class ServerProcess: @unchecked Sendable {
+    static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    static let attestd = packageRoot.appendingPathComponent(".build/debug/attestd").path
+    static let attestctl = packageRoot.appendingPathComponent(".build/debug/attestctl").path
+    static let testAuthorityRoot = packageRoot.appendingPathComponent("Fixtures/test-authority/root.pem").path
+
+    let process = Process()
+    private let lock = NSLock()
+    private var output = Data()
+    private(set) var port: UInt16 = 0
+
+    /// Starts `attestd serve` and waits for its `listening` log line.
+    init(db: String, extraArguments: [String] = []) throws {
+        process.executableURL = URL(fileURLWithPath: Self.attestd)
+        process.arguments = ["serve", "--db", db, "--listen", "127.0.0.1:0", "--trust-anchor", Self.testAuthorityRoot] + extraArguments
+        let pipe = Pipe()
+        process.standardError = pipe
+        process.standardOutput = FileHandle.nullDevice
+        pipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
+            let data = handle.availableData
+            guard let self, !data.isEmpty else { return }
+            self.lock.lock()
+            self.output.append(data)
+            self.lock.unlock()
+        }
+        try process.run()
+        let deadline = Date() + 30
+        while Date() < deadline {
+            if let port = listeningPort() { self.port = port; return }
+            guard process.isRunning else { throw HTTPTestError("attestd exited: \(log)") }
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+        process.terminate()
+        throw HTTPTestError("attestd did not start listening: \(log)")
+    }
+
+    var log: String {
+        lock.lock(); defer { lock.unlock() }
+        return String(decoding: output, as: UTF8.self)
+    }
+
+    var baseURL: URL { URL(string: "http://127.0.0.1:\(port)")! }
+
+    private func listeningPort() -> UInt16? {
+        for line in log.split(separator: "\n") where line.contains(#""event":"listening""#) {
+            guard let data = line.data(using: .utf8), let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+                  let address = object["address"] as? String, let colon = address.lastIndex(of: ":") else { continue }
+            return UInt16(address[address.index(after: colon)...])
+        }
+        return nil
+    }
+
+    func kill9() {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    func stop() {
+        if process.isRunning {
+            process.terminate()
+            process.waitUntilExit()
+        }
+    }
+
+    deinit { stop() }
+
+    /// Runs attestctl with arguments; returns (status, stdout).
+    @discardableResult
+    static func attestctl(_ arguments: [String]) throws -> (Int32, String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: attestctl)
+        process.arguments = arguments
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+}
