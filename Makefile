@@ -33,9 +33,10 @@ release: deps
 run: release
 	./.build/release/attestd serve --db $(DB) $(ARGS)
 
+# The suite takes well under a minute; the timeout turns a hang into a clear failure.
 test: deps
 	$(SWIFT) build --build-tests
-	$(SWIFT) test --skip-build --no-parallel
+	timeout 1200 $(SWIFT) test --skip-build --no-parallel
 
 # libFuzzer over the CBOR decoder: make fuzz RUNS=1000000 (seeds: fuzz-seeds/ plus, when
 # present, the real attestation objects from ../shared, decoded into the scratch corpus only).

@@ -192,7 +192,8 @@ public final class DeviceTokenService: @unchecked Sendable {
                       nextChallengeExpiresIn: remaining(next.expiresAt, from: time))
     }
 
-    private func remaining(_ expiry: Date, from time: Date) -> Int { max(1, Int(expiry.timeIntervalSince(time).rounded(.down))) }
+    // Nearest second: the stored expiry is a REAL and may sit a hair below the whole number.
+    private func remaining(_ expiry: Date, from time: Date) -> Int { max(1, Int(expiry.timeIntervalSince(time).rounded())) }
 
     private func timed<T>(_ kind: String, _ body: () throws -> T) throws -> T {
         let start = DispatchTime.now().uptimeNanoseconds

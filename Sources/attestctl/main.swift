@@ -8,6 +8,8 @@ usage: attestctl <command> …
   init | members add | workspaces create   set up the organisation (any of these --help: usage)
   integrations create|list|show|revoke     manage app integrations
   audit [--client-id CLID] [--limit N]     newest audit events
+  simulate-device --base-url URL --client-id CLID --state-dir DIR [--app-id TEAMID.bundle] [--messages]
+  load --base-url URL --client-id CLID --devices N --seconds S [--concurrency C] [--app-id TEAMID.bundle]
 """
 
 let argv = Array(CommandLine.arguments.dropFirst())
@@ -18,6 +20,8 @@ do {
     case "verify": status = try VerifyCommand.run(rest)
     case "bench": status = try BenchCommand.run(rest)
     case "init", "members", "workspaces", "integrations", "audit": status = try AdminCommands.run(argv[0], rest)
+    case "simulate-device": status = try SimulateDeviceCommand.run(rest)
+    case "load": status = try LoadCommand.run(rest)
     case "help", "--help", "-h": print(usage); status = 0
     default: throw UsageError(usage)
     }

@@ -38,7 +38,7 @@ import TokenService
             await withTaskGroup(of: Void.self) { group in
                 for device in devices {
                     group.addTask {
-                        while !Task.isCancelled {
+                        while !collector.stopped {
                             do {
                                 let challenge = try await http.challengeBytes(device)
                                 collector.add(secret: Data(challenge).base64EncodedString())
@@ -55,7 +55,9 @@ import TokenService
         server!.kill9()
         let log = server!.log
         server = nil
-        burst.cancel()
+        // Stop by flag, not Task.cancel(): cancelling a task group while its children finish has
+        // deadlocked the Swift 6.3 concurrency runtime here (seen in a gdb backtrace).
+        collector.stop()
         await burst.value
         let acknowledged = collector.tokens
         #expect(acknowledged.count >= 40)
@@ -141,6 +143,9 @@ final class TokenCollector: @unchecked Sendable {
     private let lock = NSLock()
     private var _tokens: [String] = []
     private var _secrets: [String] = []
+    private var _stopped = false
+    var stopped: Bool { lock.lock(); defer { lock.unlock() }; return _stopped }
+    func stop() { lock.lock(); _stopped = true; lock.unlock() }
     var tokens: [String] { lock.lock(); defer { lock.unlock() }; return _tokens }
     var secrets: [String] { lock.lock(); defer { lock.unlock() }; return _secrets }
     func add(token: String) { lock.lock(); _tokens.append(token); lock.unlock() }

@@ -1,0 +1,174 @@
+import AppAttest
+import AttestClient
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import SimulatedDevice
+
+/// `attestctl simulate-device`: one simulated install (test-authority keys, so only a server
+/// trusting `Fixtures/test-authority/root.pem` accepts it) whose key, counter and token live in
+/// its state directory, authenticating exactly as an app would through `AppAttestClient`.
+enum SimulateDeviceCommand {
+    static let usage = """
+        usage: attestctl simulate-device --base-url URL --client-id CLID --state-dir DIR [--app-id TEAMID.bundle] [--messages]
+          One simulated install kept in DIR: prints {"client_id","key_id","token_expires_at","source"}
+          (source: registered, refreshed or cached), never the token. --app-id is needed on the first
+          run and remembered in DIR/app-id. --messages then sends one POST /v1/messages with the token
+          and prints {"messages_status": N}. On failure: {"error": "<AttestClientError case>", "detail": …}, exit 1.
+        """
+
+    static func run(_ argv: [String]) throws -> Int32 {
+        let arguments = try Arguments(argv, options: ["base-url", "client-id", "state-dir", "app-id"], flags: ["messages", "help"])
+        if arguments.has("help") { print(usage); return 0 }
+        guard arguments.positional.isEmpty else { throw UsageError("unexpected argument \(arguments.positional[0])\n\(usage)") }
+        let baseURL = try parseBaseURL(try arguments.required("base-url"), option: "base-url")
+        let clientID = try arguments.required("client-id")
+        guard !clientID.isEmpty else { throw UsageError("--client-id is empty") }
+        let statePath = try arguments.required("state-dir")
+        guard !statePath.isEmpty else { throw UsageError("--state-dir is empty") }
+        let stateDirectory = URL(fileURLWithPath: statePath, isDirectory: true)
+        let appIDFile = stateDirectory.appendingPathComponent("app-id")
+
+        // Decide the App ID before anything is created: a usage error changes nothing.
+        var remembered: String?
+        if FileManager.default.fileExists(atPath: appIDFile.path) {
+            guard let data = FileManager.default.contents(atPath: appIDFile.path),
+                  let text = String(data: data, encoding: .utf8)?.trimmingCharacters(in: .whitespacesAndNewlines),
+                  AppID(text) != nil
+            else { throw UsageError("\(appIDFile.path) does not hold an App ID (TEAMID.bundle.id)") }
+            remembered = text
+        }
+        let appID: AppID
+        if let text = try arguments.value("app-id") {
+            guard let parsed = AppID(text) else { throw UsageError("--app-id must be TEAMID.bundle.id, got \(text)") }
+            // An install belongs to one app: its key was attested for that App ID.
+            if let remembered, remembered != parsed.description {
+                throw UsageError("\(statePath) is an install of \(remembered), not \(parsed): use another --state-dir")
+            }
+            appID = parsed
+        } else if let remembered, let parsed = AppID(remembered) {
+            appID = parsed
+        } else {
+            throw UsageError("--app-id TEAMID.bundle.id is needed on the first run with --state-dir \(statePath)")
+        }
+
+        let store = try FileCredentialStore(directory: stateDirectory)
+        if remembered == nil {
+            try Data("\(appID)\n".utf8).write(to: appIDFile, options: .atomic)
+        }
+        let attester = SoftwareAttester(appID: appID, keyDirectory: stateDirectory.appendingPathComponent("keys"))
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.timeoutIntervalForRequest = 30
+        configuration.timeoutIntervalForResource = 60
+        let transport = URLSessionTransport(session: URLSession(configuration: configuration))
+        let client = AppAttestClient(clientID: clientID, baseURL: baseURL, attester: attester, store: store, transport: transport)
+        let sendMessage = arguments.has("messages")
+
+        return try waitFor {
+            let source: AuthenticationSource
+            do {
+                source = try await client.authenticateIfNeeded()
+            } catch {
+                printJSON(["error": errorName(error), "detail": errorDetail(error)])
+                return 1
+            }
+            let keyID = (try? store.keyID(for: clientID)) ?? nil
+            var summary: [String: Any] = ["client_id": clientID, "source": source.rawValue]
+            summary["key_id"] = keyID ?? NSNull()
+            if let expiry = await client.currentTokenExpiry() {
+                summary["token_expires_at"] = ISO8601DateFormatter().string(from: expiry)
+            }
+            printJSON(summary)
+            guard sendMessage else { return 0 }
+
+            do {
+                let token = try await client.currentToken()
+                var request = URLRequest(url: baseURL.appendingPathComponent("v1/messages"))
+                request.httpMethod = "POST"
+                request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+                request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
+                request.httpBody = Data(#"{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#.utf8)
+                let (_, response) = try await transport.send(request)
+                // A rejected token is dropped (as the app would), so the next run renews it.
+                if response.statusCode == 401 { await client.invalidateToken(usedToken: token) }
+                printJSON(["messages_status": response.statusCode])
+                return 0
+            } catch {
+                printJSON(["error": errorName(error), "detail": errorDetail(error)])
+                return 1
+            }
+        }
+    }
+
+    // MARK: Helpers shared with `load`
+
+    /// An http(s) base URL with a host; a trailing slash is harmless.
+    static func parseBaseURL(_ text: String, option: String) throws -> URL {
+        guard let url = URL(string: text), let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https",
+              let host = url.host, !host.isEmpty, url.query == nil, url.fragment == nil
+        else { throw UsageError("--\(option) must be an http(s) URL such as http://127.0.0.1:8080, got \(text)") }
+        return url
+    }
+
+    /// Runs `body` on the concurrency pool and blocks this (main) thread until it finishes.
+    static func waitFor<T>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+        let outcome = BlockingOutcome<T>()
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            do { outcome.result = .success(try await body()) } catch { outcome.result = .failure(error) }
+            done.signal()
+        }
+        done.wait()
+        return try outcome.result!.get()
+    }
+
+    /// The `AttestClientError` case name, or a short name for anything else.
+    static func errorName(_ error: Error) -> String {
+        guard let error = error as? AttestClientError else { return error is URLError ? "network" : "error" }
+        switch error {
+        case .attestationUnsupported: return "attestationUnsupported"
+        case .attestationFailed: return "attestationFailed"
+        case .missingCredential: return "missingCredential"
+        case .endpointsNotDeployed: return "endpointsNotDeployed"
+        case .invalidResponse: return "invalidResponse"
+        case .rateLimited: return "rateLimited"
+        case .backingOff: return "backingOff"
+        case .serverError: return "serverError"
+        case .network: return "network"
+        case .storeFailed: return "storeFailed"
+        }
+    }
+
+    /// A one-line explanation for operators.
+    static func errorDetail(_ error: Error?) -> String {
+        guard let error else { return "no further detail" }
+        guard let clientError = error as? AttestClientError else {
+            if let urlError = error as? URLError { return "\(urlError.code) (\(urlError.errorCode)): \(urlError.localizedDescription)" }
+            return "\(error)"
+        }
+        switch clientError {
+        case .attestationUnsupported: return "this device cannot attest"
+        case .attestationFailed(let underlying):
+            if let underlying = underlying as? AttestClientError, case .serverError(let status, let code) = underlying {
+                let meaning = code == "invalid_client" ? " (client ID unknown or revoked)"
+                    : code == "invalid_grant" ? " (attestation or assertion rejected)" : ""
+                return "server answered \(status) \(code ?? "without an error code")\(meaning)"
+            }
+            return underlying.map { "attester failed: \(errorDetail($0))" } ?? "attestation failed"
+        case .missingCredential: return "the attester no longer holds the registered key"
+        case .endpointsNotDeployed: return "the host answered 404: App Attest endpoints not deployed at this base URL"
+        case .invalidResponse(let message): return message
+        case .rateLimited(let delay): return "rate limited; retry after \(Int(delay.rounded(.up))) s"
+        case .backingOff(let delay, let last): return "backing off \(Int(delay.rounded(.up))) s after: \(errorDetail(last))"
+        case .serverError(let status, let code): return "server answered \(status) \(code ?? "without an error code")"
+        case .network(let underlying): return errorDetail(underlying)
+        case .storeFailed(let underlying): return "credential store: \(underlying)"
+        }
+    }
+}
+
+/// The result of a task a thread waits for; written once before the semaphore is signalled.
+private final class BlockingOutcome<T>: @unchecked Sendable {
+    var result: Result<T, Error>?
+}
