@@ -1,4 +1,5 @@
 import Foundation
+import TokenService
 
 /// A malformed request: answered 400 `invalid_request`, with `detail` kept for the log.
 struct BadRequest: Error {
@@ -48,28 +49,40 @@ enum RequestParsing {
         return result
     }
 
+    /// Percent-decoding of one form component, on bytes (`+` is a space); nil for a bad escape
+    /// or bytes that are not UTF-8.
     static func percentDecode(_ text: Substring) -> String? {
-        text.replacingOccurrences(of: "+", with: " ").removingPercentEncoding
+        var out = [UInt8]()
+        out.reserveCapacity(text.utf8.count)
+        var iterator = text.utf8.makeIterator()
+        while let byte = iterator.next() {
+            switch byte {
+            case UInt8(ascii: "+"): out.append(UInt8(ascii: " "))
+            case UInt8(ascii: "%"):
+                guard let high = iterator.next().flatMap(hexValue), let low = iterator.next().flatMap(hexValue) else { return nil }
+                out.append(high << 4 | low)
+            default: out.append(byte)
+            }
+        }
+        return String(validating: out, as: UTF8.self)
     }
 
-    /// Base64 in the standard or URL-safe alphabet, padded or not (a space is a `+` that lost
-    /// its percent-encoding). Nil when it is not base64.
-    static func base64(_ text: String) -> [UInt8]? {
-        var normalized = String(text.map { c -> Character in
-            switch c {
-            case "-": return "+"
-            case "_": return "/"
-            case " ": return "+"
-            default: return c
-            }
-        })
-        switch normalized.utf8.count % 4 {
-        case 0: break
-        case 2: normalized += "=="
-        case 3: normalized += "="
+    private static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): return byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): return byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): return byte - UInt8(ascii: "A") + 10
         default: return nil
         }
-        return Data(base64Encoded: normalized).map(Array.init)
+    }
+
+    /// Base64 in the standard or URL-safe alphabet, padded or not. A space is a `+` whose
+    /// percent-encoding was lost on the way (a raw `+` in a form decodes to a space).
+    static func base64(_ text: String) -> [UInt8]? {
+        if text.utf8.contains(UInt8(ascii: " ")) {
+            return Base64.decode(String(decoding: text.utf8.map { $0 == UInt8(ascii: " ") ? UInt8(ascii: "+") : $0 }, as: UTF8.self))
+        }
+        return Base64.decode(text)
     }
 
     static func requireBase64(_ fields: [String: String], _ name: String) throws -> [UInt8] {
@@ -96,6 +109,7 @@ enum JSONBody {
         case let bool as Bool: return bool ? "true" : "false"
         case let int as Int: return String(int)
         case let int as Int64: return String(int)
+        case let double as Double: return String(double)
         case let nested as [(String, Any)]: return object(nested)
         default: return "null"
         }

@@ -41,7 +41,7 @@ public final class ServiceRouter: @unchecked Sendable {
         let milliseconds = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6
         metrics.increment("attestd_http_requests_total", labels: [("route", route), ("status", String(outcome.response.status))])
         var fields: [(String, Any)] = [("method", String(request.method.prefix(16))), ("route", route),
-                                       ("status", outcome.response.status), ("ms", String(format: "%.2f", milliseconds)),
+                                       ("status", outcome.response.status), ("ms", Double(Int(milliseconds * 100)) / 100),
                                        ("remote", request.remoteAddress)]
         if let clientID = outcome.clientID { fields.append(("client_id", String(clientID.prefix(64)))) }
         if let reason = outcome.reason { fields.append(("reason", reason)) }
@@ -107,7 +107,7 @@ public final class ServiceRouter: @unchecked Sendable {
         let keyID = try RequestParsing.requireBase64(fields, "key_id")
         do {
             let issued = try service.challenge(clientID: clientID, keyID: keyID)
-            let body = JSONBody.object([("challenge", Data(issued.challenge).base64EncodedString()), ("expires_in", issued.expiresIn)])
+            let body = JSONBody.object([("challenge", Base64.encode(issued.challenge)), ("expires_in", issued.expiresIn)])
             return Outcome(response: .json(200, body, headers: [("cache-control", "no-store")]), clientID: clientID)
         }
     }
@@ -138,7 +138,7 @@ public final class ServiceRouter: @unchecked Sendable {
     func tokenResponse(_ response: TokenResponse) -> HTTPResponse {
         let body = JSONBody.object([
             ("access_token", response.accessToken), ("token_type", "Bearer"), ("expires_in", response.expiresIn),
-            ("next_challenge", Data(response.nextChallenge).base64EncodedString()),
+            ("next_challenge", Base64.encode(response.nextChallenge)),
             ("next_challenge_expires_in", response.nextChallengeExpiresIn),
         ])
         return .json(200, body, headers: [("cache-control", "no-store"), ("pragma", "no-cache")])

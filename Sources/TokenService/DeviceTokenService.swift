@@ -237,6 +237,5 @@ final class DeviceKeyCache: @unchecked Sendable {
 }
 
 public func base64URL(_ bytes: [UInt8]) -> String {
-    Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-        .replacingOccurrences(of: "=", with: "")
+    Base64.encode(bytes, urlSafe: true, padded: false)
 }

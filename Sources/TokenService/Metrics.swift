@@ -80,11 +80,24 @@ public final class Metrics: @unchecked Sendable {
         value == value.rounded() && abs(value) < 1e15 ? String(Int64(value)) : String(value)
     }
 
+    /// Prometheus label escaping; label values are almost always plain, so check before copying.
+    static func escape(_ value: String) -> String {
+        guard value.utf8.contains(where: { $0 == UInt8(ascii: "\\") || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\n") }) else { return value }
+        var out = ""
+        for c in value {
+            switch c {
+            case "\\": out += "\\\\"
+            case "\"": out += "\\\""
+            case "\n": out += "\\n"
+            default: out.append(c)
+            }
+        }
+        return out
+    }
+
     static func render(_ labels: [(String, String)]) -> String {
         guard !labels.isEmpty else { return "" }
-        let escaped = labels.map { name, value in
-            "\(name)=\"\(value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"").replacingOccurrences(of: "\n", with: "\\n"))\""
-        }
+        let escaped = labels.map { name, value in "\(name)=\"\(escape(value))\"" }
         return "{" + escaped.joined(separator: ",") + "}"
     }
 }
