@@ -105,8 +105,10 @@ public final class AppAttestVerifier: Sendable {
 
     /// Step 1: x5c (credential certificate, then intermediates) verifies to a trust anchor at `time`.
     func verifyCertificateChain(_ statement: AttestationStatement, at time: Date) throws -> Certificate {
-        guard !statement.x5c.isEmpty, statement.x5c.count <= 4 else {
-            throw VerificationError(.certificateChainInvalid, "x5c has \(statement.x5c.count) certificates")
+        // Apple sends exactly the credential certificate and its intermediate; anything else is
+        // not an App Attest chain (and extra certificates would only buy an attacker work).
+        guard statement.x5c.count == 2 else {
+            throw VerificationError(.certificateChainInvalid, "x5c has \(statement.x5c.count) certificates, expected 2")
         }
         do {
             return try chainVerifier.verify(chain: statement.x5c, at: time)

@@ -32,17 +32,22 @@ public final class Certificate: @unchecked Sendable {
         notAfter = na
     }
 
+    /// A copy of an OpenSSL certificate (re-parsed from its DER, so this object owns its own).
+    convenience init(copying x509: OpaquePointer) throws {
+        var out: UnsafeMutablePointer<UInt8>?
+        let length = i2d_X509(x509, &out)
+        guard length > 0, let out else { throw CryptoError.openSSL("i2d_X509") }
+        defer { attest_openssl_free(out) }
+        try self.init(der: Array(UnsafeBufferPointer(start: out, count: Int(length))))
+    }
+
     /// All certificates in a PEM text, in order.
     public static func all(pem: String) throws -> [Certificate] {
         let bio = try MemoryBIO(pem)
         var result: [Certificate] = []
         while let x = PEM_read_bio_X509(bio.bio, nil, nil, nil) {
             defer { X509_free(x) }
-            var out: UnsafeMutablePointer<UInt8>?
-            let length = i2d_X509(x, &out)
-            guard length > 0, let out else { throw CryptoError.openSSL("i2d_X509") }
-            result.append(try Certificate(der: Array(UnsafeBufferPointer(start: out, count: Int(length)))))
-            attest_openssl_free(out)
+            result.append(try Certificate(copying: x))
         }
         ERR_clear_error()  // the loop ends on "no start line"
         guard !result.isEmpty else { throw CryptoError("no certificate in PEM text") }
@@ -101,6 +106,8 @@ public final class Certificate: @unchecked Sendable {
     var extensionFlags: UInt32 { X509_get_extension_flags(x509) }
     public var isCA: Bool { X509_check_ca(x509) != 0 }
     public var hasUnhandledCriticalExtension: Bool { extensionFlags & UInt32(EXFLAG_CRITICAL) != 0 }
+    /// OpenSSL could not parse an extension, or one appears twice.
+    public var hasInvalidExtensions: Bool { extensionFlags & UInt32(EXFLAG_INVALID) != 0 }
     public var isSelfSigned: Bool { X509_self_signed(x509, 0) == 1 }
 
     /// Whether `self` names `issuer` as its issuer (names, key identifiers, issuer key usage) —

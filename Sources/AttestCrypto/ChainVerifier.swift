@@ -51,6 +51,7 @@ public final class CertificateChainVerifier: @unchecked Sendable {
         }
         guard !leaf.isCA else { throw ChainError.invalid("leaf certificate is a CA certificate") }
         guard !leaf.hasUnhandledCriticalExtension else { throw ChainError.invalid("leaf has an unrecognised critical extension") }
+        guard !leaf.hasInvalidExtensions else { throw ChainError.invalid("leaf has malformed or duplicate extensions") }
 
         for certificate in [leaf] + path.certificates where !certificate.isValid(at: time) {
             throw ChainError.notValidAtTime(
@@ -60,7 +61,12 @@ public final class CertificateChainVerifier: @unchecked Sendable {
     }
 
     private func verifiedPath(_ intermediates: [[UInt8]]) throws -> VerifiedPath {
-        let cacheKey = intermediates.count == 1 ? intermediates[0] : intermediates.flatMap { $0 }
+        // Length-prefixed, so that [A, B] and [A‖B] can never share a key.
+        var cacheKey: [UInt8] = []
+        for der in intermediates {
+            cacheKey += [UInt8(der.count >> 24 & 0xff), UInt8(der.count >> 16 & 0xff), UInt8(der.count >> 8 & 0xff), UInt8(der.count & 0xff)]
+            cacheKey += der
+        }
         lock.lock()
         let cached = verifiedPaths[cacheKey]
         lock.unlock()
@@ -68,7 +74,8 @@ public final class CertificateChainVerifier: @unchecked Sendable {
 
         let path = try verifyIntermediates(intermediates)
         lock.lock()
-        if verifiedPaths.count >= Self.maxCachedPaths { verifiedPaths.removeAll() }
+        // Evict one entry, not all: a flood of other verified paths must not keep evicting Apple's.
+        if verifiedPaths.count >= Self.maxCachedPaths, let victim = verifiedPaths.keys.first { verifiedPaths[victim] = nil }
         verifiedPaths[cacheKey] = path
         lock.unlock()
         return path
@@ -102,16 +109,22 @@ public final class CertificateChainVerifier: @unchecked Sendable {
             ERR_clear_error()
             throw ChainError.invalid("intermediate \(certificates[0].subjectName) does not verify to a trust anchor: \(reason)")
         }
-        // The anchor that ended the path, for its validity period.
+        // The path OpenSSL actually built (intermediate … anchor): each of these has its validity
+        // period checked on every call.
         guard let built = X509_STORE_CTX_get0_chain(ctx) else { throw ChainError.invalid("no chain built") }
         let builtCount = attest_sk_X509_num(built)
-        guard builtCount >= 1, let top = attest_sk_X509_value(built, builtCount - 1),
-              let anchor = anchors.first(where: { X509_cmp($0.x509, top) == 0 }) else {
+        guard builtCount >= 2, let top = attest_sk_X509_value(built, builtCount - 1),
+              anchors.contains(where: { X509_cmp($0.x509, top) == 0 }) else {
             throw ChainError.invalid("chain did not end at a configured trust anchor")
+        }
+        var path: [Certificate] = []
+        for index in 0..<builtCount {
+            guard let x509 = attest_sk_X509_value(built, index) else { throw ChainError.invalid("built chain is incomplete") }
+            do { path.append(try Certificate(copying: x509)) } catch { throw ChainError.invalid("built chain: \(error)") }
         }
         let issuer = certificates[0]
         let issuerKey: ECPublicKey
         do { issuerKey = try issuer.publicKey() } catch { throw ChainError.invalid("intermediate key: \(error)") }
-        return VerifiedPath(issuer: issuer, issuerKey: issuerKey, certificates: certificates + [anchor])
+        return VerifiedPath(issuer: issuer, issuerKey: issuerKey, certificates: path)
     }
 }

@@ -124,7 +124,9 @@ public struct CBORDecoder {
             case 3:
                 let n = try length(info, headOffset: headOffset, minBytesPerElement: 1)
                 let slice = UnsafeBufferPointer(rebasing: buffer[offset..<offset + n])
-                guard let text = String(validating: slice, as: UTF8.self) else {
+                // Decoding repairs invalid UTF-8 with U+FFFD, so a changed byte count means it was invalid.
+                let text = String(decoding: slice, as: UTF8.self)
+                guard text.utf8.count == n, text.utf8.elementsEqual(slice) else {
                     throw CBORError.invalidUTF8(offset: headOffset)
                 }
                 offset += n
@@ -139,18 +141,14 @@ public struct CBORDecoder {
                 let n = try length(info, headOffset: headOffset, minBytesPerElement: 2)
                 var entries: [CBORMapEntry] = []
                 entries.reserveCapacity(n)
-                var seen: Set<CBORValue>? = n > 8 ? Set(minimumCapacity: n) : nil
+                // Keys are compared by their encoded bytes (RFC 8949 §5.6): exact, and NaN-proof.
+                var seen = Set<ArraySlice<UInt8>>(minimumCapacity: n)
                 for _ in 0..<n {
                     let keyOffset = offset
                     let key = try item(depth: depth + 1)
-                    // Small maps (all of App Attest's) are checked linearly; large ones by hashing.
-                    let duplicate: Bool
-                    if seen != nil {
-                        duplicate = !seen!.insert(key).inserted
-                    } else {
-                        duplicate = entries.contains { $0.key == key }
+                    guard seen.insert(ArraySlice(buffer[keyOffset..<offset])).inserted else {
+                        throw CBORError.duplicateMapKey(offset: keyOffset)
                     }
-                    if duplicate { throw CBORError.duplicateMapKey(offset: keyOffset) }
                     entries.append(CBORMapEntry(key, try item(depth: depth + 1)))
                 }
                 return .map(entries)

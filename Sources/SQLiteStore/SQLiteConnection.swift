@@ -84,7 +84,8 @@ final class SQLiteConnection {
             switch value {
             case .int(let v): status = sqlite3_bind_int64(statement, position, v)
             case .real(let v): status = sqlite3_bind_double(statement, position, v)
-            case .text(let v): status = sqlite3_bind_text(statement, position, v, -1, attest_sqlite_transient())
+            // Explicit byte length: with -1 SQLite would stop at an embedded NUL and match a prefix.
+            case .text(let v): status = v.withCString { sqlite3_bind_text(statement, position, $0, Int32(v.utf8.count), attest_sqlite_transient()) }
             case .blob(let v): status = v.withUnsafeBytes { sqlite3_bind_blob(statement, position, $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32($0.count), attest_sqlite_transient()) }
             case .null: status = sqlite3_bind_null(statement, position)
             }

@@ -171,13 +171,28 @@ public final class SQLiteTokenStore: TokenStore, @unchecked Sendable {
             """, [.text(clientID), .blob(keyID), .blob(challenge.bytes), .real(challenge.expiresAt.timeIntervalSince1970)])
     }
 
-    public func consumeChallenge(clientID: String, keyID: [UInt8], at time: Date) throws -> [UInt8]? {
-        // One conditional statement: of two concurrent requests, exactly one gets the challenge.
-        try write { db in
-            try db.first("""
-                UPDATE challenges SET used = 1 WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ? RETURNING challenge
-                """, [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970)]) { $0.blob(0) }
+    public func pendingChallenge(clientID: String, keyID: [UInt8], at time: Date) throws -> [UInt8]? {
+        try read { db in
+            try db.first("SELECT challenge FROM challenges WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ?",
+                         [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970)]) { $0.blob(0) }
         }
+    }
+
+    public func consumeChallenge(clientID: String, keyID: [UInt8], challenge: [UInt8]?, at time: Date) throws -> [UInt8]? {
+        try write { db in try Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, at: time) }
+    }
+
+    /// One conditional statement: of two concurrent requests, exactly one gets the challenge.
+    private static func redeem(_ db: SQLiteConnection, clientID: String, keyID: [UInt8], challenge: [UInt8]?, at time: Date) throws -> [UInt8]? {
+        if let challenge {
+            return try db.first("""
+                UPDATE challenges SET used = 1
+                WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ? AND challenge = ? RETURNING challenge
+                """, [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970), .blob(challenge)]) { $0.blob(0) }
+        }
+        return try db.first("""
+            UPDATE challenges SET used = 1 WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ? RETURNING challenge
+            """, [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970)]) { $0.blob(0) }
     }
 
     public func purgeChallenges(before time: Date) throws -> Int {
@@ -209,9 +224,13 @@ public final class SQLiteTokenStore: TokenStore, @unchecked Sendable {
                   .real(token.issuedAt.timeIntervalSince1970), .real(token.expiresAt.timeIntervalSince1970)])
     }
 
-    public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, nextChallenge: IssuedChallenge, at time: Date) throws -> Bool {
+    public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+                               nextChallenge: IssuedChallenge, at time: Date) throws -> CommitResult {
         try write { db in
             try db.transaction {
+                if let challenge, try Self.redeem(db, clientID: device.clientID, keyID: device.keyID, challenge: challenge, at: time) == nil {
+                    return .challengeGone
+                }
                 let inserted = try db.run("""
                     INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at)
                     SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
@@ -219,27 +238,30 @@ public final class SQLiteTokenStore: TokenStore, @unchecked Sendable {
                     """, [.blob(device.keyID), .text(device.clientID), .blob(device.publicKey), .int(Int64(device.counter)),
                           .text(device.environment.rawValue), .text(device.appID), .blob(receipt), .real(time.timeIntervalSince1970),
                           .text(device.clientID)])
-                guard inserted == 1 else { return false }
+                guard inserted == 1 else { return .conflict }   // committed all the same: the challenge stays used
                 try Self.insertToken(db, firstToken)
                 try Self.storeChallenge(db, clientID: device.clientID, keyID: device.keyID, nextChallenge)
-                return true
+                return .committed
             }
         }
     }
 
-    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord,
-                               nextChallenge: IssuedChallenge, at time: Date) throws -> Bool {
+    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
+                               nextChallenge: IssuedChallenge, at time: Date) throws -> CommitResult {
         try write { db in
             try db.transaction {
+                if let challenge, try Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, at: time) == nil {
+                    return .challengeGone
+                }
                 // Compare-and-set on the counter, and only while the integration is live.
                 let changed = try db.run("""
                     UPDATE devices SET sign_counter = ? WHERE key_id = ? AND client_id = ? AND sign_counter = ?
                       AND EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
                     """, [.int(Int64(to)), .blob(keyID), .text(clientID), .int(Int64(from)), .text(clientID)])
-                guard changed == 1 else { return false }
+                guard changed == 1 else { return .conflict }   // committed all the same: the challenge stays used
                 try Self.insertToken(db, token)
                 try Self.storeChallenge(db, clientID: clientID, keyID: keyID, nextChallenge)
-                return true
+                return .committed
             }
         }
     }

@@ -4,7 +4,12 @@ import TokenService
 /// A malformed request: answered 400 `invalid_request`, with `detail` kept for the log.
 struct BadRequest: Error {
     let detail: String
-    init(_ detail: String) { self.detail = detail }
+    /// Already counted and audited by the service (a malformed attempt on a challenge).
+    let counted: Bool
+    init(_ detail: String, counted: Bool = false) {
+        self.detail = detail
+        self.counted = counted
+    }
 }
 
 /// Field limits on everything a device sends (the body as a whole is capped by the HTTP server).
@@ -64,7 +69,8 @@ enum RequestParsing {
             default: out.append(byte)
             }
         }
-        return String(validating: out, as: UTF8.self)
+        let text = String(decoding: out, as: UTF8.self)
+        return text.utf8.elementsEqual(out) ? text : nil   // decoding repairs invalid UTF-8: refuse instead
     }
 
     private static func hexValue(_ byte: UInt8) -> UInt8? {

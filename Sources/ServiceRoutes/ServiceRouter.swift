@@ -60,6 +60,15 @@ public final class ServiceRouter: @unchecked Sendable {
         }
     }
 
+    /// The endpoint label the service uses for the same route in `attestd_rejections_total`.
+    static func endpointName(_ path: String) -> String {
+        switch path {
+        case "/v1/oauth/app-attest/challenge": return "challenge"
+        case "/v1/oauth/app-attest/register": return "register"
+        default: return "token"
+        }
+    }
+
     func dispatch(_ request: HTTPRequest, route: String) throws -> Outcome {
         switch (route, request.method) {
         case ("/v1/oauth/app-attest/challenge", "POST"): return try exchange(request) { try challenge($0) }
@@ -86,7 +95,9 @@ public final class ServiceRouter: @unchecked Sendable {
         do {
             return try body(request)
         } catch let bad as BadRequest {
-            metrics.increment("attestd_rejections_total", labels: [("endpoint", Self.routeName(request.path)), ("reason", "invalidRequest")])
+            if !bad.counted {
+                metrics.increment("attestd_rejections_total", labels: [("endpoint", Self.endpointName(request.path)), ("reason", "invalidRequest")])
+            }
             return Outcome(response: .json(400, #"{"error":"invalid_request"}"#), reason: "invalidRequest: \(bad.detail)")
         } catch let rejection as Rejection {
             let response: HTTPResponse
@@ -106,7 +117,7 @@ public final class ServiceRouter: @unchecked Sendable {
         let clientID = fields["client_id"]!
         let keyID = try RequestParsing.requireBase64(fields, "key_id")
         do {
-            let issued = try service.challenge(clientID: clientID, keyID: keyID)
+            let issued = try service.challenge(clientID: clientID, keyID: keyID, caller: request.remoteAddress)
             let body = JSONBody.object([("challenge", Base64.encode(issued.challenge)), ("expires_in", issued.expiresIn)])
             return Outcome(response: .json(200, body, headers: [("cache-control", "no-store")]), clientID: clientID)
         }
@@ -115,24 +126,38 @@ public final class ServiceRouter: @unchecked Sendable {
     func register(_ request: HTTPRequest) throws -> Outcome {
         let fields = try RequestParsing.jsonFields(request.body, [("client_id", FieldLimits.clientID), ("key_id", FieldLimits.keyID),
                                                                   ("attestation_object", FieldLimits.attestationObject)])
+        let clientID = fields["client_id"]!
         let keyID = try RequestParsing.requireBase64(fields, "key_id")
-        let object = try RequestParsing.requireBase64(fields, "attestation_object")
-        let response = try service.register(clientID: fields["client_id"]!, keyID: keyID, attestationObject: object)
-        return Outcome(response: tokenResponse(response), clientID: fields["client_id"])
+        guard let object = RequestParsing.base64(fields["attestation_object"]!) else {
+            throw attempt(clientID, keyID, "register", BadRequest("attestation_object is not base64"))
+        }
+        let response = try service.register(clientID: clientID, keyID: keyID, attestationObject: object)
+        return Outcome(response: tokenResponse(response), clientID: clientID)
     }
 
     static let grantType = "urn:anthropic:params:oauth:grant-type:app-attest"
 
     func token(_ request: HTTPRequest) throws -> Outcome {
         let fields = try RequestParsing.formFields(request.body)
-        guard fields["grant_type"] == Self.grantType else { throw BadRequest("grant_type is not \(Self.grantType)") }
         guard let clientID = fields["client_id"], clientID.utf8.count <= FieldLimits.clientID else { throw BadRequest("missing or long client_id") }
         guard let keyText = fields["key_id"], keyText.utf8.count <= FieldLimits.keyID else { throw BadRequest("missing or long key_id") }
-        guard let assertionText = fields["assertion"], assertionText.utf8.count <= FieldLimits.assertion else { throw BadRequest("missing or long assertion") }
         guard let keyID = RequestParsing.base64(keyText) else { throw BadRequest("key_id is not base64") }
-        guard let assertion = RequestParsing.base64(assertionText) else { throw BadRequest("assertion is not base64") }
+        // From here on the request names a challenge: a malformed proof still uses it up.
+        guard fields["grant_type"] == Self.grantType else {
+            throw attempt(clientID, keyID, "token", BadRequest("grant_type is not \(Self.grantType)"))
+        }
+        guard let assertionText = fields["assertion"], assertionText.utf8.count <= FieldLimits.assertion,
+              let assertion = RequestParsing.base64(assertionText) else {
+            throw attempt(clientID, keyID, "token", BadRequest("assertion is missing, too long or not base64"))
+        }
         let response = try service.refresh(clientID: clientID, keyID: keyID, assertion: assertion)
         return Outcome(response: tokenResponse(response), clientID: clientID)
+    }
+
+    /// Records a malformed attempt against its challenge and returns the error to throw.
+    func attempt(_ clientID: String, _ keyID: [UInt8], _ action: String, _ error: BadRequest) -> BadRequest {
+        service.rejectMalformedAttempt(clientID: clientID, keyID: keyID, action: action, detail: error.detail)
+        return BadRequest(error.detail, counted: true)
     }
 
     func tokenResponse(_ response: TokenResponse) -> HTTPResponse {

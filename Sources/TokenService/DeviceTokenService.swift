@@ -6,12 +6,18 @@ import Foundation
 public struct ExchangeConfiguration: Sendable {
     public var tokenTTL: TimeInterval = 3600
     public var challengeTTL: TimeInterval = 300
-    /// Token mints per device key per minute (0 = unlimited).
+    /// Tokens minted per device key per minute (0 = unlimited). Only successful mints count, so
+    /// someone who merely knows a key ID cannot lock its device out.
     public var mintLimitPerMinute = 10
-    /// Registrations per integration per hour (0 = unlimited).
+    /// Successful registrations per integration per hour (0 = unlimited).
     public var registrationQuotaPerHour = 1000
-    /// Challenge requests per integration per minute (0 = unlimited): bounds the rows an anonymous caller can create.
-    public var challengeLimitPerMinute = 6000
+    /// Challenge requests per caller (remote address) per minute (0 = unlimited): bounds the rows
+    /// and the verification work an anonymous caller can cause, without letting one caller
+    /// starve an integration's other devices.
+    public var challengeLimitPerMinute = 600
+    /// Lifetime of the `next_challenge` handed out with a token: long enough to still be valid
+    /// when the client refreshes, 60 s before the token expires (or a little after).
+    public var nextChallengeTTL: TimeInterval { tokenTTL + challengeTTL }
     public init() {}
 }
 
@@ -60,15 +66,16 @@ public final class DeviceTokenService: @unchecked Sendable {
     // MARK: Challenge
 
     /// A challenge for (client ID, key ID): the pending one with its remaining TTL, or a new one.
-    public func challenge(clientID: String, keyID: [UInt8]) throws -> (challenge: [UInt8], expiresIn: Int) {
+    /// - Parameter caller: who is asking (the remote address), for the per-caller challenge limit.
+    public func challenge(clientID: String, keyID: [UInt8], caller: String = "") throws -> (challenge: [UInt8], expiresIn: Int) {
         try rejecting(clientID: clientID, keyID: keyID, action: "challenge") {
             let time = now()
             try requireKeyIDShape(keyID)
-            _ = try liveIntegration(clientID)
-            if let retry = challengeLimiter.acquire(clientID, at: time) {
+            if let retry = challengeLimiter.acquire(caller, at: time) {
                 throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.challengeLimit,
-                                "integration over \(configuration.challengeLimitPerMinute) challenge requests a minute")
+                                "caller over \(configuration.challengeLimitPerMinute) challenge requests a minute")
             }
+            _ = try liveIntegration(clientID)
             let fresh = IssuedChallenge(bytes: secureRandomBytes(32), expiresAt: time.addingTimeInterval(configuration.challengeTTL))
             let issued = try store.pendingOrNewChallenge(clientID: clientID, keyID: keyID, fresh: fresh, at: time)
             return (issued.bytes, remaining(issued.expiresAt, from: time))
@@ -82,33 +89,35 @@ public final class DeviceTokenService: @unchecked Sendable {
             let time = now()
             try requireKeyIDShape(keyID)
             let integration = try liveIntegration(clientID)
-            // Any attempt, successful or not, uses the challenge up.
-            guard let challenge = try store.consumeChallenge(clientID: clientID, keyID: keyID, at: time) else {
-                throw Rejection(.invalidGrant, ServiceReason.noPendingChallenge, "no pending challenge for this key (expired, used, or never issued)")
+            return try redeeming(clientID: clientID, keyID: keyID, at: time) { challenge in
+                if try store.device(clientID: clientID, keyID: keyID) != nil {
+                    throw Rejection(.invalidGrant, ServiceReason.keyAlreadyRegistered, "key ID is already registered")
+                }
+                if let retry = registrationLimiter.check(integration.clientID, at: time) {
+                    throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.registrationQuota,
+                                    "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
+                }
+                let verified = try timed("attestation") {
+                    try verifier.verifyAttestation(attestationObject, keyID: keyID, clientDataHash: sha256(challenge),
+                                                   allowedAppIDs: integration.appIDs, allowedEnvironments: integration.environments, at: time)
+                }
+                let device = Device(keyID: keyID, clientID: clientID, publicKey: verified.publicKey, counter: 0,
+                                    environment: verified.environment, appID: verified.appID.description)
+                let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
+                let next = nextChallenge(at: time)
+                switch try store.registerDevice(device, receipt: verified.receipt, firstToken: record, redeeming: challenge, nextChallenge: next, at: time) {
+                case .committed: _ = registrationLimiter.acquire(integration.clientID, at: time)
+                case .challengeGone: throw Rejection(.invalidGrant, ServiceReason.noPendingChallenge, "challenge was redeemed concurrently")
+                case .conflict:
+                    _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
+                    throw Rejection(.invalidGrant, ServiceReason.keyAlreadyRegistered, "key ID was registered concurrently")
+                }
+                metrics.increment("attestd_registrations_total")
+                metrics.increment("attestd_tokens_issued_total", labels: [("grant", "registration")])
+                audit.record(AuditEvent(at: time, action: "device.registered", clientID: clientID, keyID: keyID,
+                                        detail: "\(verified.environment.rawValue) \(verified.appID)"))
+                return response(token, next, at: time)
             }
-            if try store.device(clientID: clientID, keyID: keyID) != nil {
-                throw Rejection(.invalidGrant, ServiceReason.keyAlreadyRegistered, "key ID is already registered")
-            }
-            if let retry = registrationLimiter.acquire(clientID, at: time) {
-                throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.registrationQuota,
-                                "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
-            }
-            let verified = try timed("attestation") {
-                try verifier.verifyAttestation(attestationObject, keyID: keyID, clientDataHash: sha256(challenge),
-                                               allowedAppIDs: integration.appIDs, allowedEnvironments: integration.environments, at: time)
-            }
-            let device = Device(keyID: keyID, clientID: clientID, publicKey: verified.publicKey, counter: 0,
-                                environment: verified.environment, appID: verified.appID.description)
-            let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
-            let next = nextChallenge(at: time)
-            guard try store.registerDevice(device, receipt: verified.receipt, firstToken: record, nextChallenge: next, at: time) else {
-                throw Rejection(.invalidGrant, ServiceReason.keyAlreadyRegistered, "key ID was registered concurrently")
-            }
-            metrics.increment("attestd_registrations_total")
-            metrics.increment("attestd_tokens_issued_total", labels: [("grant", "registration")])
-            audit.record(AuditEvent(at: time, action: "device.registered", clientID: clientID, keyID: keyID,
-                                    detail: "\(verified.environment.rawValue) \(verified.appID)"))
-            return response(token, next, at: time)
         }
     }
 
@@ -124,33 +133,64 @@ public final class DeviceTokenService: @unchecked Sendable {
             let time = now()
             try requireKeyIDShape(keyID)
             let integration = try liveIntegration(clientID)
-            guard let challenge = try store.consumeChallenge(clientID: clientID, keyID: keyID, at: time) else {
-                throw Rejection(.invalidGrant, ServiceReason.noPendingChallenge, "no pending challenge for this key (expired, used, raced, or never issued)")
+            return try redeeming(clientID: clientID, keyID: keyID, at: time) { challenge in
+                guard let device = try store.device(clientID: clientID, keyID: keyID) else {
+                    throw Rejection(.invalidGrant, ServiceReason.unknownKey, "key ID is not registered for this client")
+                }
+                let mintKey = integration.clientID + "/" + hexString(keyID)
+                if let retry = mintLimiter.check(mintKey, at: time) {
+                    throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.mintLimit,
+                                    "device over \(configuration.mintLimitPerMinute) tokens a minute")
+                }
+                guard let appID = AppID(device.appID) else {
+                    throw Rejection(.invalidGrant, ServiceReason.unknownKey, "stored app ID \(device.appID) is unreadable")
+                }
+                let publicKey = try keyCache.key(for: device)
+                let hash = Self.tokenClientDataHash(challenge: challenge, clientID: clientID, keyID: keyID)
+                let verified = try timed("assertion") {
+                    try verifier.verifyAssertion(assertion, publicKey: publicKey, clientDataHash: hash, appID: appID, previousCounter: device.counter)
+                }
+                let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
+                let next = nextChallenge(at: time)
+                switch try store.advanceCounter(clientID: clientID, keyID: keyID, from: device.counter, to: verified.counter,
+                                                token: record, redeeming: challenge, nextChallenge: next, at: time) {
+                case .committed: _ = mintLimiter.acquire(mintKey, at: time)
+                case .challengeGone: throw Rejection(.invalidGrant, ServiceReason.noPendingChallenge, "challenge was redeemed concurrently")
+                case .conflict:
+                    _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
+                    throw Rejection(.invalidGrant, ServiceReason.counterRaced, "counter moved past \(device.counter) concurrently")
+                }
+                metrics.increment("attestd_tokens_issued_total", labels: [("grant", "assertion")])
+                return response(token, next, at: time)
             }
-            guard let device = try store.device(clientID: clientID, keyID: keyID) else {
-                throw Rejection(.invalidGrant, ServiceReason.unknownKey, "key ID is not registered for this client")
-            }
-            if let retry = mintLimiter.acquire(clientID + "/" + hexString(keyID), at: time) {
-                throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.mintLimit,
-                                "device over \(configuration.mintLimitPerMinute) tokens a minute")
-            }
-            guard let appID = AppID(device.appID) else {
-                throw Rejection(.invalidGrant, ServiceReason.unknownKey, "stored app ID \(device.appID) is unreadable")
-            }
-            let publicKey = try keyCache.key(for: device)
-            let hash = Self.tokenClientDataHash(challenge: challenge, clientID: clientID, keyID: keyID)
-            let verified = try timed("assertion") {
-                try verifier.verifyAssertion(assertion, publicKey: publicKey, clientDataHash: hash, appID: appID, previousCounter: device.counter)
-            }
-            let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
-            let next = nextChallenge(at: time)
-            guard try store.advanceCounter(clientID: clientID, keyID: keyID, from: device.counter, to: verified.counter,
-                                           token: record, nextChallenge: next, at: time) else {
-                throw Rejection(.invalidGrant, ServiceReason.counterRaced, "counter moved past \(device.counter) concurrently")
-            }
-            metrics.increment("attestd_tokens_issued_total", labels: [("grant", "assertion")])
-            return response(token, next, at: time)
         }
+    }
+
+    /// Runs `body` with the pending challenge for the pair. The success path redeems it in the
+    /// same transaction that stores the result (one commit per exchange); any rejection uses it
+    /// up here, conditioned on its bytes so that a newer challenge is never touched.
+    private func redeeming<T>(clientID: String, keyID: [UInt8], at time: Date, _ body: ([UInt8]) throws -> T) throws -> T {
+        guard let challenge = try store.pendingChallenge(clientID: clientID, keyID: keyID, at: time) else {
+            throw Rejection(.invalidGrant, ServiceReason.noPendingChallenge, "no pending challenge for this key (expired, used, or never issued)")
+        }
+        do {
+            return try body(challenge)
+        } catch let rejection as Rejection {
+            _ = try store.consumeChallenge(clientID: clientID, keyID: keyID, challenge: challenge, at: time)
+            throw rejection
+        }
+    }
+
+    /// A register or token request whose key ID parsed but whose proof did not: it is an attempt
+    /// all the same, so it uses the challenge up (PROTOCOL.md) and is counted and audited.
+    public func rejectMalformedAttempt(clientID: String, keyID: [UInt8], action: String, detail: String) {
+        let time = now()
+        if keyID.count == 32, Self.isWellFormedClientID(clientID) {
+            _ = try? store.consumeChallenge(clientID: clientID, keyID: keyID, at: time)
+        }
+        metrics.increment("attestd_rejections_total", labels: [("endpoint", action), ("reason", "invalidRequest")])
+        audit.record(AuditEvent(at: time, action: "\(action).rejected", clientID: String(clientID.prefix(64)),
+                                keyID: keyID.count == 32 ? keyID : nil, reason: "invalidRequest", detail: detail))
     }
 
     // MARK: Using tokens
@@ -167,8 +207,17 @@ public final class DeviceTokenService: @unchecked Sendable {
         guard keyID.count == 32 else { throw Rejection.request("key_id is \(keyID.count) bytes, expected 32") }
     }
 
+    /// `clid_` and URL-safe base64 characters only: anything else (a NUL byte, say) cannot name an
+    /// integration and is refused before it reaches SQL or a rate-limit key.
+    public static func isWellFormedClientID(_ clientID: String) -> Bool {
+        clientID.hasPrefix(clientIDPrefix) && clientID.utf8.count <= 64 && clientID.utf8.count > clientIDPrefix.utf8.count
+            && clientID.utf8.allSatisfy { b in
+                (0x41...0x5a).contains(b) || (0x61...0x7a).contains(b) || (0x30...0x39).contains(b) || b == 0x2d || b == 0x5f
+            }
+    }
+
     private func liveIntegration(_ clientID: String) throws -> Integration {
-        guard clientID.hasPrefix(Self.clientIDPrefix), clientID.utf8.count <= 64,
+        guard Self.isWellFormedClientID(clientID),
               let integration = try store.integration(clientID: clientID) else {
             throw Rejection(.invalidClient, ServiceReason.unknownClient, "no integration with this client ID")
         }
@@ -184,7 +233,7 @@ public final class DeviceTokenService: @unchecked Sendable {
     }
 
     private func nextChallenge(at time: Date) -> IssuedChallenge {
-        IssuedChallenge(bytes: secureRandomBytes(32), expiresAt: time.addingTimeInterval(configuration.challengeTTL))
+        IssuedChallenge(bytes: secureRandomBytes(32), expiresAt: time.addingTimeInterval(configuration.nextChallengeTTL))
     }
 
     private func response(_ token: String, _ next: IssuedChallenge, at time: Date) -> TokenResponse {

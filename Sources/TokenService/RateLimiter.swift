@@ -2,12 +2,15 @@ import Foundation
 
 /// A fixed-window counter per key: at most `limit` events per `window`. In memory on purpose —
 /// a restart forgets the windows, which at worst lets one window's worth through again.
+/// The number of keys tracked is capped: when full of live windows, unknown keys are refused
+/// (fail closed) rather than letting the table grow without bound.
 public final class RateLimiter: @unchecked Sendable {
     public let limit: Int
     public let window: TimeInterval
     private var windows: [String: (start: Date, count: Int)] = [:]
     private let lock = NSLock()
     private let maxKeys: Int
+    private var lastSweep = Date.distantPast
 
     public init(limit: Int, window: TimeInterval, maxKeys: Int = 200_000) {
         self.limit = limit
@@ -17,14 +20,31 @@ public final class RateLimiter: @unchecked Sendable {
 
     /// Records one event; nil when allowed, else seconds until the window resets.
     public func acquire(_ key: String, at now: Date) -> Int? {
+        update(key, at: now, record: true)
+    }
+
+    /// Whether one more event would be allowed now, without recording it: nil when allowed.
+    public func check(_ key: String, at now: Date) -> Int? {
+        update(key, at: now, record: false)
+    }
+
+    private func update(_ key: String, at now: Date, record: Bool) -> Int? {
         guard limit > 0 else { return nil }  // 0 disables the limit
         lock.lock()
         defer { lock.unlock() }
-        if windows.count >= maxKeys { windows = windows.filter { now.timeIntervalSince($0.value.start) < window } }
         var entry = windows[key] ?? (now, 0)
         if now.timeIntervalSince(entry.start) >= window { entry = (now, 0) }
         guard entry.count < limit else {
             return max(1, Int((window - now.timeIntervalSince(entry.start)).rounded(.up)))
+        }
+        guard record else { return nil }
+        if windows[key] == nil && windows.count >= maxKeys {
+            // Sweep expired windows at most once a window; if still full, refuse the newcomer.
+            if now.timeIntervalSince(lastSweep) >= window {
+                windows = windows.filter { now.timeIntervalSince($0.value.start) < window }
+                lastSweep = now
+            }
+            if windows.count >= maxKeys { return max(1, Int(window)) }
         }
         entry.count += 1
         windows[key] = entry

@@ -22,16 +22,24 @@ public protocol TokenStore: AnyObject, Sendable {
     // Challenges
     /// The pending (unused, unexpired) challenge for the pair, or `fresh` stored as the new one.
     func pendingOrNewChallenge(clientID: String, keyID: [UInt8], fresh: IssuedChallenge, at: Date) throws -> IssuedChallenge
-    /// Marks the pending challenge for the pair used and returns it; nil when there is none.
-    func consumeChallenge(clientID: String, keyID: [UInt8], at: Date) throws -> [UInt8]?
+    /// The pending challenge for the pair, without using it.
+    func pendingChallenge(clientID: String, keyID: [UInt8], at: Date) throws -> [UInt8]?
+    /// Marks the pending challenge used (only if it is still `challenge`, when given) and returns
+    /// it; nil when there is none. This is how a failed attempt uses the challenge up.
+    func consumeChallenge(clientID: String, keyID: [UInt8], challenge: [UInt8]?, at: Date) throws -> [UInt8]?
 
     // Devices and tokens
     func device(clientID: String, keyID: [UInt8]) throws -> Device?
-    /// Stores the device and its first token atomically; false when the key is already registered.
-    func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, nextChallenge: IssuedChallenge, at: Date) throws -> Bool
-    /// Advances the counter from `from` to `to` and stores the token atomically; false when the
-    /// counter was no longer `from` (a concurrent request won).
-    func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, nextChallenge: IssuedChallenge, at: Date) throws -> Bool
+    /// In one transaction: uses up `challenge` (when given; `.challengeGone` if it is no longer
+    /// pending), stores the device and its first token (`.conflict` if the key is registered or
+    /// the integration revoked) and the next challenge.
+    func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+                        nextChallenge: IssuedChallenge, at: Date) throws -> CommitResult
+    /// In one transaction: uses up `challenge` (when given), advances the counter from `from` to
+    /// `to` (`.conflict` when it was no longer `from`: a concurrent request won; the challenge is
+    /// used up all the same), stores the token and the next challenge.
+    func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
+                        nextChallenge: IssuedChallenge, at: Date) throws -> CommitResult
     /// The grant behind a token hash if it is live: unexpired, unrevoked, integration not revoked.
     func liveToken(hash: [UInt8], at: Date) throws -> TokenGrant?
 
@@ -39,4 +47,30 @@ public protocol TokenStore: AnyObject, Sendable {
     func appendAudit(_ events: [AuditEvent]) throws
     /// Deletes challenges that are used or expired before `before`; returns how many.
     func purgeChallenges(before: Date) throws -> Int
+}
+
+/// The outcome of a write that redeems a challenge.
+public enum CommitResult: Sendable, Equatable {
+    case committed
+    /// The challenge was used or expired meanwhile (a concurrent request redeemed it).
+    case challengeGone
+    /// The row the write depended on changed: key already registered, counter moved, integration revoked.
+    case conflict
+}
+
+extension TokenStore {
+    public func consumeChallenge(clientID: String, keyID: [UInt8], at time: Date) throws -> [UInt8]? {
+        try consumeChallenge(clientID: clientID, keyID: keyID, challenge: nil, at: time)
+    }
+
+    /// Without a challenge to redeem (tools and tests): true when committed.
+    public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, nextChallenge: IssuedChallenge, at time: Date) throws -> Bool {
+        try registerDevice(device, receipt: receipt, firstToken: firstToken, redeeming: nil, nextChallenge: nextChallenge, at: time) == .committed
+    }
+
+    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord,
+                               nextChallenge: IssuedChallenge, at time: Date) throws -> Bool {
+        try advanceCounter(clientID: clientID, keyID: keyID, from: from, to: to, token: token, redeeming: nil,
+                           nextChallenge: nextChallenge, at: time) == .committed
+    }
 }

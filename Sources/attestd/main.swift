@@ -12,7 +12,7 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--mint-limit PER_MINUTE] [--registration-quota PER_HOUR] [--challenge-limit PER_MINUTE]
                      [--introspection-key-file FILE] [--threads N] [--synchronous full|normal]
 defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
-          --registration-quota 1000 --challenge-limit 6000 --threads 4 --synchronous full (0 disables a limit)
+          --registration-quota 1000 --challenge-limit 600 --threads 4 --synchronous full (0 disables a limit)
 """
 
 struct ServeOptions {

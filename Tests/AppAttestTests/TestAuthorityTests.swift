@@ -101,6 +101,21 @@ import TestAuthority
         check(try rewrite(object) { e in e[2].value = .bytes([UInt8](repeating: 0, count: 36)) })  // authData too short
     }
 
+    @Test func chainsOtherThanLeafPlusIntermediateAreRefused() throws {
+        let key = try DeviceKey.generate()
+        let object = try authority.attestation(key: key, appID: appID, clientDataHash: clientDataHash, at: now)
+        for extra in [[], [authority.root.der], [authority.intermediate.der, authority.root.der]] {
+            let changed = try rewrite(object) { entries in
+                guard case .map(var statement) = entries[1].value, case .array(let x5c) = statement[0].value else { return }
+                statement[0].value = .array(extra.isEmpty ? [x5c[0]] : [x5c[0]] + extra.map { .bytes($0) })
+                entries[1].value = .map(statement)
+            }
+            expectReason(.certificateChainInvalid) {
+                _ = try verifier.verifyAttestation(changed, keyID: key.keyID, clientDataHash: clientDataHash, allowedAppIDs: [appID], at: now)
+            }
+        }
+    }
+
     @Test func assertionsFromTheAuthorityVerifyAndCountersAdvance() throws {
         let key = try DeviceKey.generate()
         var counter: UInt32 = 0

@@ -118,8 +118,8 @@ final class ClientClock: @unchecked Sendable {
             return try await group.reduce(into: Set<String>()) { $0.insert($1) }
         }
         #expect(tokens.count == 1)
-        // One exchange: a challenge (the pre-issued one is stale on this clock) and one token request.
-        #expect(relaunch.transport.count("/challenge") - before.0 == 1)
+        // One exchange: one token request, signed over the pre-issued challenge (no challenge round trip).
+        #expect(relaunch.transport.count("/challenge") - before.0 == 0)
         #expect(relaunch.transport.count("/oauth/token") - before.1 == 1)
 
         // Revocation makes the next refresh fail with attestationFailed.
@@ -213,8 +213,8 @@ final class ClientClock: @unchecked Sendable {
         let integration = try service.createIntegration()
         let device = install(service, clientID: integration.clientID)
         try await device.client.authenticateIfNeeded()
-        // The pre-issued challenge has 300 s; after 290 s it has less than 15 s left.
-        device.clock.advance(290)
+        // The pre-issued challenge lives token TTL + 300 s = 3900 s; after 3890 s it has less than 15 s left.
+        device.clock.advance(3890)
         try await device.client.invalidateToken(usedToken: device.client.currentToken())
         _ = try await device.client.currentToken()
         #expect(device.transport.count("/challenge") == 2)   // one for registration, one fresh for the refresh

@@ -182,15 +182,64 @@ import TokenService
         #expect(Int(mintLimited.header("retry-after") ?? "") ?? 0 > 0)
         #expect(try lastReason() == ServiceReason.mintLimit)
 
-        // 429 registration quota (2 an hour; two registrations were attempted above past the challenge).
-        let late = try ManualDevice(clientID: integration.clientID)
-        let quota = try await http.registerFresh(late)
+        // 429 registration quota: 2 successful registrations an hour (refused ones do not count).
+        #expect(try await http.registerFresh(try ManualDevice(clientID: integration.clientID)).status == 200)
+        let quota = try await http.registerFresh(try ManualDevice(clientID: integration.clientID))
         #expect(quota.status == 429 && quota.error == "rate_limit_error")
         #expect(Int(quota.header("retry-after") ?? "") ?? 0 > 60)
+        #expect(try lastReason() == ServiceReason.registrationQuota)
 
         // Unknown routes are 404, wrong methods 405 — but never 404 for an unknown client or key.
         #expect(try await http.send("GET", "/nope").status == 404)
         #expect(try await http.send("GET", "/v1/oauth/token").status == 405)
+    }
+
+    @Test func hostileClientIDsAndJunkAttemptsCannotGetAroundLimits() async throws {
+        let service = try TestService { $0.mintLimitPerMinute = 2 }
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        #expect(try await http.registerFresh(device).status == 200)
+
+        // A NUL byte (or any character outside clid_ + base64url) names no integration.
+        for hostile in [integration.clientID + "\u{0}x", integration.clientID + " ", integration.clientID + "%"] {
+            let result = try await http.postJSON("/v1/oauth/app-attest/challenge", ["client_id": hostile, "key_id": device.keyIDBase64])
+            #expect(result.status == 401 && result.error == "invalid_client")
+        }
+        let form = try await http.send("POST", "/v1/oauth/token", body: Data("grant_type=urn%3Aanthropic%3Aparams%3Aoauth%3Agrant-type%3Aapp-attest&client_id=\(integration.clientID)%00x&key_id=\(device.keyIDBase64.addingPercentEncoding(withAllowedCharacters: .alphanumerics)!)&assertion=AAAA".utf8),
+                                       contentType: "application/x-www-form-urlencoded")
+        #expect(form.status == 401 && form.error == "invalid_client")
+
+        // Junk assertions from someone who knows the key ID do not use up the device's mint limit…
+        for _ in 0..<5 {
+            let junk = try await http.token(device, assertion: Data([0xa0]).base64EncodedString())
+            #expect(junk.status == 401)
+            _ = try await http.challengeBytes(device)
+        }
+        // …but each one used its challenge up, malformed or not.
+        let challenge = try await http.challengeBytes(device)
+        let malformed = try await http.postForm("/v1/oauth/token", [("grant_type", "urn:anthropic:params:oauth:grant-type:app-attest"),
+                                                                    ("client_id", integration.clientID), ("key_id", device.keyIDBase64), ("assertion", "!!!")])
+        #expect(malformed.status == 400)
+        let late = try await http.token(device, assertion: try device.assertion(challenge: challenge))
+        #expect(late.status == 401 && late.error == "invalid_grant")
+        // The genuine device still mints its 2 a minute.
+        for _ in 0..<2 {
+            #expect(try await http.token(device, assertion: try device.assertion(challenge: try await http.challengeBytes(device))).status == 200)
+        }
+        #expect(try await http.token(device, assertion: try device.assertion(challenge: try await http.challengeBytes(device))).status == 429)
+    }
+
+    @Test func challengeLimitIsPerCaller() async throws {
+        let service = try TestService { $0.challengeLimitPerMinute = 3 }
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        for _ in 0..<3 { #expect(try await http.challenge(try ManualDevice(clientID: integration.clientID)).status == 200) }
+        let limited = try await http.challenge(try ManualDevice(clientID: integration.clientID))
+        #expect(limited.status == 429 && limited.error == "rate_limit_error")
+        #expect(limited.header("retry-after") != nil)
+        // Another caller is unaffected (the service, called directly, as another address).
+        #expect(throws: Never.self) { _ = try service.service.challenge(clientID: integration.clientID, keyID: [UInt8](repeating: 3, count: 32), caller: "192.0.2.7") }
     }
 
     @Test func concurrentRequestsWithOneCounterMintExactlyOneToken() async throws {
