@@ -47,7 +47,8 @@ public final class HTTPServer: @unchecked Sendable {
         var address = try SocketAddress(host: config.host, port: config.port)
         let endpoint = address.isIPv6 ? "[\(address.host)]:\(config.port)" : "\(address.host):\(config.port)"
 
-        let ctx = DaemonContext(handler: handler, maxBodyBytes: config.maxBodyBytes, liveRequests: liveRequests)
+        let ctx = DaemonContext(handler: handler, maxBodyBytes: config.maxBodyBytes,
+                                bodyDeadlineNanoseconds: UInt64(config.bodyDeadlineSeconds) * 1_000_000_000, liveRequests: liveRequests)
         let retained = Unmanaged.passRetained(ctx)
         let ctxPointer = retained.toOpaque()
 
@@ -148,13 +149,16 @@ public final class HTTPServer: @unchecked Sendable {
 private final class DaemonContext: @unchecked Sendable {
     let handler: @Sendable (HTTPRequest) -> HTTPResponse
     let maxBodyBytes: Int
+    /// 0 = no deadline.
+    let bodyDeadlineNanoseconds: UInt64
     let startupLog = StartupLog()
     let liveRequests: LockedCounter
 
-    init(handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse, maxBodyBytes: Int,
+    init(handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse, maxBodyBytes: Int, bodyDeadlineNanoseconds: UInt64,
          liveRequests: LockedCounter) {
         self.handler = handler
         self.maxBodyBytes = maxBodyBytes
+        self.bodyDeadlineNanoseconds = bodyDeadlineNanoseconds
         self.liveRequests = liveRequests
     }
 }
@@ -191,6 +195,8 @@ final class LockedCounter: @unchecked Sendable {
 /// the completion callback.
 private final class RequestContext {
     let target: String
+    /// When the request line arrived: a body must be complete within the body deadline.
+    let started = DispatchTime.now().uptimeNanoseconds
     var headersSeen = false
     var body: [UInt8] = []
     /// The body went over the limit: the rest is discarded and the answer is 413.
@@ -267,6 +273,10 @@ private let accessHandler: MHD_AccessHandlerCallback = { cls, connection, url, m
 
     let chunkSize = uploadSize.pointee
     if chunkSize > 0 {
+        // The idle timeout resets on every byte; this bounds a body trickled in slowly on purpose.
+        if ctx.bodyDeadlineNanoseconds > 0, DispatchTime.now().uptimeNanoseconds - request.started > ctx.bodyDeadlineNanoseconds {
+            return .NO
+        }
         // Only reachable without a (valid) Content-Length, i.e. chunked uploads. MHD does
         // not accept a response while body data is being delivered, so the excess is
         // consumed and dropped and 413 goes out once the body ends; a client that keeps

@@ -73,6 +73,9 @@ public struct HTTPServerConfiguration: Sendable {
     public var maxConnectionsPerIP: Int = 64
     /// Idle connections (including ones that never send anything) are closed after this. 0 = never.
     public var idleTimeoutSeconds: Int = 15
+    /// A request whose body is still arriving this long after its request line is dropped (the
+    /// idle timeout alone resets on every byte, so it cannot stop a deliberate trickle). 0 = none.
+    public var bodyDeadlineSeconds: Int = 30
 
     public init() {}
 }

@@ -133,6 +133,31 @@ struct HTTPServerTests {
         #expect(busy.readResponse()?.status == 200)
     }
 
+    @Test func tricklingBodyIsDroppedAtTheBodyDeadline() throws {
+        var config = loopbackConfig()
+        config.idleTimeoutSeconds = 5       // each byte arrives well inside the idle timeout…
+        config.bodyDeadlineSeconds = 1      // …but the body as a whole must arrive within 1 s
+        let server = try startServer(config) { _ in HTTPResponse(status: 200) }
+        defer { server.stop() }
+
+        let connection = try RawConnection(port: server.port, timeout: 6)
+        #expect(connection.sendAll("POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n"))
+        let started = Date()
+        var closed = false
+        for _ in 0..<40 where !closed {
+            Thread.sleep(forTimeInterval: 0.2)
+            closed = !connection.sendAll("x")
+        }
+        if !closed { closed = connection.waitForClose() == .closed }
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(closed)
+        #expect(elapsed < 4, "dropped after \(elapsed) s")
+        // A prompt request on a new connection is unaffected.
+        let prompt = try RawConnection(port: server.port)
+        #expect(prompt.sendAll("POST /fast HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok"))
+        #expect(prompt.readResponse()?.status == 200)
+    }
+
     @Test func perIPConnectionLimitIsEnforced() throws {
         var config = loopbackConfig()
         config.maxConnectionsPerIP = 2
