@@ -27,6 +27,8 @@ public actor AppAttestClient {
     /// Default backoff for 429 on registration (registration quota) and on the token endpoint.
     static let registrationRateLimitDelay: TimeInterval = 900
     static let tokenRateLimitDelay: TimeInterval = 60
+    /// Pause after a refresh that failed for another reason (5xx, network, invalid_client).
+    static let refreshFailureDelay: TimeInterval = 10
 
     public nonisolated let clientID: String
     private let baseURL: URL
@@ -217,6 +219,15 @@ public actor AppAttestClient {
             let error = reply.publicError(rateLimitDefault: Self.tokenRateLimitDelay)
             if case .rateLimited(let delay) = error {
                 refreshBackoff = Backoff(until: now().addingTimeInterval(delay), cause: error)
+            } else {
+                // Any other refusal or server error: pause briefly so that every call during the
+                // last minute of a still-valid token does not repeat challenge + assertion + POST.
+                refreshBackoff = Backoff(until: now().addingTimeInterval(Self.refreshFailureDelay), cause: error)
+            }
+            throw error
+        } catch let error as AttestClientError {
+            if case .network = error {
+                refreshBackoff = Backoff(until: now().addingTimeInterval(Self.refreshFailureDelay), cause: error)
             }
             throw error
         }

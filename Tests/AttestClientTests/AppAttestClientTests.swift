@@ -258,8 +258,13 @@ private func failure(_ body: () async throws -> some Any) async -> String {
         h.server.enqueue(.token, status: 500)
         let client = h.makeClient()
         #expect(try await client.currentToken() == "old-token")
-        // authenticateIfNeeded promises a token with a minute left, so it reports the failure.
+        // authenticateIfNeeded promises a token with a minute left, so it reports the failure —
+        // without another round trip during the short pause after a failed renewal.
+        #expect(await failure { try await client.authenticateIfNeeded() } == "backingOff(10, server(500, -))")
+        #expect(h.server.count(.token) == 1)
+        h.clock.advance(11)
         #expect(await failure { try await client.authenticateIfNeeded() } == "server(500, -)")
+        #expect(h.server.count(.token) == 2)
         h.clock.advance(31)
         h.server.enqueue(.token, status: 500)
         #expect(await failure { try await client.currentToken() } == "server(500, -)")

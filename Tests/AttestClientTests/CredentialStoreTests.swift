@@ -81,3 +81,23 @@ import Testing
         #expect(h.attester.attestCount == 1)
     }
 }
+
+@Suite struct SharedClientTests {
+    @Test func oneClientPerClientIDInAProcess() {
+        let url = URL(string: "http://127.0.0.1:1")!
+        let store = InMemoryCredentialStore()
+        let attester = UnsupportedAttesterForSharedTest()
+        let a = AppAttestClient.shared(clientID: "clid_shared_a", baseURL: url, attester: attester, store: store)
+        let b = AppAttestClient.shared(clientID: "clid_shared_a", baseURL: url, attester: attester, store: store)
+        let c = AppAttestClient.shared(clientID: "clid_shared_c", baseURL: url, attester: attester, store: store)
+        #expect(a === b)
+        #expect(a !== c)
+    }
+}
+
+private struct UnsupportedAttesterForSharedTest: DeviceAttester {
+    var isSupported: Bool { false }
+    func generateKey() async throws -> String { throw AttestClientError.attestationUnsupported }
+    func attestKey(_ keyID: String, clientDataHash: Data) async throws -> Data { throw AttestClientError.attestationUnsupported }
+    func generateAssertion(_ keyID: String, clientDataHash: Data) async throws -> Data { throw AttestClientError.attestationUnsupported }
+}
