@@ -67,7 +67,7 @@ public final class SQLiteTokenStore: TokenStore, @unchecked Sendable {
     }
 
     public func addMember(email: String, role: Role, workspaceID: Int64, at time: Date) throws {
-        try write { try $0.run("INSERT INTO members (workspace_id, email, role, created_at) VALUES (?, ?, ?, ?)",
+        _ = try write { try $0.run("INSERT INTO members (workspace_id, email, role, created_at) VALUES (?, ?, ?, ?)",
                                [.int(workspaceID), .text(email), .text(role.rawValue), .real(time.timeIntervalSince1970)]) }
     }
 

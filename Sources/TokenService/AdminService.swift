@@ -17,7 +17,7 @@ public final class AdminService: @unchecked Sendable {
     public static let defaultWorkspace = "default"
     public static let maxBundleIDs = 32
 
-    public init(store: TokenStore, now: @escaping @Sendable () -> Date = Date.init) {
+    public init(store: TokenStore, now: @escaping @Sendable () -> Date = { Date() }) {
         self.store = store
         self.now = now
     }

@@ -47,7 +47,7 @@ public final class DeviceTokenService: @unchecked Sendable {
     public static let clientIDPrefix = "clid_"
 
     public init(store: TokenStore, verifier: AppAttestVerifier, configuration: ExchangeConfiguration = ExchangeConfiguration(),
-                metrics: Metrics = Metrics(), audit: AuditSink, now: @escaping @Sendable () -> Date = Date.init) {
+                metrics: Metrics = Metrics(), audit: AuditSink, now: @escaping @Sendable () -> Date = { Date() }) {
         self.store = store
         self.verifier = verifier
         self.configuration = configuration

@@ -25,7 +25,7 @@ import Testing
 
     @Test(arguments: samples) func attestationFailsAWeekLater(_ sample: AppleSample) {
         expectReason(.certificateNotValidAtTime) {
-            try verifier.verifyAttestation(sample.attestation, keyID: sample.keyID, clientDataHash: sample.attestationClientDataHash,
+            _ = try verifier.verifyAttestation(sample.attestation, keyID: sample.keyID, clientDataHash: sample.attestationClientDataHash,
                                            allowedAppIDs: [sample.appID], at: sample.attestationTime.addingTimeInterval(7 * 86_400))
         }
     }
