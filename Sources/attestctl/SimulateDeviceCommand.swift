@@ -83,22 +83,32 @@ enum SimulateDeviceCommand {
             guard sendMessage else { return 0 }
 
             do {
-                let token = try await client.currentToken()
-                var request = URLRequest(url: baseURL.appendingPathComponent("v1/messages"))
-                request.httpMethod = "POST"
-                request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-                request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
-                request.httpBody = Data(#"{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#.utf8)
-                let (_, response) = try await transport.send(request)
-                // A rejected token is dropped (as the app would), so the next run renews it.
-                if response.statusCode == 401 { await client.invalidateToken(usedToken: token) }
-                printJSON(["messages_status": response.statusCode])
+                // As the published client does: a 401 drops that token and retries once with a
+                // fresh one (which, for a revoked integration, fails with attestationFailed).
+                var status = 0
+                for attempt in 0..<2 {
+                    let token = try await client.currentToken()
+                    status = try await postMessage(token: token, baseURL: baseURL, transport: transport)
+                    guard status == 401, attempt == 0 else { break }
+                    await client.invalidateToken(usedToken: token)
+                }
+                printJSON(["messages_status": status])
                 return 0
             } catch {
                 printJSON(["error": errorName(error), "detail": errorDetail(error)])
                 return 1
             }
         }
+    }
+
+    /// One small Messages API request with the token; returns the HTTP status.
+    static func postMessage(token: String, baseURL: URL, transport: URLSessionTransport) async throws -> Int {
+        var request = URLRequest(url: baseURL.appendingPathComponent("v1/messages"))
+        request.httpMethod = "POST"
+        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
+        request.httpBody = Data(#"{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#.utf8)
+        return try await transport.send(request).1.statusCode
     }
 
     // MARK: Helpers shared with `load`

@@ -95,5 +95,14 @@ import Testing
         #expect(try ServerProcess.attestctl(base + ["--messages"]).1.contains(#""messages_status":503"#))
         // The token is never printed.
         #expect(!(try ServerProcess.attestctl(base).1.contains("aat_")))
+
+        // After revocation the Messages call is refused, the retry's refresh fails: exit 1, attestationFailed.
+        #expect(try ServerProcess.attestctl(["integrations", "revoke", clientID, "--db", db, "--actor", "owner@example.com", "--yes"]).0 == 0)
+        let revoked = try ServerProcess.attestctl(base + ["--messages"])
+        #expect(revoked.0 == 1)
+        #expect(revoked.1.contains(#""error":"attestationFailed""#))
+        let again = try ServerProcess.attestctl(base)
+        #expect(again.0 == 1)
+        #expect(again.1.contains(#""error":"attestationFailed""#))
     }
 }
