@@ -141,12 +141,13 @@ public struct CBORDecoder {
                 let n = try length(info, headOffset: headOffset, minBytesPerElement: 2)
                 var entries: [CBORMapEntry] = []
                 entries.reserveCapacity(n)
-                // Keys are compared by their encoded bytes (RFC 8949 §5.6): exact, and NaN-proof.
-                var seen = Set<ArraySlice<UInt8>>(minimumCapacity: n)
+                // Keys are compared as values (RFC 8949 §5.6), by their preferred encoding: 0x00 and
+                // 0x1a00000000 are the same key; NaNs compare by their bits rather than never.
+                var seen = Set<[UInt8]>(minimumCapacity: n)
                 for _ in 0..<n {
                     let keyOffset = offset
                     let key = try item(depth: depth + 1)
-                    guard seen.insert(ArraySlice(buffer[keyOffset..<offset])).inserted else {
+                    guard seen.insert(CBOREncoder.encode(key)).inserted else {
                         throw CBORError.duplicateMapKey(offset: keyOffset)
                     }
                     entries.append(CBORMapEntry(key, try item(depth: depth + 1)))

@@ -68,6 +68,8 @@ import Testing
         for i in 0..<19 { large += [0x18, UInt8(30 + i), 0x00] }
         large += [0x18, 30, 0x00]
         #expect(throws: CBORError.self) { try CBORDecoder.decode(large) }
+        // The same value in a longer encoding is the same key (found by the fuzzer).
+        #expect(throws: CBORError.duplicateMapKey(offset: 7)) { try CBORDecoder.decode([0xa2, 0x1a, 0, 0, 0, 0, 0x00, 0x00, 0x00]) }
         // Equal-valued keys of different types are different keys.
         #expect(throws: Never.self) { try CBORDecoder.decode([0xa2, 0x01, 0x00, 0x21, 0x00]) }
     }
