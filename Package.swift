@@ -40,7 +40,7 @@ let package = Package(
 
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR"]),
-        .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority"]),
+        .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto"]),
         .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient", "SimulatedDevice", "AppAttest"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),

@@ -1,3 +1,4 @@
+import AttestCrypto
 import Foundation
 import TokenService
 

@@ -227,27 +227,9 @@ public final class SoftwareAttester: DeviceAttester, @unchecked Sendable {
 
     // MARK: Encoding
 
-    /// Base64 in the standard or URL-safe alphabet, padded or not.
-    static func decodeBase64(_ text: String) -> [UInt8]? {
-        var standard = String(text.map { $0 == "-" ? "+" : $0 == "_" ? "/" : $0 })
-        switch standard.utf8.count % 4 {
-        case 0: break
-        case 1: return nil
-        case let remainder: standard += String(repeating: "=", count: 4 - remainder)
-        }
-        return Data(base64Encoded: standard).map { [UInt8]($0) }
-    }
+    static func decodeBase64(_ text: String) -> [UInt8]? { Base64.decode(text) }
 
-    static func hex(_ bytes: [UInt8]) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out = [UInt8]()
-        out.reserveCapacity(bytes.count * 2)
-        for byte in bytes {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 0x0F)])
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
+    static func hex(_ bytes: [UInt8]) -> String { hexString(bytes) }
 }
 
 private extension NSLock {

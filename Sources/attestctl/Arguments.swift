@@ -1,3 +1,4 @@
+import AttestCrypto
 import Foundation
 
 /// A usage error: printed on stderr, exit status 2, nothing changed.
@@ -66,12 +67,9 @@ struct Arguments {
     }
 }
 
-/// Base64 in the standard or URL-safe alphabet, padded or not.
+/// Base64 in the standard or URL-safe alphabet, padded or not; surrounding white space ignored.
 func decodeBase64(_ text: String) -> [UInt8]? {
-    var normalized = text.trimmingCharacters(in: .whitespacesAndNewlines)
-        .replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-    while normalized.count % 4 != 0 { normalized += "=" }
-    return Data(base64Encoded: normalized).map(Array.init)
+    Base64.decode(text.trimmingCharacters(in: .whitespacesAndNewlines))
 }
 
 /// `<base64>` or `@file` (file holding base64 text or raw bytes).

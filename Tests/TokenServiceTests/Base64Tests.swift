@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-import TokenService
+import AttestCrypto
 
 @Suite struct Base64Tests {
     @Test func agreesWithFoundationInAllFourSpellings() {

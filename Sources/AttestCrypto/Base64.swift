@@ -1,4 +1,4 @@
-/// Base64 without Foundation on the hot path: decodes the standard and URL-safe alphabets,
+/// Base64 without Foundation on the hot path, shared by the service, the client and the tools: decodes the standard and URL-safe alphabets,
 /// padded or not (PROTOCOL.md: accept all four), and encodes either. Foundation's version goes
 /// through NSString and ICU, which profiling showed costing more than the ECDSA verification.
 public enum Base64 {
