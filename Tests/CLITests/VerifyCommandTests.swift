@@ -1,0 +1,105 @@
+import Foundation
+import Testing
+
+/// `attestctl verify` on the real iPhone samples in ../shared/fixtures/apple (skipped, with a
+/// notice, when that folder is absent), run as the real binary.
+@Suite struct VerifyCommandTests {
+    static let root = AdminCommandTests.packageRoot
+    static let samples = root.deletingLastPathComponent().appendingPathComponent("shared/fixtures/apple")
+
+    func attestctl(_ arguments: [String]) throws -> (status: Int32, json: [String: Any], stderr: String, stdout: String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: AdminCommandTests.binary)
+        process.arguments = arguments
+        let out = Pipe(), err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        try process.run()
+        let stdout = out.fileHandleForReading.readDataToEndOfFile()
+        let stderr = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        let json = (try? JSONSerialization.jsonObject(with: stdout) as? [String: Any]) ?? [:]
+        return (process.terminationStatus, json, String(decoding: stderr, as: UTF8.self), String(decoding: stdout, as: UTF8.self))
+    }
+
+    func sample(_ name: String) throws -> [String: Any]? {
+        let url = Self.samples.appendingPathComponent(name)
+        guard FileManager.default.fileExists(atPath: url.path) else {
+            print("SKIPPED: \(url.path) not found; attestctl verify was not tested on a real sample")
+            return nil
+        }
+        return try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any]
+    }
+
+    @Test func attestationVerifiesAtItsTimeAndNotAWeekLater() throws {
+        guard let sample = try sample("ios-14.4.json") else { return }
+        let attestation = sample["attestation"] as! [String: Any]
+        let arguments = ["verify", "attestation", "--object", attestation["object"] as! String, "--key-id", sample["keyId"] as! String,
+                         "--challenge", attestation["clientData"] as! String, "--app-id", sample["appId"] as! String]
+        let good = try attestctl(arguments + ["--at", attestation["at"] as! String])
+        #expect(good.status == 0)
+        #expect(good.json["verified"] as? Bool == true)
+        #expect(good.json["environment"] as? String == "development")
+        #expect(good.json["keyId"] as? String == sample["keyId"] as? String)
+        #expect(good.json["appId"] as? String == sample["appId"] as? String)
+        #expect((good.json["receiptBytes"] as? Int ?? 0) > 1000)
+        #expect((good.json["publicKey"] as? String).flatMap { Data(base64Encoded: $0) }?.count == 65)
+
+        let late = try attestctl(arguments + ["--at", "2021-01-30T12:13:33Z"])
+        #expect(late.status == 1)
+        #expect(late.json["verified"] as? Bool == false)
+        #expect(late.json["reason"] as? String == "certificateNotValidAtTime")
+        #expect((late.json["detail"] as? String)?.isEmpty == false)
+
+        let otherApp = try attestctl(Array(arguments.dropLast(2)) + ["--app-id", "6MURL8TA57.com.example.other", "--at", attestation["at"] as! String])
+        #expect(otherApp.json["reason"] as? String == "rpIDMismatch")
+        let hash = try attestctl(Array(arguments[0..<6]) + ["--client-data-hash", attestation["clientDataHash"] as! String,
+                                                            "--app-id", sample["appId"] as! String, "--at", attestation["at"] as! String])
+        #expect(hash.status == 0)
+    }
+
+    @Test func assertionVerifiesAndAReplayIsRefused() throws {
+        guard let sample = try sample("ios-14.4.json") else { return }
+        let assertion = (sample["assertions"] as! [[String: Any]])[0]
+        let attested = try attestctl(["verify", "attestation", "--object", (sample["attestation"] as! [String: Any])["object"] as! String,
+                                      "--key-id", sample["keyId"] as! String, "--client-data-hash",
+                                      (sample["attestation"] as! [String: Any])["clientDataHash"] as! String,
+                                      "--app-id", sample["appId"] as! String, "--at", (sample["attestation"] as! [String: Any])["at"] as! String])
+        let point = try #require(attested.json["publicKey"] as? String)
+        let arguments = ["verify", "assertion", "--object", assertion["object"] as! String, "--public-key", point,
+                         "--client-data", assertion["clientData"] as! String, "--app-id", sample["appId"] as! String]
+        let good = try attestctl(arguments + ["--previous-counter", "0"])
+        #expect(good.status == 0)
+        #expect(good.json["counter"] as? Int == 1)
+        let replay = try attestctl(arguments + ["--previous-counter", "1"])
+        #expect(replay.status == 1)
+        #expect(replay.json["reason"] as? String == "counterNotIncreasing")
+    }
+
+    @Test func usageErrorsExitTwo() throws {
+        #expect(try attestctl(["verify", "attestation", "--object", "AAAA"]).status == 2)
+        #expect(try attestctl(["verify", "attestation", "--object", "AAAA", "--key-id", "AAAA", "--challenge", "AA",
+                               "--client-data-hash", "AA", "--app-id", "A.b"]).status == 2)
+        #expect(try attestctl(["verify", "assertion", "--object", "AAAA", "--public-key", "AAAA", "--client-data", "AA",
+                               "--app-id", "ABCDE12345.a.b", "--previous-counter", "0"]).status == 2)   // not a point
+        #expect(try attestctl(["verify", "sideways"]).status == 2)
+        #expect(try attestctl(["verify", "attestation", "--bogus", "1"]).stderr.contains("unknown option --bogus"))
+    }
+
+    @Test func malformedObjectIsAVerdictNotACrash() throws {
+        let result = try attestctl(["verify", "attestation", "--object", "oWNmbXRkbm9uZQ==", "--key-id", Data(count: 32).base64EncodedString(),
+                                    "--challenge", "AA==", "--app-id", "ABCDE12345.com.example.app"])
+        #expect(result.status == 1)
+        #expect(result.json["reason"] as? String == "malformed")
+    }
+
+    @Test func benchPrintsItsFigures() throws {
+        let result = try attestctl(["bench", "verify", "--seconds", "1"])
+        #expect(result.status == 0)
+        #expect(result.stderr.contains("debug build"))   // tests run a debug build; the figures are not meaningful here
+        for line in ["attestation_verifications_per_second: ", "assertion_verifications_per_second: ", "attestation_ratio_to_p384: "] {
+            let value = result.stdout.split(separator: "\n").first { $0.hasPrefix(line) }.map { Double($0.dropFirst(line.count)) ?? 0 } ?? 0
+            #expect(value > 0, "\(line) missing")
+        }
+    }
+}
