@@ -47,7 +47,7 @@ fuzz: deps
 	  Sources/CBOR/*.swift Fuzz/CBORFuzz/*.swift -o .build/fuzz/cbor-fuzz
 	-for f in ../shared/fixtures/apple/*.json; do \
 	  python3 -c "import json,base64,sys; d=json.load(open(sys.argv[1])); sys.stdout.buffer.write(base64.b64decode(d['attestation']['object']))" "$$f" > fuzz-corpus/$$(basename $$f .json).cbor; done
-	./.build/fuzz/cbor-fuzz -runs=$(RUNS) -max_len=8192 -rss_limit_mb=2048 fuzz-corpus fuzz-seeds
+	./.build/fuzz/cbor-fuzz -runs=$(RUNS) -max_len=8192 -rss_limit_mb=6144 fuzz-corpus fuzz-seeds
 
 bench: release
 	./.build/release/attestctl bench verify --seconds 5

@@ -21,18 +21,27 @@ enum BenchCommand {
         // Warm up once (also proves the inputs verify) before timing.
         _ = try workload.attest()
         _ = try workload.assert()
-        let slice = seconds / 4
-        let p384 = try baseline(curve: "P-384", seconds: slice)
-        let p256 = try baseline(curve: "P-256", seconds: slice)
-        let attestations = try rate(seconds: slice * 2 * 0.75) { _ = try workload.attest() }
-        let assertions = try rate(seconds: slice * 2 * 0.25) { _ = try workload.assert() }
+        // Baselines and workloads alternate in short slices, so that a noisy neighbour or a clock
+        // change affects both sides of each ratio alike.
+        let p384Key = try BaselineKey(curve: "P-384")
+        let p256Key = try BaselineKey(curve: "P-256")
+        var p384 = Meter(), p256 = Meter(), attestations = Meter(), assertions = Meter()
+        let rounds = max(4, Int(seconds * 4))
+        let slice = seconds / Double(rounds) / 4
+        for _ in 0..<rounds {
+            try p384.run(seconds: slice) { try p384Key.verify() }
+            try attestations.run(seconds: slice) { _ = try workload.attest() }
+            try p256.run(seconds: slice) { try p256Key.verify() }
+            try assertions.run(seconds: slice) { _ = try workload.assert() }
+        }
+        let (attestations_, assertions_, p384_, p256_) = (attestations.rate, assertions.rate, p384.rate, p256.rate)
 
-        print("attestation_verifications_per_second: \(format(attestations))")
-        print("assertion_verifications_per_second: \(format(assertions))")
-        print("baseline_ecdsa_p384_verifications_per_second: \(format(p384))")
-        print("baseline_ecdsa_p256_verifications_per_second: \(format(p256))")
-        print("attestation_ratio_to_p384: \(String(format: "%.3f", attestations / p384))")
-        print("assertion_ratio_to_p256: \(String(format: "%.3f", assertions / p256))")
+        print("attestation_verifications_per_second: \(format(attestations_))")
+        print("assertion_verifications_per_second: \(format(assertions_))")
+        print("baseline_ecdsa_p384_verifications_per_second: \(format(p384_))")
+        print("baseline_ecdsa_p256_verifications_per_second: \(format(p256_))")
+        print("attestation_ratio_to_p384: \(String(format: "%.3f", attestations_ / p384_))")
+        print("assertion_ratio_to_p256: \(String(format: "%.3f", assertions_ / p256_))")
         return 0
     }
 
@@ -81,28 +90,41 @@ enum BenchCommand {
     }
 
     /// One raw ECDSA verification of a fixed digest with a parsed key: what `openssl speed` measures.
-    static func baseline(curve: String, seconds: Double) throws -> Double {
-        let key = try ECPrivateKey.generate(curve: curve)
-        let publicKey = try key.publicKey()
-        let message = Array("baseline".utf8)
-        let signature = try key.signSHA256(message)
-        let digest = sha256(message)
-        return try rate(seconds: seconds) {
+    struct BaselineKey {
+        let publicKey: ECPublicKey
+        let signature: [UInt8]
+        let digest: [UInt8]
+
+        init(curve: String) throws {
+            let key = try ECPrivateKey.generate(curve: curve)
+            publicKey = try key.publicKey()
+            let message = Array("baseline".utf8)
+            signature = try key.signSHA256(message)
+            digest = sha256(message)
+        }
+
+        func verify() throws {
             guard publicKey.isValidSignature(signature, digest: digest) else { throw UsageError("baseline signature did not verify") }
         }
     }
 
-    static func rate(seconds: Double, _ body: () throws -> Void) throws -> Double {
-        let start = DispatchTime.now().uptimeNanoseconds
-        let deadline = start + UInt64(seconds * 1e9)
+    /// Operations and seconds accumulated over several slices.
+    struct Meter {
         var count = 0
-        var now = start
-        repeat {
-            for _ in 0..<16 { try body() }
-            count += 16
-            now = DispatchTime.now().uptimeNanoseconds
-        } while now < deadline
-        return Double(count) / (Double(now - start) / 1e9)
+        var nanoseconds: UInt64 = 0
+        var rate: Double { Double(count) / (Double(nanoseconds) / 1e9) }
+
+        mutating func run(seconds: Double, _ body: () throws -> Void) throws {
+            let start = DispatchTime.now().uptimeNanoseconds
+            let deadline = start + UInt64(seconds * 1e9)
+            var now = start
+            repeat {
+                for _ in 0..<4 { try body() }
+                count += 4
+                now = DispatchTime.now().uptimeNanoseconds
+            } while now < deadline
+            nanoseconds += now - start
+        }
     }
 
     static func format(_ value: Double) -> String { String(format: "%.1f", value) }
