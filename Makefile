@@ -6,7 +6,7 @@ DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev pkg-config openssl s
 DB ?= attestd.sqlite
 ARGS ?=
 
-.PHONY: all build release run test deps fuzz bench clean
+.PHONY: all build release run test deps migrations fuzz bench clean
 
 all: build
 
@@ -24,17 +24,21 @@ deps:
 	  fi; \
 	fi
 
-build: deps
+# Migrations/*.sql are embedded into the binaries; the script rewrites the Swift file only on change.
+migrations:
+	@scripts/embed-migrations.sh
+
+build: deps migrations
 	$(SWIFT) build
 
-release: deps
+release: deps migrations
 	$(SWIFT) build -c release
 
 run: release
 	./.build/release/attestd serve --db $(DB) $(ARGS)
 
 # The suite takes well under a minute; the timeout turns a hang into a clear failure.
-test: deps
+test: deps migrations
 	$(SWIFT) build --build-tests
 	timeout 1200 $(SWIFT) test --skip-build --no-parallel
 
