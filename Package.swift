@@ -36,7 +36,7 @@ let package = Package(
         .target(name: "SimulatedDevice", dependencies: ["AttestClient", "TestAuthority", "AttestCrypto", "AppAttest"]),
 
         .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto"]),
-        .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "TestAuthority", "AttestClient", "SimulatedDevice"]),
+        .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "TestAuthority", "AttestClient", "SimulatedDevice", "CBOR"]),
 
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR"]),

@@ -104,7 +104,7 @@ public final class AppAttestVerifier: Sendable {
     }
 
     /// Step 1: x5c (credential certificate, then intermediates) verifies to a trust anchor at `time`.
-    func verifyCertificateChain(_ statement: AttestationStatement, at time: Date) throws -> Certificate {
+    func verifyCertificateChain(_ statement: AttestationStatement, at time: Date) throws -> LeafCertificate {
         // Apple sends exactly the credential certificate and its intermediate; anything else is
         // not an App Attest chain (and extra certificates would only buy an attacker work).
         guard statement.x5c.count == 2 else {
@@ -121,7 +121,7 @@ public final class AppAttestVerifier: Sendable {
     }
 
     /// Steps 2–4: nonce = SHA-256(authData ‖ clientDataHash) equals the credential certificate's nonce extension.
-    func checkNonce(leaf: Certificate, authData: [UInt8], clientDataHash: [UInt8]) throws {
+    func checkNonce(leaf: LeafCertificate, authData: [UInt8], clientDataHash: [UInt8]) throws {
         guard let value = leaf.extensionValue(oid: NonceExtension.oid) else {
             throw VerificationError(.nonceMismatch, "credential certificate has no nonce extension \(NonceExtension.oid)")
         }
@@ -135,14 +135,12 @@ public final class AppAttestVerifier: Sendable {
     }
 
     /// Step 5: the key ID is SHA-256 of the credential public key's uncompressed point.
-    func checkKeyID(leaf: Certificate, keyID: [UInt8]) throws -> [UInt8] {
-        let key: ECPublicKey
-        do { key = try leaf.publicKey() } catch { throw VerificationError(.malformed, "credential public key: \(error)") }
-        guard key.isP256 else { throw VerificationError(.malformed, "credential key is on \(key.curveName ?? "no EC curve"), expected P-256") }
-        guard sha256(key.x962) == keyID else {
+    func checkKeyID(leaf: LeafCertificate, keyID: [UInt8]) throws -> [UInt8] {
+        guard leaf.publicKeyIsP256 else { throw VerificationError(.malformed, "credential key is not an uncompressed P-256 point") }
+        guard sha256(leaf.publicKeyPoint) == keyID else {
             throw VerificationError(.keyIDMismatch, "SHA-256 of the credential public key is not the key ID")
         }
-        return key.x962
+        return leaf.publicKeyPoint
     }
 
     /// Step 6: the RP ID hash is SHA-256 of one of the allowed App IDs.

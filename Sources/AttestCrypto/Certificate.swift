@@ -74,6 +74,18 @@ public final class Certificate: @unchecked Sendable {
     public var sha256Fingerprint: [UInt8] { sha256(der) }
 
     public var subjectName: String { Certificate.oneLine(X509_get_subject_name(x509)) }
+
+    /// The subject Name as DER, to compare with a child's issuer byte for byte.
+    public var subjectDER: [UInt8] {
+        var out: UnsafeMutablePointer<UInt8>?
+        let length = i2d_X509_NAME(X509_get_subject_name(x509), &out)
+        guard length > 0, let out else { return [] }
+        defer { attest_openssl_free(out) }
+        return Array(UnsafeBufferPointer(start: out, count: Int(length)))
+    }
+
+    /// Whether the key usage allows signing certificates (no keyUsage extension allows everything).
+    public var mayIssueCertificates: Bool { X509_get_key_usage(x509) & UInt32(KU_KEY_CERT_SIGN) != 0 }
     public var issuerName: String { Certificate.oneLine(X509_get_issuer_name(x509)) }
 
     private static func oneLine(_ name: OpaquePointer?) -> String {

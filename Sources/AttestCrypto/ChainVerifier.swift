@@ -13,7 +13,8 @@ public enum ChainError: Error, Equatable, Sendable {
 ///
 /// Device chains share a handful of intermediates (Apple has one), so an intermediate path is
 /// verified to its anchor by OpenSSL's `X509_verify_cert` once and remembered; after that each
-/// device costs one certificate parse and one signature check. Validity periods are still checked
+/// device costs one certificate parse (our own strict DER reader: see `LeafCertificate`) and one
+/// OpenSSL signature check. Validity periods are still checked
 /// for every certificate of the path — leaf, intermediates and anchor — on every call, because
 /// the verification time differs from call to call.
 public final class CertificateChainVerifier: @unchecked Sendable {
@@ -27,6 +28,8 @@ public final class CertificateChainVerifier: @unchecked Sendable {
     struct VerifiedPath {
         let issuer: Certificate
         let issuerKey: ECPublicKey
+        /// The issuer's subject Name, DER: a leaf's issuer must equal it byte for byte.
+        let issuerSubject: [UInt8]
         let certificates: [Certificate]
     }
 
@@ -36,24 +39,27 @@ public final class CertificateChainVerifier: @unchecked Sendable {
 
     /// Verifies the chain and returns the parsed leaf.
     /// - Parameter chain: DER certificates, leaf first (the order of App Attest's `x5c`).
-    public func verify(chain: [[UInt8]], at time: Date) throws -> Certificate {
+    public func verify(chain: [[UInt8]], at time: Date) throws -> LeafCertificate {
         guard chain.count >= 2 else { throw ChainError.invalid("chain has \(chain.count) certificate(s); expected a leaf and its intermediate(s)") }
-        let leaf: Certificate
-        do { leaf = try Certificate(der: chain[0]) } catch { throw ChainError.invalid("leaf certificate: \(error)") }
-        let intermediates = Array(chain.dropFirst())
-        let path = try verifiedPath(intermediates)
+        let path = try verifiedPath(Array(chain.dropFirst()))
+        let leaf: LeafCertificate
+        do { leaf = try LeafCertificate(der: chain[0]) } catch { throw ChainError.invalid("leaf certificate: \(error)") }
 
-        guard leaf.isIssued(by: path.issuer) else {
-            throw ChainError.invalid("leaf issuer \(leaf.issuerName) does not match \(path.issuer.subjectName)")
+        guard leaf.issuer.elementsEqual(path.issuerSubject) else {
+            throw ChainError.invalid("leaf issuer does not name \(path.issuer.subjectName)")
         }
-        guard leaf.isSignatureValid(issuerKey: path.issuerKey) else {
+        // The signature first: nothing else in the leaf means anything until it is known to be signed.
+        let signed = Array(leaf.tbs)
+        let digest = leaf.signatureDigest == .sha256 ? sha256(signed) : sha384(signed)
+        guard path.issuerKey.isValidSignature(leaf.signature, digest: digest) else {
             throw ChainError.invalid("leaf certificate signature does not verify with its issuer's key")
         }
-        guard !leaf.isCA else { throw ChainError.invalid("leaf certificate is a CA certificate") }
-        guard !leaf.hasUnhandledCriticalExtension else { throw ChainError.invalid("leaf has an unrecognised critical extension") }
-        guard !leaf.hasInvalidExtensions else { throw ChainError.invalid("leaf has malformed or duplicate extensions") }
+        do { try leaf.checkEndEntityExtensions() } catch { throw ChainError.invalid("leaf certificate: \(error)") }
 
-        for certificate in [leaf] + path.certificates where !certificate.isValid(at: time) {
+        if !(leaf.notBefore <= time && time <= leaf.notAfter) {
+            throw ChainError.notValidAtTime("credential certificate is valid from \(leaf.notBefore) to \(leaf.notAfter), not at \(time)")
+        }
+        for certificate in path.certificates where !certificate.isValid(at: time) {
             throw ChainError.notValidAtTime(
                 "\(certificate.subjectName) is valid from \(certificate.notBefore) to \(certificate.notAfter), not at \(time)")
         }
@@ -88,8 +94,8 @@ public final class CertificateChainVerifier: @unchecked Sendable {
         do { certificates = try ders.map { try Certificate(der: $0) } } catch {
             throw ChainError.invalid("intermediate certificate: \(error)")
         }
-        for certificate in certificates where !certificate.isCA {
-            throw ChainError.invalid("intermediate \(certificate.subjectName) is not a CA certificate")
+        for certificate in certificates where !certificate.isCA || !certificate.mayIssueCertificates {
+            throw ChainError.invalid("intermediate \(certificate.subjectName) is not a CA certificate allowed to sign certificates")
         }
         guard let store = X509_STORE_new() else { throw ChainError.invalid("X509_STORE_new failed") }
         defer { X509_STORE_free(store) }
@@ -125,6 +131,6 @@ public final class CertificateChainVerifier: @unchecked Sendable {
         let issuer = certificates[0]
         let issuerKey: ECPublicKey
         do { issuerKey = try issuer.publicKey() } catch { throw ChainError.invalid("intermediate key: \(error)") }
-        return VerifiedPath(issuer: issuer, issuerKey: issuerKey, certificates: path)
+        return VerifiedPath(issuer: issuer, issuerKey: issuerKey, issuerSubject: issuer.subjectDER, certificates: path)
     }
 }

@@ -11,6 +11,17 @@ public func sha256(_ bytes: [UInt8]) -> [UInt8] {
     return out
 }
 
+/// SHA-384 of `bytes`.
+public func sha384(_ bytes: [UInt8]) -> [UInt8] {
+    var out = [UInt8](repeating: 0, count: 48)
+    bytes.withUnsafeBufferPointer { input in
+        out.withUnsafeMutableBufferPointer { output in
+            _ = SHA384(input.baseAddress, input.count, output.baseAddress)
+        }
+    }
+    return out
+}
+
 /// SHA-256 of the concatenation of `parts`, without building the concatenation.
 public func sha256(_ parts: [UInt8]...) -> [UInt8] {
     sha256Parts(parts)

@@ -103,6 +103,9 @@ public final class DeviceTokenService: @unchecked Sendable {
                 }
                 let device = Device(keyID: keyID, clientID: clientID, publicKey: verified.publicKey, counter: 0,
                                     environment: verified.environment, appID: verified.appID.description)
+                // Build (and so validate) the device key now: the point must be on the curve, and the
+                // first refresh then finds the key parsed.
+                _ = try keyCache.key(for: device)
                 let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
                 let next = nextChallenge(at: time)
                 switch try store.registerDevice(device, receipt: verified.receipt, firstToken: record, redeeming: challenge, nextChallenge: next, at: time) {

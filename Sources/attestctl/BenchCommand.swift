@@ -1,16 +1,17 @@
 import AppAttest
 import AttestCrypto
+import CBOR
 import Foundation
 import TestAuthority
 
 /// `attestctl bench verify`: single-threaded verification throughput, with in-process ECDSA
 /// baselines measured in the same run so the ratios survive a noisy machine.
 enum BenchCommand {
-    static let usage = "usage: attestctl bench verify [--seconds S] [--sample <fixture.json>]"
+    static let usage = "usage: attestctl bench verify [--seconds S] [--sample <fixture.json>] [--breakdown]"
 
     static func run(_ argv: [String]) throws -> Int32 {
         guard argv.first == "verify" else { throw UsageError(usage) }
-        let arguments = try Arguments(Array(argv.dropFirst()), options: ["seconds", "sample"])
+        let arguments = try Arguments(Array(argv.dropFirst()), options: ["seconds", "sample"], flags: ["breakdown"])
         let seconds = Double(try arguments.integer("seconds", default: 5, range: 1...3600)!)
         let workload = try arguments.value("sample").map(sampleWorkload) ?? authorityWorkload()
         #if DEBUG
@@ -36,6 +37,7 @@ enum BenchCommand {
         }
         let (attestations_, assertions_, p384_, p256_) = (attestations.rate, assertions.rate, p384.rate, p256.rate)
 
+        if arguments.has("breakdown") { try breakdown(workload, seconds: seconds / 2) }
         print("attestation_verifications_per_second: \(format(attestations_))")
         print("assertion_verifications_per_second: \(format(assertions_))")
         print("baseline_ecdsa_p384_verifications_per_second: \(format(p384_))")
@@ -45,8 +47,40 @@ enum BenchCommand {
         return 0
     }
 
+    /// Microseconds per step of an attestation, each timed alone, next to a raw P-384 verification.
+    static func breakdown(_ workload: Workload, seconds: Double) throws {
+        let chain = workload.chain
+        let intermediate = try Certificate(der: chain[1])
+        let issuerKey = try intermediate.publicKey()
+        let leaf = try LeafCertificate(der: chain[0])
+        let p384 = try BaselineKey(curve: "P-384")
+        var steps: [(String, Meter)] = [("raw_p384_verify", Meter()), ("full_attestation", Meter()),
+                                        ("leaf_parse_strict_der", Meter()), ("leaf_parse_openssl_d2i_X509_for_comparison", Meter()),
+                                        ("leaf_signature_sha256_and_p384_verify", Meter()), ("cbor_decode", Meter()),
+                                        ("leaf_nonce_extension_and_key_id", Meter())]
+        let bodies: [() throws -> Void] = [
+            { try p384.verify() },
+            { _ = try workload.attest() },
+            { _ = try LeafCertificate(der: chain[0]) },
+            { _ = try Certificate(der: chain[0]) },
+            { guard issuerKey.isValidSignature(leaf.signatureForBenchmark, digest: sha256(leaf.signedBytesForBenchmark)) else { throw UsageError("leaf signature") } },
+            { _ = try CBORDecoder.decode(workload.object) },
+            { _ = leaf.extensionValue(oid: "1.2.840.113635.100.8.2"); _ = sha256(leaf.publicKeyPoint) },
+        ]
+        let rounds = 8
+        for _ in 0..<rounds {
+            for index in steps.indices { try steps[index].1.run(seconds: seconds / Double(rounds * steps.count), bodies[index]) }
+        }
+        for (name, meter) in steps { print("breakdown_\(name)_us: \(String(format: "%.1f", 1e6 / meter.rate))") }
+    }
+
     struct Workload {
         let name: String
+        /// The attestation object and its x5c, for the breakdown.
+        let object: [UInt8]
+        var chain: [[UInt8]] {
+            (try? CBORDecoder.decode(object))?["attStmt"]?["x5c"]?.arrayValue?.compactMap(\.bytesValue) ?? []
+        }
         let attest: () throws -> VerifiedAttestation
         let assert: () throws -> VerifiedAssertion
     }
@@ -62,7 +96,7 @@ enum BenchCommand {
         let assertion = try authority.assertion(key: key, appID: appID, clientDataHash: hash, counter: 1)
         let storedKey = try ECPublicKey(p256Point: key.publicKey.x962)
         return Workload(
-            name: "test authority (P-384 CA, P-256 device key)",
+            name: "test authority (P-384 CA, P-256 device key)", object: object,
             attest: { try verifier.verifyAttestation(object, keyID: key.keyID, clientDataHash: hash, allowedAppIDs: [appID], at: now) },
             assert: { try verifier.verifyAssertion(assertion, publicKey: storedKey, clientDataHash: hash, appID: appID, previousCounter: 0) })
     }
@@ -84,7 +118,7 @@ enum BenchCommand {
         let verifier = try AppAttestVerifier()
         let key = try ECPublicKey(pem: pem)
         return Workload(
-            name: "real sample \(json["name"] as? String ?? path), verified at \(at)",
+            name: "real sample \(json["name"] as? String ?? path), verified at \(at)", object: object,
             attest: { try verifier.verifyAttestation(object, keyID: keyID, clientDataHash: hash, allowedAppIDs: [appID], at: at) },
             assert: { try verifier.verifyAssertion(assertionObject, publicKey: key, clientDataHash: assertionHash, appID: appID, previousCounter: 0) })
     }
