@@ -6,7 +6,7 @@ DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev pkg-config openssl s
 DB ?= attestd.sqlite
 ARGS ?=
 
-.PHONY: all build release run test deps migrations fuzz bench clean
+.PHONY: all build release run test deps migrations fuzz fuzz-leaf bench clean
 
 all: build
 
@@ -52,6 +52,17 @@ fuzz: deps
 	-for f in ../shared/fixtures/apple/*.json; do \
 	  python3 -c "import json,base64,sys; d=json.load(open(sys.argv[1])); sys.stdout.buffer.write(base64.b64decode(d['attestation']['object']))" "$$f" > fuzz-corpus/$$(basename $$f .json).cbor; done
 	./.build/fuzz/cbor-fuzz -runs=$(RUNS) -max_len=8192 -rss_limit_mb=6144 fuzz-corpus fuzz-seeds
+
+# libFuzzer over the strict credential-certificate parser, seeded with the test authority's
+# certificates and the real leaves from ../shared when present.
+fuzz-leaf: deps
+	mkdir -p .build/fuzz fuzz-corpus-leaf
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name LeafFuzz -I Sources/COpenSSL \
+	  Sources/AttestCrypto/*.swift Fuzz/LeafFuzz/*.swift -lcrypto -o .build/fuzz/leaf-fuzz
+	openssl x509 -in Fixtures/test-authority/intermediate.pem -outform der -out fuzz-corpus-leaf/intermediate.der
+	-for f in ../shared/fixtures/apple/*.json; do \
+	  python3 -c "import json,base64,sys; d=json.load(open(sys.argv[1])); o=base64.b64decode(d['attestation']['object']); i=o.find(b'\x59\x02'); n=int.from_bytes(o[i+1:i+3],'big'); sys.stdout.buffer.write(o[i+3:i+3+n])" "$$f" > fuzz-corpus-leaf/$$(basename $$f .json).der; done
+	./.build/fuzz/leaf-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-leaf
 
 bench: release
 	./.build/release/attestctl bench verify --seconds 5
