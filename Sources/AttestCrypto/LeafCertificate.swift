@@ -170,16 +170,16 @@ public struct LeafCertificate: Sendable {
 }
 
 /// A cursor over definite-length DER TLVs that never reads past its slice.
-struct DER {
+public struct DER {
     private(set) var bytes: ArraySlice<UInt8>
 
-    init(_ bytes: ArraySlice<UInt8>) { self.bytes = bytes }
+    public init(_ bytes: ArraySlice<UInt8>) { self.bytes = bytes }
 
-    var isAtEnd: Bool { bytes.isEmpty }
+    public var isAtEnd: Bool { bytes.isEmpty }
     var peekTag: UInt8? { bytes.first }
 
     /// The contents of the next element if its tag is `tag`, else nil (and nothing consumed).
-    mutating func read(_ tag: UInt8) -> ArraySlice<UInt8>? { readTLV(tag)?.contents }
+    public mutating func read(_ tag: UInt8) -> ArraySlice<UInt8>? { readTLV(tag)?.contents }
 
     /// The next element, whole (`tlv`) and its contents, if its tag is `tag`.
     mutating func readTLV(_ tag: UInt8) -> (tlv: ArraySlice<UInt8>, contents: ArraySlice<UInt8>)? {
