@@ -84,6 +84,21 @@ public final class Certificate: @unchecked Sendable {
         return Array(UnsafeBufferPointer(start: out, count: Int(length)))
     }
 
+    /// Whether OpenSSL's re-encoding equals the bytes it was parsed from (BER leniencies refused).
+    public var isCanonicallyEncoded: Bool {
+        var out: UnsafeMutablePointer<UInt8>?
+        let length = i2d_X509(x509, &out)
+        guard length > 0, let out else { return false }
+        defer { attest_openssl_free(out) }
+        return der.elementsEqual(UnsafeBufferPointer(start: out, count: Int(length)))
+    }
+
+    /// Name constraints, policy constraints or a policy-mapping extension present.
+    public var hasNameOrPolicyConstraints: Bool {
+        [NID_name_constraints, NID_policy_constraints, NID_policy_mappings, NID_inhibit_any_policy]
+            .contains { X509_get_ext_by_NID(x509, $0, -1) >= 0 }
+    }
+
     /// Whether the key usage allows signing certificates (no keyUsage extension allows everything).
     public var mayIssueCertificates: Bool { X509_get_key_usage(x509) & UInt32(KU_KEY_CERT_SIGN) != 0 }
     public var issuerName: String { Certificate.oneLine(X509_get_issuer_name(x509)) }

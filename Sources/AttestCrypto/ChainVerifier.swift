@@ -42,17 +42,16 @@ public final class CertificateChainVerifier: @unchecked Sendable {
     public func verify(chain: [[UInt8]], at time: Date) throws -> LeafCertificate {
         guard chain.count >= 2 else { throw ChainError.invalid("chain has \(chain.count) certificate(s); expected a leaf and its intermediate(s)") }
         let path = try verifiedPath(Array(chain.dropFirst()))
+        // The signature first: the TBSCertificate is not even read until its issuer's key signed it.
+        let envelope: LeafCertificate.SignedEnvelope
+        do { envelope = try LeafCertificate.SignedEnvelope(der: chain[0]) } catch { throw ChainError.invalid("leaf certificate: \(error)") }
+        guard envelope.isSigned(by: path.issuerKey) else {
+            throw ChainError.invalid("leaf certificate signature does not verify with its issuer's key")
+        }
         let leaf: LeafCertificate
-        do { leaf = try LeafCertificate(der: chain[0]) } catch { throw ChainError.invalid("leaf certificate: \(error)") }
-
+        do { leaf = try LeafCertificate(der: chain[0], envelope: envelope) } catch { throw ChainError.invalid("leaf certificate: \(error)") }
         guard leaf.issuer.elementsEqual(path.issuerSubject) else {
             throw ChainError.invalid("leaf issuer does not name \(path.issuer.subjectName)")
-        }
-        // The signature first: nothing else in the leaf means anything until it is known to be signed.
-        let signed = Array(leaf.tbs)
-        let digest = leaf.signatureDigest == .sha256 ? sha256(signed) : sha384(signed)
-        guard path.issuerKey.isValidSignature(leaf.signature, digest: digest) else {
-            throw ChainError.invalid("leaf certificate signature does not verify with its issuer's key")
         }
         do { try leaf.checkEndEntityExtensions() } catch { throw ChainError.invalid("leaf certificate: \(error)") }
 
@@ -96,6 +95,16 @@ public final class CertificateChainVerifier: @unchecked Sendable {
         }
         for certificate in certificates where !certificate.isCA || !certificate.mayIssueCertificates {
             throw ChainError.invalid("intermediate \(certificate.subjectName) is not a CA certificate allowed to sign certificates")
+        }
+        // The cache is keyed by bytes: only the one DER encoding of each intermediate may enter it,
+        // so that re-encodings of a real intermediate cannot churn it.
+        for certificate in certificates where !certificate.isCanonicallyEncoded {
+            throw ChainError.invalid("intermediate \(certificate.subjectName) is not in DER")
+        }
+        // Leaves are checked by our own code, which does not apply name or policy constraints:
+        // refuse paths that would need them rather than ignore them.
+        for certificate in certificates + anchors where certificate.hasNameOrPolicyConstraints {
+            throw ChainError.invalid("\(certificate.subjectName) carries name or policy constraints, which this verifier does not apply")
         }
         guard let store = X509_STORE_new() else { throw ChainError.invalid("X509_STORE_new failed") }
         defer { X509_STORE_free(store) }

@@ -46,21 +46,58 @@ public struct LeafCertificate: Sendable {
     static let basicConstraints: [UInt8] = [0x55, 0x1d, 0x13]
     static let keyUsage: [UInt8] = [0x55, 0x1d, 0x0f]
 
+    /// The outer layer only — the signed bytes, the signature and its digest — so that the
+    /// signature can be checked before the TBSCertificate is read at all.
+    public struct SignedEnvelope: Sendable {
+        let tbs: ArraySlice<UInt8>
+        let tbsContents: ArraySlice<UInt8>
+        let outerAlgorithm: ArraySlice<UInt8>
+        let signature: [UInt8]
+        let signatureDigest: SignatureDigest
+
+        public init(der: [UInt8]) throws {
+            var outer = DER(der[...])
+            guard var certificate = outer.read(0x30).map(DER.init), outer.isAtEnd else { throw ParseError("not one DER SEQUENCE") }
+            guard let tbsTLV = certificate.readTLV(0x30) else { throw ParseError("no TBSCertificate") }
+            guard let algorithm = certificate.read(0x30) else { throw ParseError("no signatureAlgorithm") }
+            guard let signatureBits = certificate.read(0x03), certificate.isAtEnd else { throw ParseError("no signature BIT STRING, or trailing fields") }
+            guard signatureBits.first == 0, signatureBits.count > 1 else { throw ParseError("signature BIT STRING has unused bits") }
+            tbs = tbsTLV.tlv
+            tbsContents = tbsTLV.contents
+            outerAlgorithm = algorithm
+            signature = Array(signatureBits.dropFirst())
+            signatureDigest = try LeafCertificate.signatureDigest(algorithm)
+        }
+
+        /// Whether `key` signed these TBS bytes (OpenSSL ECDSA over SHA-256 or SHA-384 of them).
+        public func isSigned(by key: ECPublicKey) -> Bool {
+            let signed = Array(tbs)
+            return key.isValidSignature(signature, digest: signatureDigest == .sha256 ? sha256(signed) : sha384(signed))
+        }
+    }
+
+    /// At most this many extensions (Apple's credential certificates carry five): bounds the work
+    /// spent on a hostile certificate.
+    static let maxExtensions = 32
+
     public init(der: [UInt8]) throws {
+        try self.init(der: der, envelope: SignedEnvelope(der: der))
+    }
+
+    /// Reads the TBSCertificate of an envelope already parsed (and, on the verification path, verified).
+    public init(der: [UInt8], envelope: SignedEnvelope) throws {
         self.der = der
-        var outer = DER(der[...])
-        guard var certificate = outer.read(0x30).map(DER.init), outer.isAtEnd else { throw ParseError("not one DER SEQUENCE") }
-        guard let tbsTLV = certificate.readTLV(0x30) else { throw ParseError("no TBSCertificate") }
-        guard let outerAlgorithm = certificate.read(0x30) else { throw ParseError("no signatureAlgorithm") }
-        guard let signatureBits = certificate.read(0x03), certificate.isAtEnd else { throw ParseError("no signature BIT STRING, or trailing fields") }
-        guard signatureBits.first == 0, signatureBits.count > 1 else { throw ParseError("signature BIT STRING has unused bits") }
-        tbs = tbsTLV.tlv
-        signature = Array(signatureBits.dropFirst())
-        signatureDigest = try Self.signatureDigest(outerAlgorithm)
+        tbs = envelope.tbs
+        signature = envelope.signature
+        signatureDigest = envelope.signatureDigest
+        let tbsTLV = (tlv: envelope.tbs, contents: envelope.tbsContents)
+        let outerAlgorithm = envelope.outerAlgorithm
 
         var fields = DER(tbsTLV.contents)
         guard let version = fields.read(0xa0), version.elementsEqual([0x02, 0x01, 0x02]) else { throw ParseError("not an X.509 v3 certificate") }
-        guard let serial = fields.read(0x02), !serial.isEmpty, serial.count <= 20 else { throw ParseError("bad serial number") }
+        // A positive INTEGER of at most 20 bytes, minimally encoded.
+        guard let serial = fields.read(0x02), !serial.isEmpty, serial.count <= 21, serial.first! & 0x80 == 0,
+              serial.count == 1 || serial.first! != 0 || serial[serial.startIndex + 1] & 0x80 != 0 else { throw ParseError("bad serial number") }
         guard let innerAlgorithm = fields.read(0x30), innerAlgorithm.elementsEqual(outerAlgorithm) else {
             throw ParseError("inner and outer signature algorithms differ")
         }
@@ -84,8 +121,9 @@ public struct LeafCertificate: Sendable {
         var parsed: [(oid: ArraySlice<UInt8>, critical: Bool, value: ArraySlice<UInt8>)] = []
         if let wrapper = fields.read(0xa3) {
             var outerList = DER(wrapper)
-            guard var list = outerList.read(0x30).map(DER.init), outerList.isAtEnd else { throw ParseError("bad extensions wrapper") }
+            guard var list = outerList.read(0x30).map(DER.init), outerList.isAtEnd, !list.isAtEnd else { throw ParseError("bad or empty extensions") }
             while !list.isAtEnd {
+                guard parsed.count < Self.maxExtensions else { throw ParseError("more than \(Self.maxExtensions) extensions") }
                 guard var ext = list.read(0x30).map(DER.init), let oid = ext.read(0x06), !oid.isEmpty else { throw ParseError("bad extension") }
                 var critical = false
                 if let flag = ext.read(0x01) {
@@ -115,7 +153,10 @@ public struct LeafCertificate: Sendable {
             if ext.oid.elementsEqual(Self.basicConstraints) {
                 var value = DER(ext.value)
                 guard var constraints = value.read(0x30).map(DER.init), value.isAtEnd else { throw ParseError("bad basic constraints") }
-                if let isCA = constraints.read(0x01), isCA.elementsEqual([0xff]) { throw ParseError("leaf certificate is a CA certificate") }
+                if let isCA = constraints.read(0x01) {
+                    // DER: cA is omitted when FALSE, so a present BOOLEAN must be TRUE (0xff) — a CA.
+                    throw ParseError(isCA.elementsEqual([0xff]) ? "leaf certificate is a CA certificate" : "basic constraints cA is not DER")
+                }
             } else if ext.critical && !ext.oid.elementsEqual(Self.keyUsage) {
                 throw ParseError("unrecognised critical extension")
             }
@@ -142,7 +183,13 @@ public struct LeafCertificate: Sendable {
         if utc { year += year < 50 ? 2000 : 1900 }
         let o = utc ? 2 : 4
         let (month, day, hour, minute, second) = (number(o, 2), number(o + 2, 2), number(o + 4, 2), number(o + 6, 2), number(o + 8, 2))
-        guard (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 60 else { throw ParseError("validity time out of range") }
+        let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)
+        let monthDays = [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
+        guard (1...12).contains(month), (1...monthDays[month - 1]).contains(day), hour < 24, minute < 60, second < 60 else {
+            throw ParseError("validity time out of range")
+        }
+        // RFC 5280 §4.1.2.5: dates through 2049 are UTCTime, from 2050 GeneralizedTime.
+        guard utc || year >= 2050 else { throw ParseError("GeneralizedTime used for a year before 2050") }
         // Days from the civil date (proleptic Gregorian), then seconds since 1970.
         let y = month <= 2 ? year - 1 : year
         let era = (y >= 0 ? y : y - 399) / 400
@@ -153,13 +200,14 @@ public struct LeafCertificate: Sendable {
         return Date(timeIntervalSince1970: TimeInterval(days * 86_400 + hour * 3600 + minute * 60 + second))
     }
 
-    /// DER contents of a dotted OID (at least two arcs).
+    /// DER contents of a dotted OID (at least two arcs); nil for anything that is not a valid OID.
     static func encodeOID(_ dotted: String) -> [UInt8]? {
-        let arcs = dotted.split(separator: ".").compactMap { UInt64($0) }
-        guard arcs.count >= 2, arcs.count == dotted.split(separator: ".").count, arcs[0] <= 2 else { return nil }
+        let parts = dotted.split(separator: ".", omittingEmptySubsequences: false)
+        let arcs = parts.compactMap { UInt64($0) }
+        guard arcs.count >= 2, arcs.count == parts.count, arcs[0] <= 2,
+              arcs[0] == 2 ? arcs[1] <= UInt64.max - 80 : arcs[1] < 40 else { return nil }
         var out: [UInt8] = []
-        for (index, arc) in ([arcs[0] * 40 + arcs[1]] + arcs.dropFirst(2)).enumerated() {
-            _ = index
+        for arc in [arcs[0] * 40 + arcs[1]] + arcs.dropFirst(2) {
             var chunk: [UInt8] = [UInt8(arc & 0x7f)]
             var rest = arc >> 7
             while rest > 0 { chunk.insert(UInt8(rest & 0x7f) | 0x80, at: 0); rest >>= 7 }
