@@ -101,7 +101,6 @@ public final class Certificate: @unchecked Sendable {
 
     /// Whether the key usage allows signing certificates (no keyUsage extension allows everything).
     public var mayIssueCertificates: Bool { X509_get_key_usage(x509) & UInt32(KU_KEY_CERT_SIGN) != 0 }
-    public var issuerName: String { Certificate.oneLine(X509_get_issuer_name(x509)) }
 
     private static func oneLine(_ name: OpaquePointer?) -> String {
         guard let name, let text = X509_NAME_oneline(name, nil, 0) else { return "?" }
@@ -129,19 +128,7 @@ public final class Certificate: @unchecked Sendable {
         return Array(UnsafeBufferPointer(start: bytes, count: Int(ASN1_STRING_length(data))))
     }
 
-    /// Extensions OpenSSL recognised, including whether an unrecognised one is critical.
-    var extensionFlags: UInt32 { X509_get_extension_flags(x509) }
     public var isCA: Bool { X509_check_ca(x509) != 0 }
-    public var hasUnhandledCriticalExtension: Bool { extensionFlags & UInt32(EXFLAG_CRITICAL) != 0 }
-    /// OpenSSL could not parse an extension, or one appears twice.
-    public var hasInvalidExtensions: Bool { extensionFlags & UInt32(EXFLAG_INVALID) != 0 }
-    public var isSelfSigned: Bool { X509_self_signed(x509, 0) == 1 }
-
-    /// Whether `self` names `issuer` as its issuer (names, key identifiers, issuer key usage) —
-    /// a structural check only; the signature is checked by `isSignatureValid(issuerKey:)`.
-    public func isIssued(by issuer: Certificate) -> Bool {
-        X509_check_issued(issuer.x509, x509) == X509_V_OK
-    }
 
     /// Verifies this certificate's signature with the issuer's key.
     public func isSignatureValid(issuerKey: ECPublicKey) -> Bool {

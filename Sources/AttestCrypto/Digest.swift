@@ -1,23 +1,16 @@
 import COpenSSL
 
 /// SHA-256 of `bytes` (OpenSSL's one-shot, no allocation beyond the result).
-public func sha256(_ bytes: [UInt8]) -> [UInt8] {
-    var out = [UInt8](repeating: 0, count: 32)
-    bytes.withUnsafeBufferPointer { input in
-        out.withUnsafeMutableBufferPointer { output in
-            _ = SHA256(input.baseAddress, input.count, output.baseAddress)
-        }
-    }
-    return out
-}
+public func sha256(_ bytes: [UInt8]) -> [UInt8] { oneShot(bytes, length: 32, SHA256) }
 
 /// SHA-384 of `bytes`.
-public func sha384(_ bytes: [UInt8]) -> [UInt8] {
-    var out = [UInt8](repeating: 0, count: 48)
+public func sha384(_ bytes: [UInt8]) -> [UInt8] { oneShot(bytes, length: 48, SHA384) }
+
+private func oneShot(_ bytes: [UInt8], length: Int,
+                     _ digest: (UnsafePointer<UInt8>?, Int, UnsafeMutablePointer<UInt8>?) -> UnsafeMutablePointer<UInt8>?) -> [UInt8] {
+    var out = [UInt8](repeating: 0, count: length)
     bytes.withUnsafeBufferPointer { input in
-        out.withUnsafeMutableBufferPointer { output in
-            _ = SHA384(input.baseAddress, input.count, output.baseAddress)
-        }
+        out.withUnsafeMutableBufferPointer { output in _ = digest(input.baseAddress, input.count, output.baseAddress) }
     }
     return out
 }

@@ -70,7 +70,7 @@ public final class SoftwareAttester: DeviceAttester, @unchecked Sendable {
     /// Creates and (with a key directory) persists a P-256 key; returns standard base64 of its key ID.
     public func makeKey() throws -> String {
         let key = try DeviceKey.generate()
-        let name = Self.hex(key.keyID)
+        let name = hexString(key.keyID)
         let encoded = Data(key.keyID).base64EncodedString()
         try lock.locked {
             if let directory = keyDirectory {
@@ -106,8 +106,8 @@ public final class SoftwareAttester: DeviceAttester, @unchecked Sendable {
     private func entry(for keyID: String) throws -> Entry {
         // Fast path: the key ID exactly as `makeKey` spelled it.
         if let entry = keysByID[keyID] { return entry }
-        guard let raw = Self.decodeBase64(keyID), raw.count == 32 else { throw AttestClientError.missingCredential }
-        let name = Self.hex(raw)
+        guard let raw = Base64.decode(keyID), raw.count == 32 else { throw AttestClientError.missingCredential }
+        let name = hexString(raw)
         if let entry = keys[name] { return entry }
         guard let directory = keyDirectory else { throw AttestClientError.missingCredential }
         let url = directory.appendingPathComponent("\(name).pem")
@@ -131,7 +131,7 @@ public final class SoftwareAttester: DeviceAttester, @unchecked Sendable {
             entry.counter += 1
             return entry.counter
         }
-        let name = Self.hex(entry.key.keyID)
+        let name = hexString(entry.key.keyID)
         // Another instance (or process) may share the directory: the counter file, read under an
         // advisory lock on the key file (which is never replaced), is the truth, not this instance's memory.
         let lockFD = open(directory.appendingPathComponent("\(name).pem").path, O_RDONLY | O_CLOEXEC)
@@ -224,12 +224,6 @@ public final class SoftwareAttester: DeviceAttester, @unchecked Sendable {
     private static func posixError() -> POSIXError {
         POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
     }
-
-    // MARK: Encoding
-
-    static func decodeBase64(_ text: String) -> [UInt8]? { Base64.decode(text) }
-
-    static func hex(_ bytes: [UInt8]) -> String { hexString(bytes) }
 }
 
 private extension NSLock {

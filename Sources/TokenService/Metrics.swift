@@ -42,11 +42,6 @@ public final class Metrics: @unchecked Sendable {
         lock.unlock()
     }
 
-    public func value(_ name: String, labels: [(String, String)] = []) -> Double {
-        lock.lock(); defer { lock.unlock() }
-        return counters[name]?[Metrics.render(labels)] ?? 0
-    }
-
     public func prometheusText() -> String {
         lock.lock(); defer { lock.unlock() }
         var out = ""
