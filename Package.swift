@@ -9,6 +9,7 @@ let package = Package(
         .library(name: "AttestClient", targets: ["AttestClient"]),
         .executable(name: "attestd", targets: ["attestd"]),
         .executable(name: "attestctl", targets: ["attestctl"]),
+        .executable(name: "attest-sim", targets: ["attest-sim"]),
     ],
     targets: [
         // System libraries from Debian (`make deps` installs them).
@@ -16,35 +17,56 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
 
+        // The wire protocol alone (paths, client-data hashes, encodings, JSON shapes): no
+        // dependencies, so it builds for iOS along with the client module.
+        .target(name: "AttestWire"),
+
         // Verification core.
         .target(name: "CBOR"),
-        .target(name: "AttestCrypto", dependencies: ["COpenSSL"]),
-        .target(name: "AppAttest", dependencies: ["CBOR", "AttestCrypto"]),
+        .target(name: "AttestCrypto", dependencies: ["COpenSSL", "AttestWire"]),
+        .target(name: "AppAttest", dependencies: ["CBOR", "AttestCrypto", "AttestWire"]),
         // The project's own test authority: issues Apple-format attestations for tests and simulation.
-        .target(name: "TestAuthority", dependencies: ["CBOR", "AttestCrypto", "AppAttest"],
+        .target(name: "TestAuthority", dependencies: ["CBOR", "AttestCrypto", "AppAttest", "AttestWire"],
                 path: "Fixtures/TestAuthority"),
 
         // Service.
-        .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto"]),
-        .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "CSQLite"]),
-        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
+        .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire"]),
+        .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CSQLite"]),
+        // Swift 5 mode until the streaming rework of this target lands (it is being redone for Swift 6).
+        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"], swiftSettings: [.swiftLanguageMode(.v5)]),
         // The service's HTTP API: routes from HTTP requests to the token service and back.
-        .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto"]),
+        .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto", "AttestWire"]),
 
-        // Device side: the client module, and a simulated device on the test authority (never shipped in apps).
-        .target(name: "AttestClient", dependencies: ["AttestCrypto"]),
-        .target(name: "SimulatedDevice", dependencies: ["AttestClient", "TestAuthority", "AttestCrypto", "AppAttest"]),
+        // Device side: the client module (Foundation and the wire module only; SHA-256 from
+        // CryptoKit on Apple platforms, from AttestCrypto on Linux), and a simulated device on the
+        // test authority (never linked into apps, nor into the operator's attestctl).
+        .target(name: "AttestClient", dependencies: [
+            "AttestWire",
+            .target(name: "AttestCrypto", condition: .when(platforms: [.linux])),
+        ]),
+        .target(name: "SimulatedDevice", dependencies: ["AttestClient", "TestAuthority", "AttestCrypto", "AppAttest", "AttestWire"]),
 
-        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto"]),
-        .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "TestAuthority", "AttestClient", "SimulatedDevice", "CBOR"]),
+        // Tools: a plain HTTP/1.1 client on POSIX sockets (load generator, tests) and the
+        // argument parsing the command-line tools share.
+        .target(name: "HTTPClient"),
+        .target(name: "CommandLineSupport", dependencies: ["AttestWire"]),
+
+        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto", "AttestWire"]),
+        // The operator's tool: administration and offline verification. No test authority.
+        .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "AttestCrypto", "AttestWire", "CommandLineSupport"]),
+        // The developer's tool: simulated devices, load generation, verification benchmarks.
+        .executableTarget(name: "attest-sim", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "TestAuthority", "AttestClient",
+                                                             "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport"]),
 
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
-        .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR"]),
-        .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto"]),
-        .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient", "SimulatedDevice", "AppAttest"]),
-        .testTarget(name: "AttestClientTests", dependencies: ["AttestClient"]),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
+        .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR", "AttestWire"]),
+        .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire"]),
+        .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
+                                                         "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient"]),
+        .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "AttestWire"]),
+        .testTarget(name: "AttestWireTests", dependencies: ["AttestWire"]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: [.swiftLanguageMode(.v5)]),
+        .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer"]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
-    ],
-    swiftLanguageModes: [.v5]
+    ]
 )

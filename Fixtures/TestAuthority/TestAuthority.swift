@@ -1,3 +1,4 @@
+import AttestWire
 import AppAttest
 import AttestCrypto
 import CBOR

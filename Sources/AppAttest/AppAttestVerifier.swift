@@ -1,3 +1,4 @@
+import AttestWire
 import AttestCrypto
 import CBOR
 import Foundation

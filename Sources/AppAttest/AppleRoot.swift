@@ -1,3 +1,4 @@
+import AttestWire
 import AttestCrypto
 
 /// Apple's App Attestation Root CA: the built-in trust anchor. Public; published by Apple at

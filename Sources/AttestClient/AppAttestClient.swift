@@ -1,3 +1,4 @@
+import AttestWire
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -186,7 +187,7 @@ public actor AppAttestClient {
 
     private func refresh(keyID: String) async throws -> StoredToken {
         if let error = refreshBackoff?.error(at: now()) { throw error }
-        guard let rawKeyID = Wire.decodeBase64(keyID), rawKeyID.count == Wire.keyIDLength else {
+        guard let rawKeyID = Base64.decode(keyID), rawKeyID.count == Wire.keyIDLength else {
             throw KeyRejected.lostByAttester
         }
         do {

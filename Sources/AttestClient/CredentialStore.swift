@@ -1,4 +1,4 @@
-import AttestCrypto
+import AttestWire
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -29,37 +29,40 @@ public protocol CredentialStore: Sendable {
 }
 
 /// Keeps credentials in memory only (tests, or an app that re-registers every launch).
-public final class InMemoryCredentialStore: CredentialStore, @unchecked Sendable {
-    // Every access to the dictionaries holds `lock`.
-    private let lock = NSLock()
-    private var keyIDs: [String: String] = [:]
-    private var tokens: [String: StoredToken] = [:]
+public final class InMemoryCredentialStore: CredentialStore {
+    private struct Credentials {
+        var keyIDs: [String: String] = [:]
+        var tokens: [String: StoredToken] = [:]
+    }
+
+    private let credentials = LockedValueBox(Credentials())
 
     public init() {}
 
     public func keyID(for clientID: String) throws -> String? {
-        lock.locked { keyIDs[clientID] }
+        credentials.withLock { $0.keyIDs[clientID] }
     }
 
     public func setKeyID(_ keyID: String?, for clientID: String) throws {
-        lock.locked { keyIDs[clientID] = keyID }
+        credentials.withLock { $0.keyIDs[clientID] = keyID }
     }
 
     public func token(for clientID: String) throws -> StoredToken? {
-        lock.locked { tokens[clientID] }
+        credentials.withLock { $0.tokens[clientID] }
     }
 
     public func setToken(_ token: StoredToken?, for clientID: String) throws {
-        lock.locked { tokens[clientID] = token }
+        credentials.withLock { $0.tokens[clientID] = token }
     }
 }
 
 /// One JSON file per client ID in a private directory: the directory is created 0700, files are
 /// written 0600 to a temporary name and renamed into place, so a reader never sees a partial file.
-public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
+public final class FileCredentialStore: CredentialStore {
     public let directory: URL
-    // Serialises read-modify-write of a client's file within this process.
-    private let lock = NSLock()
+    /// The files of the directory, reached only under the lock: serialises read-modify-write of a
+    /// client's file within this process.
+    private let files: LockedValueBox<URL>
 
     private struct Record: Codable {
         var keyID: String?
@@ -68,6 +71,7 @@ public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
 
     public init(directory: URL) throws {
         self.directory = directory
+        files = LockedValueBox(directory)
         let fileManager = FileManager.default
         var isDirectory: ObjCBool = false
         if fileManager.fileExists(atPath: directory.path, isDirectory: &isDirectory) {
@@ -81,7 +85,7 @@ public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
     }
 
     public func keyID(for clientID: String) throws -> String? {
-        try lock.locked { try read(clientID)?.keyID }
+        try files.withLock { _ in try read(clientID)?.keyID }
     }
 
     public func setKeyID(_ keyID: String?, for clientID: String) throws {
@@ -89,7 +93,7 @@ public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
     }
 
     public func token(for clientID: String) throws -> StoredToken? {
-        try lock.locked { try read(clientID)?.token }
+        try files.withLock { _ in try read(clientID)?.token }
     }
 
     public func setToken(_ token: StoredToken?, for clientID: String) throws {
@@ -106,7 +110,7 @@ public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
         if plain && !clientID.isEmpty && clientID.utf8.count <= 100 {
             name = "client-\(clientID).json"
         } else {
-            name = "sha256-\(Wire.hex(sha256(Array(clientID.utf8)))).json"
+            name = "sha256-\(hexString(platformSHA256(Array(clientID.utf8)))).json"
         }
         return directory.appendingPathComponent(name)
     }
@@ -118,7 +122,7 @@ public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
     }
 
     private func update(_ clientID: String, _ change: (inout Record) -> Void) throws {
-        try lock.locked {
+        try files.withLock { _ in
             var record = try read(clientID) ?? Record()
             change(&record)
             let url = fileURL(for: clientID)
@@ -161,15 +165,6 @@ public final class FileCredentialStore: CredentialStore, @unchecked Sendable {
 
     private static func posixError() -> POSIXError {
         POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-    }
-}
-
-extension NSLock {
-    // NSLocking.withLock needs macOS 14 / iOS 17; the package supports older systems.
-    func locked<T>(_ body: () throws -> T) rethrows -> T {
-        lock()
-        defer { unlock() }
-        return try body()
     }
 }
 

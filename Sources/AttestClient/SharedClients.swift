@@ -16,17 +16,16 @@ extension AppAttestClient {
     }
 }
 
-private final class SharedClients: @unchecked Sendable {
+private final class SharedClients: Sendable {
     static let instance = SharedClients()
-    private let lock = NSLock()
-    private var clients: [String: AppAttestClient] = [:]
+    private let clients = LockedValueBox([String: AppAttestClient]())
 
     func client(_ clientID: String, make: () -> AppAttestClient) -> AppAttestClient {
-        lock.lock()
-        defer { lock.unlock() }
-        if let existing = clients[clientID] { return existing }
-        let client = make()
-        clients[clientID] = client
-        return client
+        clients.withLock { clients in
+            if let existing = clients[clientID] { return existing }
+            let client = make()
+            clients[clientID] = client
+            return client
+        }
     }
 }

@@ -137,12 +137,3 @@ public final class Certificate: @unchecked Sendable {
         return ok
     }
 }
-
-/// Digest as hex, lower case.
-public func hexString(_ bytes: [UInt8]) -> String {
-    let digits = Array("0123456789abcdef".utf8)
-    var out = [UInt8]()
-    out.reserveCapacity(bytes.count * 2)
-    for b in bytes { out.append(digits[Int(b >> 4)]); out.append(digits[Int(b & 0xf)]) }
-    return String(decoding: out, as: UTF8.self)
-}

@@ -52,5 +52,5 @@ func openSSLErrorText() -> String {
     guard code != 0 else { return "no OpenSSL error queued" }
     var buffer = [CChar](repeating: 0, count: 256)
     ERR_error_string_n(code, &buffer, buffer.count)
-    return String(cString: buffer)
+    return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }

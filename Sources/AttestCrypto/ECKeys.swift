@@ -52,7 +52,7 @@ public final class ECPublicKey: @unchecked Sendable {
         var name = [CChar](repeating: 0, count: 64)
         var length = 0
         guard EVP_PKEY_get_utf8_string_param(pkey, OSSL_PKEY_PARAM_GROUP_NAME, &name, name.count, &length) == 1 else { return nil }
-        return String(cString: name)
+        return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     public var isP256: Bool { curveName == "prime256v1" }

@@ -1,3 +1,4 @@
+import AttestWire
 import Foundation
 
 /// One JSON object per line on stderr. Callers pass only non-secret fields: never a token, a
@@ -12,7 +13,7 @@ public final class Logger: @unchecked Sendable {
 
     public func log(_ level: String, _ event: String, _ fields: [(String, Any)] = []) {
         let timestamp = Logger.timestamp()
-        let line = JSONBody.object([("ts", timestamp), ("level", level), ("event", event)] + fields)
+        let line = JSONText.object([("ts", timestamp), ("level", level), ("event", event)] + fields)
         lock.lock()
         write(line)
         lock.unlock()

@@ -1,3 +1,4 @@
+import AttestWire
 import AttestCrypto
 import Foundation
 import TokenService
@@ -39,48 +40,9 @@ enum RequestParsing {
         return result
     }
 
-    /// `application/x-www-form-urlencoded`: fields percent-decoded (`+` is a space), in any order,
-    /// each at most once.
+    /// `application/x-www-form-urlencoded` fields (AttestWire's decoder), malformed → 400.
     static func formFields(_ body: [UInt8]) throws -> [String: String] {
-        guard let text = String(bytes: body, encoding: .utf8) else { throw BadRequest("form body is not UTF-8") }
-        var result: [String: String] = [:]
-        for pair in text.split(separator: "&", omittingEmptySubsequences: true) {
-            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-            guard let name = percentDecode(parts[0]), let value = percentDecode(parts.count > 1 ? parts[1] : "") else {
-                throw BadRequest("form field is not valid percent-encoding")
-            }
-            guard result[name] == nil else { throw BadRequest("form field \(name.prefix(32)) given twice") }
-            result[name] = value
-        }
-        return result
-    }
-
-    /// Percent-decoding of one form component, on bytes (`+` is a space); nil for a bad escape
-    /// or bytes that are not UTF-8.
-    static func percentDecode(_ text: Substring) -> String? {
-        var out = [UInt8]()
-        out.reserveCapacity(text.utf8.count)
-        var iterator = text.utf8.makeIterator()
-        while let byte = iterator.next() {
-            switch byte {
-            case UInt8(ascii: "+"): out.append(UInt8(ascii: " "))
-            case UInt8(ascii: "%"):
-                guard let high = iterator.next().flatMap(hexValue), let low = iterator.next().flatMap(hexValue) else { return nil }
-                out.append(high << 4 | low)
-            default: out.append(byte)
-            }
-        }
-        let text = String(decoding: out, as: UTF8.self)
-        return text.utf8.elementsEqual(out) ? text : nil   // decoding repairs invalid UTF-8: refuse instead
-    }
-
-    private static func hexValue(_ byte: UInt8) -> UInt8? {
-        switch byte {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): return byte - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): return byte - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): return byte - UInt8(ascii: "A") + 10
-        default: return nil
-        }
+        do { return try FormEncoding.decode(body) } catch { throw BadRequest(error.detail) }
     }
 
     /// Base64 in the standard or URL-safe alphabet, padded or not. A space is a `+` whose
@@ -101,40 +63,5 @@ enum RequestParsing {
     static func bearer(_ header: String?) -> String? {
         guard let header, header.count > 7, header.prefix(7).lowercased() == "bearer " else { return nil }
         return header.dropFirst(7).trimmingCharacters(in: .whitespaces)
-    }
-}
-
-/// JSON bodies the service sends, with stable field order for humans reading curl output.
-enum JSONBody {
-    static func object(_ fields: [(String, Any)]) -> String {
-        "{" + fields.map { "\(string($0.0)):\(value($0.1))" }.joined(separator: ",") + "}"
-    }
-
-    static func value(_ value: Any) -> String {
-        switch value {
-        case let text as String: return string(text)
-        case let bool as Bool: return bool ? "true" : "false"
-        case let int as Int: return String(int)
-        case let int as Int64: return String(int)
-        case let double as Double: return String(double)
-        case let nested as [(String, Any)]: return object(nested)
-        default: return "null"
-        }
-    }
-
-    static func string(_ text: String) -> String {
-        var out = "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
-            default: out.unicodeScalars.append(scalar)
-            }
-        }
-        return out + "\""
     }
 }

@@ -1,3 +1,4 @@
+import AttestWire
 import AttestCrypto
 import Foundation
 import HTTPServer
@@ -118,7 +119,7 @@ public final class ServiceRouter: @unchecked Sendable {
         let keyID = try RequestParsing.requireBase64(fields, "key_id")
         do {
             let issued = try service.challenge(clientID: clientID, keyID: keyID, caller: request.remoteAddress)
-            let body = JSONBody.object([("challenge", Base64.encode(issued.challenge)), ("expires_in", issued.expiresIn)])
+            let body = JSONText.object([("challenge", Base64.encode(issued.challenge)), ("expires_in", issued.expiresIn)])
             return Outcome(response: .json(200, body, headers: [("cache-control", "no-store")]), clientID: clientID)
         }
     }
@@ -135,16 +136,14 @@ public final class ServiceRouter: @unchecked Sendable {
         return Outcome(response: tokenResponse(response), clientID: clientID)
     }
 
-    static let grantType = "urn:anthropic:params:oauth:grant-type:app-attest"
-
     func token(_ request: HTTPRequest) throws -> Outcome {
         let fields = try RequestParsing.formFields(request.body)
         guard let clientID = fields["client_id"], clientID.utf8.count <= FieldLimits.clientID else { throw BadRequest("missing or long client_id") }
         guard let keyText = fields["key_id"], keyText.utf8.count <= FieldLimits.keyID else { throw BadRequest("missing or long key_id") }
         guard let keyID = RequestParsing.base64(keyText) else { throw BadRequest("key_id is not base64") }
         // From here on the request names a challenge: a malformed proof still uses it up.
-        guard fields["grant_type"] == Self.grantType else {
-            throw attempt(clientID, keyID, "token", BadRequest("grant_type is not \(Self.grantType)"))
+        guard fields["grant_type"] == WireProtocol.grantType else {
+            throw attempt(clientID, keyID, "token", BadRequest("grant_type is not \(WireProtocol.grantType)"))
         }
         guard let assertionText = fields["assertion"], assertionText.utf8.count <= FieldLimits.assertion,
               let assertion = RequestParsing.base64(assertionText) else {
@@ -160,8 +159,8 @@ public final class ServiceRouter: @unchecked Sendable {
         return BadRequest(error.detail, counted: true)
     }
 
-    func tokenResponse(_ response: TokenResponse) -> HTTPResponse {
-        let body = JSONBody.object([
+    func tokenResponse(_ response: IssuedToken) -> HTTPResponse {
+        let body = JSONText.object([
             ("access_token", response.accessToken), ("token_type", "Bearer"), ("expires_in", response.expiresIn),
             ("next_challenge", Base64.encode(response.nextChallenge)),
             ("next_challenge_expires_in", response.nextChallengeExpiresIn),
@@ -172,7 +171,7 @@ public final class ServiceRouter: @unchecked Sendable {
     // MARK: Using tokens
 
     static func apiError(_ status: Int, _ type: String, _ message: String) -> HTTPResponse {
-        .json(status, JSONBody.object([("type", "error"), ("error", [("type", type), ("message", message)] as [(String, Any)])]))
+        .json(status, JSONText.object([("type", "error"), ("error", [("type", type), ("message", message)] as [(String, Any)])]))
     }
 
     static let unauthenticated = apiError(401, "authentication_error", "invalid, expired or revoked access token")
@@ -214,7 +213,7 @@ public final class ServiceRouter: @unchecked Sendable {
         guard token.utf8.count <= FieldLimits.token, let grant = try service.authenticate(bearer: token) else {
             return Outcome(response: .json(200, #"{"active":false}"#, headers: [("cache-control", "no-store")]))
         }
-        let body = JSONBody.object([
+        let body = JSONText.object([
             ("active", true), ("scope", "messages"), ("client_id", grant.clientID), ("workspace", grant.workspaceName),
             ("exp", Int(grant.expiresAt.timeIntervalSince1970)), ("iat", Int(grant.issuedAt.timeIntervalSince1970)), ("token_type", "Bearer"),
         ])

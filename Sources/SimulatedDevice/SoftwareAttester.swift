@@ -1,3 +1,4 @@
+import AttestWire
 import AppAttest
 import AttestClient
 import AttestCrypto

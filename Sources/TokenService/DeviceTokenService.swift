@@ -1,3 +1,4 @@
+import AttestWire
 import AppAttest
 import AttestCrypto
 import Foundation
@@ -22,7 +23,7 @@ public struct ExchangeConfiguration: Sendable {
 }
 
 /// What a successful register or token request returns to the device.
-public struct TokenResponse: Sendable {
+public struct IssuedToken: Sendable {
     public let accessToken: String
     public let expiresIn: Int
     public let nextChallenge: [UInt8]
@@ -84,7 +85,7 @@ public final class DeviceTokenService: @unchecked Sendable {
 
     // MARK: Register
 
-    public func register(clientID: String, keyID: [UInt8], attestationObject: [UInt8]) throws -> TokenResponse {
+    public func register(clientID: String, keyID: [UInt8], attestationObject: [UInt8]) throws -> IssuedToken {
         try rejecting(clientID: clientID, keyID: keyID, action: "register") {
             let time = now()
             try requireKeyIDShape(keyID)
@@ -98,7 +99,7 @@ public final class DeviceTokenService: @unchecked Sendable {
                                     "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
                 }
                 let verified = try timed("attestation") {
-                    try verifier.verifyAttestation(attestationObject, keyID: keyID, clientDataHash: sha256(challenge),
+                    try verifier.verifyAttestation(attestationObject, keyID: keyID, clientDataHash: WireProtocol.registrationClientDataHash(challenge: challenge, sha256: sha256),
                                                    allowedAppIDs: integration.appIDs, allowedEnvironments: integration.environments, at: time)
                 }
                 let device = Device(keyID: keyID, clientID: clientID, publicKey: verified.publicKey, counter: 0,
@@ -126,12 +127,7 @@ public final class DeviceTokenService: @unchecked Sendable {
 
     // MARK: Token (assertion)
 
-    /// clientDataHash of a token request: SHA-256("anthropic-app-attest-token-v1" ‖ challenge ‖ client ID ‖ key ID).
-    public static func tokenClientDataHash(challenge: [UInt8], clientID: String, keyID: [UInt8]) -> [UInt8] {
-        sha256(Array("anthropic-app-attest-token-v1".utf8), challenge, Array(clientID.utf8), keyID)
-    }
-
-    public func refresh(clientID: String, keyID: [UInt8], assertion: [UInt8]) throws -> TokenResponse {
+    public func refresh(clientID: String, keyID: [UInt8], assertion: [UInt8]) throws -> IssuedToken {
         try rejecting(clientID: clientID, keyID: keyID, action: "token") {
             let time = now()
             try requireKeyIDShape(keyID)
@@ -149,7 +145,7 @@ public final class DeviceTokenService: @unchecked Sendable {
                     throw Rejection(.invalidGrant, ServiceReason.unknownKey, "stored app ID \(device.appID) is unreadable")
                 }
                 let publicKey = try keyCache.key(for: device)
-                let hash = Self.tokenClientDataHash(challenge: challenge, clientID: clientID, keyID: keyID)
+                let hash = WireProtocol.tokenClientDataHash(challenge: challenge, clientID: clientID, keyID: keyID, sha256: sha256)
                 let verified = try timed("assertion") {
                     try verifier.verifyAssertion(assertion, publicKey: publicKey, clientDataHash: hash, appID: appID, previousCounter: device.counter)
                 }
@@ -239,8 +235,8 @@ public final class DeviceTokenService: @unchecked Sendable {
         IssuedChallenge(bytes: secureRandomBytes(32), expiresAt: time.addingTimeInterval(configuration.nextChallengeTTL))
     }
 
-    private func response(_ token: String, _ next: IssuedChallenge, at time: Date) -> TokenResponse {
-        TokenResponse(accessToken: token, expiresIn: Int(configuration.tokenTTL), nextChallenge: next.bytes,
+    private func response(_ token: String, _ next: IssuedChallenge, at time: Date) -> IssuedToken {
+        IssuedToken(accessToken: token, expiresIn: Int(configuration.tokenTTL), nextChallenge: next.bytes,
                       nextChallengeExpiresIn: remaining(next.expiresAt, from: time))
     }
 

@@ -1,4 +1,5 @@
 import AppAttest
+import CommandLineSupport
 import Foundation
 import SQLiteStore
 import TokenService
@@ -21,7 +22,7 @@ enum AdminCommands {
     """
 
     static func run(_ command: String, _ argv: [String]) throws -> Int32 {
-        if argv.contains("--help") || argv.contains("-h") {
+        if wantsHelp(argv) {
             print(usage)
             return 0
         }

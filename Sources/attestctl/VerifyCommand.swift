@@ -1,5 +1,7 @@
 import AppAttest
 import AttestCrypto
+import AttestWire
+import CommandLineSupport
 import Foundation
 
 /// `attestctl verify attestation|assertion`: offline verification for operators debugging a device.
@@ -13,6 +15,7 @@ enum VerifyCommand {
     """
 
     static func run(_ arguments: [String]) throws -> Int32 {
+        if wantsHelp(arguments) { print(usage); return 0 }
         guard let kind = arguments.first else { throw UsageError(usage) }
         switch kind {
         case "attestation": return try attestation(Array(arguments.dropFirst()))

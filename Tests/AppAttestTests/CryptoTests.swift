@@ -1,3 +1,4 @@
+import AttestWire
 import AttestCrypto
 import Foundation
 import Testing

@@ -1,3 +1,4 @@
+import AttestWire
 @testable import AppAttest
 import AttestCrypto
 import Foundation

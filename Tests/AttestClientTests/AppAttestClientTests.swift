@@ -4,6 +4,7 @@ import FoundationNetworking
 #endif
 import Testing
 @testable import AttestClient
+import AttestWire
 
 /// Short descriptions of errors, so expectations can compare them.
 private func describe(_ error: Error?) -> String {
@@ -228,7 +229,7 @@ private func failure(_ body: () async throws -> some Any) async -> String {
         let token = try #require(h.server.requests.last)
         #expect(token.contentType == "application/x-www-form-urlencoded")
         // Key ID and assertion contain + / = in base64; the fake parses `+` as a space, so escaping is required.
-        #expect(token.body.contains("key_id=\(Wire.percentEncode(FakeAttester.keyID(number: 99)))"))
+        #expect(token.body.contains("key_id=\(FormEncoding.percentEncode(FakeAttester.keyID(number: 99)))"))
         #expect(token.body.contains("%2B") && token.body.contains("%2F") && token.body.contains("%3D"))
         #expect(try h.store.token(for: h.server.clientID)?.token == "tok-1")
         #expect(h.attester.attestCount == 0)

@@ -3,6 +3,7 @@ import Foundation
 import FoundationNetworking
 #endif
 @testable import AttestClient
+import AttestWire
 
 /// A clock the tests move by hand.
 final class TestClock: @unchecked Sendable {
@@ -52,12 +53,12 @@ final class FakeAttester: DeviceAttester, @unchecked Sendable {
     }
 
     static func attestation(keyID: String, clientDataHash: Data) -> Data {
-        Data("attest:\(keyID):\(Wire.hex([UInt8](clientDataHash)))".utf8)
+        Data("attest:\(keyID):\(hexString([UInt8](clientDataHash)))".utf8)
     }
 
     static func assertion(keyID: String, clientDataHash: Data) -> Data {
         // Leading 0xFB 0xFF makes the base64 start with "+/".
-        Data([0xFB, 0xFF]) + Data("assert:\(keyID):\(Wire.hex([UInt8](clientDataHash)))".utf8)
+        Data([0xFB, 0xFF]) + Data("assert:\(keyID):\(hexString([UInt8](clientDataHash)))".utf8)
     }
 
     func generateKey() async throws -> String {
@@ -167,7 +168,7 @@ final class FakeServer: HTTPTransport, @unchecked Sendable {
             guard request.value(forHTTPHeaderField: "Content-Type") == "application/json",
                   let fields = try? JSONDecoder().decode([String: String].self, from: Data(body.utf8)),
                   Set(fields.keys) == ["client_id", "key_id"], fields["client_id"] == clientID,
-                  let keyID = fields["key_id"], Wire.decodeBase64(keyID)?.count == 32 else { return Self.invalidRequest }
+                  let keyID = fields["key_id"], Base64.decode(keyID)?.count == 32 else { return Self.invalidRequest }
             let challenge = mintChallenge(for: keyID)
             return (200, #"{"challenge":"\#(encode(challenge))","expires_in":300}"#)
 
@@ -175,7 +176,7 @@ final class FakeServer: HTTPTransport, @unchecked Sendable {
             guard request.value(forHTTPHeaderField: "Content-Type") == "application/json",
                   let fields = try? JSONDecoder().decode([String: String].self, from: Data(body.utf8)),
                   Set(fields.keys) == ["client_id", "key_id", "attestation_object"], fields["client_id"] == clientID,
-                  let keyID = fields["key_id"], let object = fields["attestation_object"].flatMap(Wire.decodeBase64)
+                  let keyID = fields["key_id"], let object = fields["attestation_object"].flatMap(Base64.decode)
             else { return Self.invalidRequest }
             guard let challenge = pending.removeValue(forKey: keyID), !registered.contains(keyID),
                   Data(object) == FakeAttester.attestation(
@@ -189,9 +190,9 @@ final class FakeServer: HTTPTransport, @unchecked Sendable {
             guard request.value(forHTTPHeaderField: "Content-Type") == "application/x-www-form-urlencoded",
                   let fields = Self.parseForm(body),
                   Set(fields.keys) == ["grant_type", "client_id", "key_id", "assertion"],
-                  fields["grant_type"] == Wire.grantType, fields["client_id"] == clientID,
-                  let keyID = fields["key_id"], let rawKeyID = Wire.decodeBase64(keyID),
-                  let assertion = fields["assertion"].flatMap(Wire.decodeBase64) else { return Self.invalidRequest }
+                  fields["grant_type"] == WireProtocol.grantType, fields["client_id"] == clientID,
+                  let keyID = fields["key_id"], let rawKeyID = Base64.decode(keyID),
+                  let assertion = fields["assertion"].flatMap(Base64.decode) else { return Self.invalidRequest }
             guard registered.contains(keyID), let challenge = pending.removeValue(forKey: keyID),
                   Data(assertion) == FakeAttester.assertion(
                       keyID: keyID, clientDataHash: Data(Wire.tokenClientDataHash(
@@ -260,5 +261,14 @@ struct Harness {
         if let tokenTTL {
             try store.setToken(StoredToken(token: "old-token", expiresAt: clock.now + tokenTTL), for: server.clientID)
         }
+    }
+}
+
+extension NSLock {
+    /// The test doubles' own locking (the module's shared state uses LockedValueBox).
+    func locked<T>(_ body: () throws -> T) rethrows -> T {
+        lock()
+        defer { unlock() }
+        return try body()
     }
 }

@@ -4,32 +4,33 @@ import FoundationNetworking
 #endif
 import Testing
 @testable import AttestClient
+import AttestWire
 
 @Suite struct WireTests {
     @Test func registrationClientDataHashMatchesGoldenVector() {
         let challenge = [UInt8](repeating: 0x01, count: 32)
-        #expect(Wire.hex(Wire.registrationClientDataHash(challenge: challenge))
+        #expect(hexString(Wire.registrationClientDataHash(challenge: challenge))
             == "72cd6e8422c407fb6d098690f1130b7ded7ec2f7f5e1d30bd9d521f015363793")
     }
 
     @Test func tokenClientDataHashMatchesGoldenVector() {
         let hash = Wire.tokenClientDataHash(challenge: [UInt8](repeating: 0x01, count: 32), clientID: "clid_test",
                                             rawKeyID: [UInt8](repeating: 0x07, count: 32))
-        #expect(Wire.hex(hash) == "cdc917d0f99d66de670d66db7cfdc90b8f34be288cabe3f1bb63c1e19b2a0b23")
+        #expect(hexString(hash) == "cdc917d0f99d66de670d66db7cfdc90b8f34be288cabe3f1bb63c1e19b2a0b23")
     }
 
     @Test(arguments: ["+/8=", "+/8", "-_8=", "-_8"])
     func base64AcceptsBothAlphabetsPaddedOrNot(_ text: String) {
-        #expect(Wire.decodeBase64(text) == [0xFB, 0xFF])
+        #expect(Base64.decode(text) == [0xFB, 0xFF])
     }
 
     @Test(arguments: ["a", "ab!c", "+/8 ", "abcde"])
     func base64RejectsGarbage(_ text: String) {
-        #expect(Wire.decodeBase64(text) == nil)
+        #expect(Base64.decode(text) == nil)
     }
 
     @Test func formBodyIsSortedAndEscaped() {
-        let body = Wire.formEncode(["key_id": "a+b/c=", "grant_type": Wire.grantType, "client_id": "clid_x", "assertion": "z~.-_"])
+        let body = FormEncoding.encode(["key_id": "a+b/c=", "grant_type": WireProtocol.grantType, "client_id": "clid_x", "assertion": "z~.-_"])
         #expect(body == "assertion=z~.-_&client_id=clid_x"
             + "&grant_type=urn%3Aanthropic%3Aparams%3Aoauth%3Agrant-type%3Aapp-attest&key_id=a%2Bb%2Fc%3D")
     }

@@ -8,6 +8,7 @@ import TokenService
 @Suite final class AdminCommandTests {
     static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
     static let binary = packageRoot.appendingPathComponent(".build/debug/attestctl").path
+    static let simBinary = packageRoot.appendingPathComponent(".build/debug/attest-sim").path
 
     let dir: URL
     var db: String { dir.appendingPathComponent("attestd.sqlite").path }
@@ -91,6 +92,18 @@ import TokenService
     }
 
     // MARK: init
+
+    @Test func globalOptionsMayComeBeforeTheCommand() throws {
+        // As with git and kubectl: `attestctl --db PATH init …` and `--db=PATH` both work.
+        try #require(try run(["--db", db, "init", "--owner", "owner@example.com"], useDB: false).status == 0)
+        let listed = try run(["--db=\(db)", "integrations", "list", "--json"], useDB: false)
+        #expect(listed.status == 0, "\(listed.stderr)")
+        #expect(try store().primaryOwner(workspaceID: 1) == "owner@example.com")
+        // Anything else before the command is a usage error that changes nothing.
+        let bogus = try run(["--actor", "x@example.com", "init", "--owner", "o@example.com"], useDB: false)
+        #expect(bogus.status == 2)
+        #expect(bogus.stderr.contains("before the command"))
+    }
 
     @Test func initTwiceChangesNothingTheSecondTime() throws {
         let first = try ok(["init", "--owner", "Owner@Example.com"])

@@ -8,8 +8,12 @@ import Testing
     static let samples = root.deletingLastPathComponent().appendingPathComponent("shared/fixtures/apple")
 
     func attestctl(_ arguments: [String]) throws -> (status: Int32, json: [String: Any], stderr: String, stdout: String) {
+        try tool(AdminCommandTests.binary, arguments)
+    }
+
+    func tool(_ binary: String, _ arguments: [String]) throws -> (status: Int32, json: [String: Any], stderr: String, stdout: String) {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: AdminCommandTests.binary)
+        process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = arguments
         let out = Pipe(), err = Pipe()
         process.standardOutput = out
@@ -94,7 +98,7 @@ import Testing
     }
 
     @Test func benchPrintsItsFigures() throws {
-        let result = try attestctl(["bench", "verify", "--seconds", "1"])
+        let result = try tool(AdminCommandTests.simBinary, ["bench", "verify", "--seconds", "1"])
         #expect(result.status == 0)
         #expect(result.stderr.contains("debug build"))   // tests run a debug build; the figures are not meaningful here
         for line in ["attestation_verifications_per_second: ", "assertion_verifications_per_second: ", "attestation_ratio_to_p384: "] {

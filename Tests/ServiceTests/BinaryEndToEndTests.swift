@@ -78,7 +78,7 @@ import Testing
         let base = ["simulate-device", "--base-url", server.baseURL.absoluteString, "--client-id", clientID, "--state-dir", state]
 
         func run(_ extra: [String]) throws -> (Int32, [String: Any]) {
-            let (status, output) = try ServerProcess.attestctl(base + extra)
+            let (status, output) = try ServerProcess.attestSim(base + extra)
             let line = output.split(separator: "\n").first.map(String.init) ?? ""
             return (status, (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]) ?? [:])
         }
@@ -92,16 +92,16 @@ import Testing
         #expect(cached.0 == 0)
         #expect(cached.1["source"] as? String == "cached")
         #expect(cached.1["key_id"] as? String == registered.1["key_id"] as? String)
-        #expect(try ServerProcess.attestctl(base + ["--messages"]).1.contains(#""messages_status":503"#))
+        #expect(try ServerProcess.attestSim(base + ["--messages"]).1.contains(#""messages_status":503"#))
         // The token is never printed.
-        #expect(!(try ServerProcess.attestctl(base).1.contains("aat_")))
+        #expect(!(try ServerProcess.attestSim(base).1.contains("aat_")))
 
         // After revocation the Messages call is refused, the retry's refresh fails: exit 1, attestationFailed.
         #expect(try ServerProcess.attestctl(["integrations", "revoke", clientID, "--db", db, "--actor", "owner@example.com", "--yes"]).0 == 0)
-        let revoked = try ServerProcess.attestctl(base + ["--messages"])
+        let revoked = try ServerProcess.attestSim(base + ["--messages"])
         #expect(revoked.0 == 1)
         #expect(revoked.1.contains(#""error":"attestationFailed""#))
-        let again = try ServerProcess.attestctl(base)
+        let again = try ServerProcess.attestSim(base)
         #expect(again.0 == 1)
         #expect(again.1.contains(#""error":"attestationFailed""#))
     }

@@ -1,3 +1,4 @@
+import AttestWire
 import AppAttest
 import AttestCrypto
 import Foundation
@@ -86,7 +87,7 @@ final class ManualDevice: @unchecked Sendable {
 
     func assertion(challenge: [UInt8], counter explicit: UInt32? = nil) throws -> String {
         if let explicit { counter = explicit } else { counter += 1 }
-        let hash = DeviceTokenService.tokenClientDataHash(challenge: challenge, clientID: clientID, keyID: key.keyID)
+        let hash = WireProtocol.tokenClientDataHash(challenge: challenge, clientID: clientID, keyID: key.keyID, sha256: sha256)
         return Data(try TestAuthority.shared.assertion(key: key, appID: appID, clientDataHash: hash, counter: counter)).base64EncodedString()
     }
 }

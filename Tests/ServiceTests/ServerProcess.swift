@@ -5,6 +5,7 @@ final class ServerProcess: @unchecked Sendable {
     static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
     static let attestd = packageRoot.appendingPathComponent(".build/debug/attestd").path
     static let attestctl = packageRoot.appendingPathComponent(".build/debug/attestctl").path
+    static let attestSim = packageRoot.appendingPathComponent(".build/debug/attest-sim").path
     static let testAuthorityRoot = packageRoot.appendingPathComponent("Fixtures/test-authority/root.pem").path
 
     let process = Process()
@@ -70,8 +71,18 @@ final class ServerProcess: @unchecked Sendable {
     /// Runs attestctl with arguments; returns (status, stdout).
     @discardableResult
     static func attestctl(_ arguments: [String]) throws -> (Int32, String) {
+        try run(attestctl, arguments)
+    }
+
+    /// Runs the developer tool attest-sim with arguments; returns (status, stdout).
+    @discardableResult
+    static func attestSim(_ arguments: [String]) throws -> (Int32, String) {
+        try run(attestSim, arguments)
+    }
+
+    static func run(_ executable: String, _ arguments: [String]) throws -> (Int32, String) {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: attestctl)
+        process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
         let out = Pipe()
         process.standardOutput = out

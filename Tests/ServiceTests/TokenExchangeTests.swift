@@ -1,3 +1,4 @@
+import AttestWire
 import AppAttest
 import AttestCrypto
 import Foundation
@@ -268,7 +269,7 @@ import TokenService
         let http = TestHTTP(baseURL: service.baseURL)
         let device = try ManualDevice(clientID: integration.clientID)
         _ = try await http.registerFresh(device)
-        let record = { (n: UInt8) in TokenRecord(tokenHash: sha256([n]), clientID: integration.clientID, workspaceID: integration.workspaceID,
+        let record: @Sendable (UInt8) -> TokenRecord = { n in TokenRecord(tokenHash: sha256([n]), clientID: integration.clientID, workspaceID: integration.workspaceID,
                                                   keyID: device.key.keyID, issuedAt: Date(), expiresAt: Date() + 60) }
         let challenge = IssuedChallenge(bytes: [UInt8](repeating: 1, count: 32), expiresAt: Date() + 60)
         let wins = await withTaskGroup(of: Bool.self) { group in

@@ -1,6 +1,6 @@
+import AttestWire
 import Foundation
 import Testing
-import AttestCrypto
 
 @Suite struct Base64Tests {
     @Test func agreesWithFoundationInAllFourSpellings() {

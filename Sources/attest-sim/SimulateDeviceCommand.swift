@@ -1,17 +1,19 @@
 import AppAttest
 import AttestClient
+import CommandLineSupport
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
 import SimulatedDevice
+import Synchronization
 
-/// `attestctl simulate-device`: one simulated install (test-authority keys, so only a server
+/// `attest-sim simulate-device`: one simulated install (test-authority keys, so only a server
 /// trusting `Fixtures/test-authority/root.pem` accepts it) whose key, counter and token live in
 /// its state directory, authenticating exactly as an app would through `AppAttestClient`.
 enum SimulateDeviceCommand {
     static let usage = """
-        usage: attestctl simulate-device --base-url URL --client-id CLID --state-dir DIR [--app-id TEAMID.bundle] [--messages]
+        usage: attest-sim simulate-device --base-url URL --client-id CLID --state-dir DIR [--app-id TEAMID.bundle] [--messages]
           One simulated install kept in DIR: prints {"client_id","key_id","token_expires_at","source"}
           (source: registered, refreshed or cached), never the token. --app-id is needed on the first
           run and remembered in DIR/app-id. --messages then sends one POST /v1/messages with the token
@@ -122,15 +124,17 @@ enum SimulateDeviceCommand {
     }
 
     /// Runs `body` on the concurrency pool and blocks this (main) thread until it finishes.
-    static func waitFor<T>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
-        let outcome = BlockingOutcome<T>()
+    static func waitFor<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+        let outcome = Mutex<Result<T, Error>?>(nil)
         let done = DispatchSemaphore(value: 0)
         Task {
-            do { outcome.result = .success(try await body()) } catch { outcome.result = .failure(error) }
+            let result: Result<T, Error>
+            do { result = .success(try await body()) } catch { result = .failure(error) }
+            outcome.withLock { $0 = result }
             done.signal()
         }
         done.wait()
-        return try outcome.result!.get()
+        return try outcome.withLock { $0! }.get()
     }
 
     /// The `AttestClientError` case name, or a short name for anything else.
@@ -178,7 +182,3 @@ enum SimulateDeviceCommand {
     }
 }
 
-/// The result of a task a thread waits for; written once before the semaphore is signalled.
-private final class BlockingOutcome<T>: @unchecked Sendable {
-    var result: Result<T, Error>?
-}

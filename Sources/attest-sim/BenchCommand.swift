@@ -1,15 +1,17 @@
 import AppAttest
 import AttestCrypto
 import CBOR
+import CommandLineSupport
 import Foundation
 import TestAuthority
 
-/// `attestctl bench verify`: single-threaded verification throughput, with in-process ECDSA
+/// `attest-sim bench verify`: single-threaded verification throughput, with in-process ECDSA
 /// baselines measured in the same run so the ratios survive a noisy machine.
 enum BenchCommand {
-    static let usage = "usage: attestctl bench verify [--seconds S] [--sample <fixture.json>] [--breakdown]"
+    static let usage = "usage: attest-sim bench verify [--seconds S] [--sample <fixture.json>] [--breakdown]"
 
     static func run(_ argv: [String]) throws -> Int32 {
+        if wantsHelp(argv) { print(usage); return 0 }
         guard argv.first == "verify" else { throw UsageError(usage) }
         let arguments = try Arguments(Array(argv.dropFirst()), options: ["seconds", "sample"], flags: ["breakdown"])
         let seconds = Double(try arguments.integer("seconds", default: 5, range: 1...3600)!)

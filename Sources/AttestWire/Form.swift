@@ -1,0 +1,77 @@
+/// `application/x-www-form-urlencoded`, as the token request uses it.
+public enum FormEncoding {
+    /// `name=value` pairs sorted by name (as the published client sends them), both percent-encoded.
+    public static func encode(_ fields: [String: String]) -> String {
+        fields.sorted { $0.key < $1.key }
+            .map { percentEncode($0.key) + "=" + percentEncode($0.value) }
+            .joined(separator: "&")
+    }
+
+    /// Percent-encodes everything but RFC 3986 unreserved characters, so base64's `+ / =` and the
+    /// grant type's `:` are escaped.
+    public static func percentEncode(_ text: String) -> String {
+        let digits: [UInt8] = Array("0123456789ABCDEF".utf8)
+        var out = [UInt8]()
+        out.reserveCapacity(text.utf8.count)
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."),
+                 UInt8(ascii: "_"), UInt8(ascii: "~"):
+                out.append(byte)
+            default:
+                out += [UInt8(ascii: "%"), digits[Int(byte >> 4)], digits[Int(byte & 0x0f)]]
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Fields of a form body, percent-decoded (`+` is a space), in any order, each at most once.
+    public static func decode(_ body: [UInt8]) throws(WireFormatError) -> [String: String] {
+        var result: [String: String] = [:]
+        for pair in body.split(separator: UInt8(ascii: "&"), omittingEmptySubsequences: true) {
+            let parts = pair.split(separator: UInt8(ascii: "="), maxSplits: 1, omittingEmptySubsequences: false)
+            guard let name = percentDecode(parts[0]), let value = percentDecode(parts.count > 1 ? parts[1] : []) else {
+                throw WireFormatError("form field is not valid percent-encoded UTF-8")
+            }
+            guard result[name] == nil else { throw WireFormatError("form field \(name.prefix(32)) given twice") }
+            result[name] = value
+        }
+        return result
+    }
+
+    /// One percent-encoded form component (`+` is a space); nil for a bad escape or for bytes that
+    /// are not UTF-8.
+    public static func percentDecode<Bytes: Collection>(_ encoded: Bytes) -> String? where Bytes.Element == UInt8 {
+        var out = [UInt8]()
+        out.reserveCapacity(encoded.count)
+        var iterator = encoded.makeIterator()
+        while let byte = iterator.next() {
+            switch byte {
+            case UInt8(ascii: "+"): out.append(UInt8(ascii: " "))
+            case UInt8(ascii: "%"):
+                guard let high = iterator.next().flatMap(hexValue), let low = iterator.next().flatMap(hexValue) else { return nil }
+                out.append(high << 4 | low)
+            default: out.append(byte)
+            }
+        }
+        // String(validating:) refuses invalid UTF-8 where String(decoding:) would repair it.
+        return String(validating: out, as: UTF8.self)
+    }
+
+    private static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): return byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): return byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): return byte - UInt8(ascii: "A") + 10
+        default: return nil
+        }
+    }
+}
+
+/// A body that does not have the protocol's shape; `detail` is for logs, never for the caller.
+public struct WireFormatError: Error, Sendable, CustomStringConvertible {
+    public let detail: String
+    public init(_ detail: String) { self.detail = detail }
+    public var description: String { detail }
+}
