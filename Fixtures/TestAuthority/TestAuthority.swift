@@ -5,7 +5,7 @@ import CBOR
 import Foundation
 
 /// A simulated device's App Attest key: a P-256 key pair whose key ID is SHA-256 of its point.
-public final class DeviceKey: @unchecked Sendable {
+public final class DeviceKey: Sendable {
     public let privateKey: ECPrivateKey
     public let publicKey: ECPublicKey
     public var keyID: [UInt8] { sha256(publicKey.x962) }
@@ -21,7 +21,7 @@ public final class DeviceKey: @unchecked Sendable {
 /// The project's own App Attest authority, for tests and simulated devices only: it mints
 /// attestation objects and assertions in Apple's exact format, chained to its own root
 /// (`Fixtures/test-authority/root.pem`), which nothing trusts unless told to.
-public final class TestAuthority: @unchecked Sendable {
+public final class TestAuthority: Sendable {
     public let root: Certificate
     public let intermediate: Certificate
     private let issuer: CertificateIssuer

@@ -9,7 +9,7 @@ public protocol HTTPTransport: Sendable {
 }
 
 /// The default transport, on `URLSession` (FoundationNetworking on Linux).
-public struct URLSessionTransport: HTTPTransport, @unchecked Sendable {
+public struct URLSessionTransport: HTTPTransport {
     // URLSession is thread-safe; it is not marked Sendable on every platform.
     private let session: URLSession
 

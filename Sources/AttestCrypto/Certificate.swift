@@ -2,6 +2,8 @@ import COpenSSL
 import Foundation
 
 /// An X.509 certificate parsed by OpenSSL, with the facts verification needs read out once.
+// Safe: we never mutate the X509 after init; OpenSSL 3 fills its extension cache under its own
+// lock, so concurrent reads and verifications of one X509 are allowed.
 public final class Certificate: @unchecked Sendable {
     let x509: OpaquePointer
     public let der: [UInt8]

@@ -3,7 +3,7 @@ import Foundation
 
 /// Issues X.509 certificates. Only the project's test authority uses this (to mint credential
 /// certificates shaped like Apple's); nothing on the verification path does.
-public struct CertificateIssuer {
+public struct CertificateIssuer: Sendable {
     public let certificate: Certificate
     public let key: ECPrivateKey
 

@@ -1,5 +1,6 @@
 import COpenSSL
 import Foundation
+import Synchronization
 
 /// Why a certificate chain was refused.
 public enum ChainError: Error, Equatable, Sendable {
@@ -17,15 +18,14 @@ public enum ChainError: Error, Equatable, Sendable {
 /// OpenSSL signature check. Validity periods are still checked
 /// for every certificate of the path — leaf, intermediates and anchor — on every call, because
 /// the verification time differs from call to call.
-public final class CertificateChainVerifier: @unchecked Sendable {
+public final class CertificateChainVerifier: Sendable {
     public let anchors: [Certificate]
-    private let lock = NSLock()
-    private var verifiedPaths: [[UInt8]: VerifiedPath] = [:]
+    private let verifiedPaths = Mutex<[[UInt8]: VerifiedPath]>([:])
     private static let maxCachedPaths = 32
 
     /// A verified intermediate path: its bottom certificate (the leaf's issuer), that certificate's
     /// key, and every certificate of the path up to and including the anchor, for time checks.
-    struct VerifiedPath {
+    struct VerifiedPath: Sendable {
         let issuer: Certificate
         let issuerKey: ECPublicKey
         /// The issuer's subject Name, DER: a leaf's issuer must equal it byte for byte.
@@ -72,17 +72,14 @@ public final class CertificateChainVerifier: @unchecked Sendable {
             cacheKey += [UInt8(der.count >> 24 & 0xff), UInt8(der.count >> 16 & 0xff), UInt8(der.count >> 8 & 0xff), UInt8(der.count & 0xff)]
             cacheKey += der
         }
-        lock.lock()
-        let cached = verifiedPaths[cacheKey]
-        lock.unlock()
-        if let cached { return cached }
+        if let cached = verifiedPaths.withLock({ $0[cacheKey] }) { return cached }
 
         let path = try verifyIntermediates(intermediates)
-        lock.lock()
-        // Evict one entry, not all: a flood of other verified paths must not keep evicting Apple's.
-        if verifiedPaths.count >= Self.maxCachedPaths, let victim = verifiedPaths.keys.first { verifiedPaths[victim] = nil }
-        verifiedPaths[cacheKey] = path
-        lock.unlock()
+        verifiedPaths.withLock { paths in
+            // Evict one entry, not all: a flood of other verified paths must not keep evicting Apple's.
+            if paths.count >= Self.maxCachedPaths, let victim = paths.keys.first { paths[victim] = nil }
+            paths[cacheKey] = path
+        }
         return path
     }
 

@@ -9,6 +9,7 @@ public struct CryptoError: Error, CustomStringConvertible, Sendable {
 
 /// An EC public key, parsed once and reused: device keys are kept in this form so that
 /// verifying an assertion does not rebuild the key.
+// Safe: the EVP_PKEY is never mutated after init, and OpenSSL 3 allows concurrent verifications with one key.
 public final class ECPublicKey: @unchecked Sendable {
     let pkey: OpaquePointer
     /// The uncompressed X9.62 point (0x04 ‖ X ‖ Y).
@@ -86,6 +87,7 @@ public final class ECPublicKey: @unchecked Sendable {
 }
 
 /// An EC private key (P-256 device keys and the test authority's P-384 CA keys).
+// Safe: the EVP_PKEY is never mutated after init; each signature gets its own EVP_PKEY_CTX.
 public final class ECPrivateKey: @unchecked Sendable {
     let pkey: OpaquePointer
 

@@ -18,12 +18,30 @@ enum SQLValue {
     case null
 }
 
-/// One connection, used by one thread at a time (callers hold its lock). Prepared statements are
-/// cached by SQL text, so the hot paths never re-parse SQL.
+/// A connection that can only be used with its lock held: the store reaches its connections
+/// through these, so no code path can touch SQLite from two threads at once.
+// Safe: `connection` is private and only handed out inside `withConnection`, under `lock`.
+// (A Mutex cannot lend a non-Sendable class reference to a closure under strict checking.)
+final class LockedSQLiteConnection: @unchecked Sendable {
+    private let lock = NSLock()
+    private let connection: SQLiteConnection
+
+    init(_ connection: SQLiteConnection) {
+        self.connection = connection
+    }
+
+    func withConnection<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        return try body(connection)
+    }
+}
+
+/// One connection, used by one thread at a time (see `LockedSQLiteConnection`). Prepared
+/// statements are cached by SQL text, so the hot paths never re-parse SQL.
 final class SQLiteConnection {
     private let db: OpaquePointer
     private var statements: [String: OpaquePointer] = [:]
-    let lock = NSLock()
 
     init(path: String, synchronous: String = "FULL") throws {
         var handle: OpaquePointer?

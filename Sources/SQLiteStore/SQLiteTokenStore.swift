@@ -1,17 +1,17 @@
 import AppAttest
 import AttestCrypto
 import Foundation
+import Synchronization
 import TokenService
 
 /// `TokenStore` on SQLite: WAL mode, foreign keys on, one writer connection and a few readers.
 /// Everything that must not race is one conditional statement or one IMMEDIATE transaction on
 /// the writer. Another process (attestctl) may write the same file; SQLite's locks serialise it.
-public final class SQLiteTokenStore: TokenStore, @unchecked Sendable {
+public final class SQLiteTokenStore: TokenStore {
     public let path: String
-    private let writer: SQLiteConnection
-    private let readers: [SQLiteConnection]
-    private var nextReader = 0
-    private let readerLock = NSLock()
+    private let writer: LockedSQLiteConnection
+    private let readers: [LockedSQLiteConnection]
+    private let nextReader = Atomic<Int>(0)
 
     /// Opens (creating if needed) and migrates the database.
     /// - Parameter synchronous: `FULL` (default) makes every acknowledged commit survive power loss,
@@ -19,25 +19,20 @@ public final class SQLiteTokenStore: TokenStore, @unchecked Sendable {
     public init(path: String, readers readerCount: Int = 4, synchronous: String = "FULL",
                 migrations: [Migration] = Migration.embedded) throws {
         self.path = path
-        writer = try SQLiteConnection(path: path, synchronous: synchronous)
-        try Migrator.migrate(writer, migrations)
-        readers = try (0..<max(1, readerCount)).map { _ in try SQLiteConnection(path: path, synchronous: synchronous) }
+        let connection = try SQLiteConnection(path: path, synchronous: synchronous)
+        try Migrator.migrate(connection, migrations)
+        writer = LockedSQLiteConnection(connection)
+        readers = try (0..<max(1, readerCount)).map { _ in LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous)) }
     }
 
     private func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
-        writer.lock.lock()
-        defer { writer.lock.unlock() }
-        return try body(writer)
+        try writer.withConnection(body)
     }
 
+    /// Readers in turn; each is locked only for the duration of one read.
     private func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
-        readerLock.lock()
-        let connection = readers[nextReader % readers.count]
-        nextReader &+= 1
-        readerLock.unlock()
-        connection.lock.lock()
-        defer { connection.lock.unlock() }
-        return try body(connection)
+        let turn = nextReader.wrappingAdd(1, ordering: .relaxed).oldValue
+        return try readers[Int(UInt(bitPattern: turn) % UInt(readers.count))].withConnection(body)
     }
 
     /// Runs `PRAGMA integrity_check` and returns its verdict ("ok" when sound).

@@ -1,22 +1,21 @@
 import AttestWire
 import Foundation
+import Synchronization
 
 /// One JSON object per line on stderr. Callers pass only non-secret fields: never a token, a
 /// key, a challenge or an attestation (the routes log client IDs, statuses and reasons).
-public final class Logger: @unchecked Sendable {
-    private let lock = NSLock()
-    private let write: (String) -> Void
+public final class Logger: Sendable {
+    /// The writer, reached only under the lock so that lines never interleave.
+    private let write: Mutex<@Sendable (String) -> Void>
 
-    public init(write: @escaping (String) -> Void = { line in FileHandle.standardError.write(Data((line + "\n").utf8)) }) {
-        self.write = write
+    public init(write: @escaping @Sendable (String) -> Void = { line in FileHandle.standardError.write(Data((line + "\n").utf8)) }) {
+        self.write = Mutex(write)
     }
 
     public func log(_ level: String, _ event: String, _ fields: [(String, Any)] = []) {
         let timestamp = Logger.timestamp()
         let line = JSONText.object([("ts", timestamp), ("level", level), ("event", event)] + fields)
-        lock.lock()
-        write(line)
-        lock.unlock()
+        write.withLock { $0(line) }
     }
 
     /// UTC ISO 8601 with milliseconds, formatted by hand: DateFormatter goes through ICU and

@@ -6,7 +6,7 @@ import TokenService
 
 /// Maps HTTP to the token service and back. Each route decodes, calls one service method and
 /// encodes; errors to the network are opaque, the exact reason goes to the log and metrics.
-public final class ServiceRouter: @unchecked Sendable {
+public final class ServiceRouter: Sendable {
     let service: DeviceTokenService
     let logger: Logger
     let metrics: Metrics

@@ -3,6 +3,7 @@ import AppAttest
 import AttestClient
 import AttestCrypto
 import Foundation
+import Synchronization
 import TestAuthority
 #if canImport(Glibc)
 import Glibc
@@ -27,22 +28,24 @@ public struct SoftwareAttesterError: Error, CustomStringConvertible, Sendable {
 /// directory is created 0700) next to `<key ID hex>.counter`, its assertion counter, which is
 /// incremented and written atomically before every signature, so it strictly increases across
 /// instances and runs. Without one, keys and counters live in memory only.
-public final class SoftwareAttester: DeviceAttester, @unchecked Sendable {
+public final class SoftwareAttester: DeviceAttester {
     public let appID: AppID
     public let keyDirectory: URL?
 
-    // Every access to `keys` and to the files in `keyDirectory` holds `lock`.
-    private let lock = NSLock()
-    /// By key ID hex.
-    private var keys: [String: Entry] = [:]
-    /// By the standard base64 key ID `makeKey` returned: the hot path, without decoding.
-    private var keysByID: [String: Entry] = [:]
+    /// The keys known to this instance; the files in `keyDirectory` are also only touched under this lock.
+    private let table = Mutex(KeyTable())
 
-    private final class Entry {
+    private struct KeyTable {
+        /// By key ID hex.
+        var byName: [String: Entry] = [:]
+        /// Key ID hex by the standard base64 key ID `makeKey` returned: the hot path, without decoding.
+        var nameByID: [String: String] = [:]
+    }
+
+    private struct Entry {
         let key: DeviceKey
         /// The last counter used; only authoritative when there is no key directory.
         var counter: UInt32 = 0
-        init(key: DeviceKey) { self.key = key }
     }
 
     public init(appID: AppID, keyDirectory: URL?) {
@@ -73,43 +76,43 @@ public final class SoftwareAttester: DeviceAttester, @unchecked Sendable {
         let key = try DeviceKey.generate()
         let name = hexString(key.keyID)
         let encoded = Data(key.keyID).base64EncodedString()
-        try lock.locked {
+        try table.withLock { table in
             if let directory = keyDirectory {
                 try Self.createPrivateDirectory(directory)
                 try Self.writeAtomically(Array(key.privateKey.pem.utf8), to: directory.appendingPathComponent("\(name).pem"))
             }
-            let entry = Entry(key: key)
-            keys[name] = entry
-            keysByID[encoded] = entry
+            table.byName[name] = Entry(key: key)
+            table.nameByID[encoded] = name
         }
         return encoded
     }
 
     /// The attestation object for `keyID` over `clientDataHash`, issued now.
     public func makeAttestation(keyID: String, clientDataHash: [UInt8]) throws -> [UInt8] {
-        let key = try lock.locked { try entry(for: keyID).key }
+        let key = try table.withLock { try entryName(for: keyID, in: &$0).entry.key }
         return try TestAuthority.shared.attestation(key: key, appID: appID, clientDataHash: clientDataHash, at: Date())
     }
 
     /// The assertion for `keyID` over `clientDataHash`, with the key's next counter value.
     public func makeAssertion(keyID: String, clientDataHash: [UInt8]) throws -> [UInt8] {
-        let (key, counter) = try lock.locked { () throws -> (DeviceKey, UInt32) in
-            let entry = try entry(for: keyID)
+        let (key, counter) = try table.withLock { table throws -> (DeviceKey, UInt32) in
+            let (name, entry) = try entryName(for: keyID, in: &table)
             let counter = try nextCounter(entry)
+            table.byName[name]?.counter = counter
             return (entry.key, counter)
         }
         // Signing happens outside the lock: each caller already holds its own counter value.
         return try TestAuthority.shared.assertion(key: key, appID: appID, clientDataHash: clientDataHash, counter: counter)
     }
 
-    // MARK: Keys and counters (callers hold `lock`)
+    // MARK: Keys and counters (callers hold the table's lock)
 
-    private func entry(for keyID: String) throws -> Entry {
+    private func entryName(for keyID: String, in table: inout KeyTable) throws -> (name: String, entry: Entry) {
         // Fast path: the key ID exactly as `makeKey` spelled it.
-        if let entry = keysByID[keyID] { return entry }
+        if let name = table.nameByID[keyID], let entry = table.byName[name] { return (name, entry) }
         guard let raw = Base64.decode(keyID), raw.count == 32 else { throw AttestClientError.missingCredential }
         let name = hexString(raw)
-        if let entry = keys[name] { return entry }
+        if let entry = table.byName[name] { return (name, entry) }
         guard let directory = keyDirectory else { throw AttestClientError.missingCredential }
         let url = directory.appendingPathComponent("\(name).pem")
         guard let data = try Self.readFile(url) else { throw AttestClientError.missingCredential }
@@ -121,16 +124,16 @@ public final class SoftwareAttester: DeviceAttester, @unchecked Sendable {
         }
         guard key.keyID == raw else { throw SoftwareAttesterError("\(url.path) holds the key of another key ID") }
         let entry = Entry(key: key)
-        keys[name] = entry
-        return entry
+        table.byName[name] = entry
+        return (name, entry)
     }
 
-    /// Increments and persists the counter before it is used, so no value is ever signed twice.
+    /// The next counter value, persisted (with a key directory) before it is used, so no value is
+    /// ever signed twice.
     private func nextCounter(_ entry: Entry) throws -> UInt32 {
         guard let directory = keyDirectory else {
             guard entry.counter < UInt32.max else { throw SoftwareAttesterError("assertion counter exhausted") }
-            entry.counter += 1
-            return entry.counter
+            return entry.counter + 1
         }
         let name = hexString(entry.key.keyID)
         // Another instance (or process) may share the directory: the counter file, read under an
@@ -152,7 +155,6 @@ public final class SoftwareAttester: DeviceAttester, @unchecked Sendable {
         guard current < UInt32.max else { throw SoftwareAttesterError("assertion counter exhausted") }
         let next = current + 1
         try Self.writeAtomically(Array("\(next)\n".utf8), to: url)
-        entry.counter = next
         return next
     }
 
@@ -224,13 +226,5 @@ public final class SoftwareAttester: DeviceAttester, @unchecked Sendable {
 
     private static func posixError() -> POSIXError {
         POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-    }
-}
-
-private extension NSLock {
-    func locked<T>(_ body: () throws -> T) rethrows -> T {
-        lock()
-        defer { unlock() }
-        return try body()
     }
 }

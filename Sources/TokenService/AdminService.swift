@@ -10,7 +10,7 @@ public struct AdminError: Error, CustomStringConvertible, Sendable {
 
 /// Operator actions: the organisation model and integrations. Every action is checked against the
 /// actor's role and written to the audit trail synchronously.
-public final class AdminService: @unchecked Sendable {
+public final class AdminService: Sendable {
     public let store: TokenStore
     let now: @Sendable () -> Date
 

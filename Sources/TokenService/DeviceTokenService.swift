@@ -2,6 +2,7 @@ import AttestWire
 import AppAttest
 import AttestCrypto
 import Foundation
+import Synchronization
 
 /// Limits and lifetimes of the device token exchange.
 public struct ExchangeConfiguration: Sendable {
@@ -32,7 +33,7 @@ public struct IssuedToken: Sendable {
 
 /// The device token exchange: challenge → attestation → first token; challenge → assertion → token.
 /// Knows nothing of HTTP: the transport decodes, calls one method, and encodes the result.
-public final class DeviceTokenService: @unchecked Sendable {
+public final class DeviceTokenService: Sendable {
     public let store: TokenStore
     public let verifier: AppAttestVerifier
     public let configuration: ExchangeConfiguration
@@ -263,23 +264,21 @@ public final class DeviceTokenService: @unchecked Sendable {
 }
 
 /// Parsed device keys, so an assertion does not rebuild the key (device keys never change).
-final class DeviceKeyCache: @unchecked Sendable {
-    private var keys: [[UInt8]: ECPublicKey] = [:]
-    private let lock = NSLock()
+final class DeviceKeyCache: Sendable {
+    private let keys = Mutex<[[UInt8]: ECPublicKey]>([:])
     private let capacity = 100_000
 
     func key(for device: Device) throws -> ECPublicKey {
-        lock.lock()
-        if let key = keys[device.keyID] { lock.unlock(); return key }
-        lock.unlock()
+        if let key = keys.withLock({ $0[device.keyID] }) { return key }
         let key: ECPublicKey
         do { key = try ECPublicKey(p256Point: device.publicKey) } catch {
             throw Rejection(.invalidGrant, VerificationReason.malformed.rawValue, "stored device key is unreadable: \(error)")
         }
-        lock.lock()
-        if keys.count >= capacity { keys.removeAll(keepingCapacity: true) }
-        keys[device.keyID] = key
-        lock.unlock()
+        let capacity = capacity
+        keys.withLock { keys in
+            if keys.count >= capacity { keys.removeAll(keepingCapacity: true) }
+            keys[device.keyID] = key
+        }
         return key
     }
 }

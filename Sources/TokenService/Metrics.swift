@@ -1,11 +1,15 @@
 import Foundation
+import Synchronization
 
 /// Counters and histograms for `/metrics`, rendered in Prometheus text format.
-public final class Metrics: @unchecked Sendable {
-    private let lock = NSLock()
-    private var counters: [String: [String: Double]] = [:]   // name → rendered labels → value
-    private var help: [String: String] = [:]
-    private var histograms: [String: Histogram] = [:]
+public final class Metrics: Sendable {
+    private struct State {
+        var counters: [String: [String: Double]] = [:]   // name → rendered labels → value
+        var help: [String: String] = [:]
+        var histograms: [String: Histogram] = [:]
+    }
+
+    private let state = Mutex(State())
 
     struct Histogram {
         let bounds: [Double]
@@ -19,31 +23,29 @@ public final class Metrics: @unchecked Sendable {
     public init() {}
 
     public func describe(_ name: String, _ text: String) {
-        lock.lock(); help[name] = text; lock.unlock()
+        state.withLock { $0.help[name] = text }
     }
 
     public func increment(_ name: String, labels: [(String, String)] = [], by value: Double = 1) {
         let key = Metrics.render(labels)
-        lock.lock()
-        counters[name, default: [:]][key, default: 0] += value
-        lock.unlock()
+        state.withLock { $0.counters[name, default: [:]][key, default: 0] += value }
     }
 
     public func observe(_ name: String, seconds: Double, labels: [(String, String)] = []) {
         let key = Metrics.render(labels)
-        lock.lock()
-        var histogram = histograms[name] ?? Histogram(bounds: Metrics.latencyBuckets)
-        var bucket = histogram.buckets[key] ?? [Int](repeating: 0, count: histogram.bounds.count + 1)
-        bucket[histogram.bounds.firstIndex(where: { seconds <= $0 }) ?? histogram.bounds.count] += 1
-        histogram.buckets[key] = bucket
-        histogram.sums[key, default: 0] += seconds
-        histogram.counts[key, default: 0] += 1
-        histograms[name] = histogram
-        lock.unlock()
+        state.withLock { state in
+            var histogram = state.histograms[name] ?? Histogram(bounds: Metrics.latencyBuckets)
+            var bucket = histogram.buckets[key] ?? [Int](repeating: 0, count: histogram.bounds.count + 1)
+            bucket[histogram.bounds.firstIndex(where: { seconds <= $0 }) ?? histogram.bounds.count] += 1
+            histogram.buckets[key] = bucket
+            histogram.sums[key, default: 0] += seconds
+            histogram.counts[key, default: 0] += 1
+            state.histograms[name] = histogram
+        }
     }
 
     public func prometheusText() -> String {
-        lock.lock(); defer { lock.unlock() }
+        let (counters, help, histograms) = state.withLock { ($0.counters, $0.help, $0.histograms) }
         var out = ""
         for name in counters.keys.sorted() {
             if let text = help[name] { out += "# HELP \(name) \(text)\n" }
