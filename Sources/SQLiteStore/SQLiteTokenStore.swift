@@ -212,11 +212,19 @@ public final class SQLiteTokenStore: TokenStore {
         }
     }
 
+    /// Stores a new token and revokes the device's older live tokens but the newest one before it
+    /// (kept for requests already in flight), in the caller's transaction.
     private static func insertToken(_ db: SQLiteConnection, _ token: TokenRecord) throws {
         try db.run("""
             INSERT INTO tokens (token_hash, client_id, workspace_id, key_id, issued_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)
             """, [.blob(token.tokenHash), .text(token.clientID), .int(token.workspaceID), .blob(token.keyID),
                   .real(token.issuedAt.timeIntervalSince1970), .real(token.expiresAt.timeIntervalSince1970)])
+        try db.run("""
+            UPDATE tokens SET revoked_at = ? WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash NOT IN (
+              SELECT token_hash FROM tokens WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL
+              ORDER BY issued_at DESC, token_hash DESC LIMIT \(TokenRecord.liveTokensPerDevice))
+            """, [.real(token.issuedAt.timeIntervalSince1970), .blob(token.keyID), .text(token.clientID),
+                  .blob(token.keyID), .text(token.clientID)])
     }
 
     public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,

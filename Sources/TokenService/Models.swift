@@ -72,6 +72,10 @@ public struct Device: Sendable, Equatable {
 
 /// What the service stores about an access token: never the token, only its SHA-256.
 public struct TokenRecord: Sendable, Equatable {
+    /// A device keeps its newest token and the one before it (for requests already in flight);
+    /// minting revokes any older one in the same transaction.
+    public static let liveTokensPerDevice = 2
+
     public let tokenHash: [UInt8]
     public let clientID: String
     public let workspaceID: Int64

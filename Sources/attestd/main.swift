@@ -14,6 +14,8 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--introspection-key-file FILE] [--threads N] [--synchronous full|normal]
 defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
           --registration-quota 1000 --challenge-limit 600 --threads 4 --synchronous full (0 disables a limit)
+--token-ttl is 300 to 86400 seconds: the published client refreshes 60 s before expiry, so a
+          shorter token would be refreshed on almost every call and soon hit the mint limit.
 """
 
 struct ServeOptions {
@@ -49,7 +51,7 @@ struct ServeOptions {
                 host = String(text[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
                 port = p
             case "--trust-anchor": trustAnchors.append(try value())
-            case "--token-ttl": exchange.tokenTTL = TimeInterval(try number("--token-ttl", 60...86_400))
+            case "--token-ttl": exchange.tokenTTL = TimeInterval(try number("--token-ttl", 300...86_400))
             case "--mint-limit": exchange.mintLimitPerMinute = try number("--mint-limit", 0...1_000_000)
             case "--registration-quota": exchange.registrationQuotaPerHour = try number("--registration-quota", 0...100_000_000)
             case "--challenge-limit": exchange.challengeLimitPerMinute = try number("--challenge-limit", 0...100_000_000)

@@ -1,3 +1,4 @@
+import Foundation
 import CBOR
 import Testing
 
@@ -85,11 +86,27 @@ import Testing
     }
 
     @Test func randomGarbageNeverCrashes() {
-        var generator = SystemRandomNumberGenerator()
+        // Seeded, and the seed printed, so a failure can be replayed (CBOR_TEST_SEED=…).
+        let seed = ProcessInfo.processInfo.environment["CBOR_TEST_SEED"].flatMap(UInt64.init) ?? UInt64.random(in: 1...UInt64.max)
+        print("randomGarbageNeverCrashes: CBOR_TEST_SEED=\(seed)")
+        var generator = SplitMix64(seed: seed)
         for _ in 0..<20_000 {
             let length = Int.random(in: 0..<64, using: &generator)
             let bytes = (0..<length).map { _ in UInt8.random(in: 0...255, using: &generator) }
             _ = try? CBORDecoder.decode(bytes)
         }
+    }
+}
+
+/// A small seeded generator (SplitMix64), so random inputs can be replayed from their seed.
+struct SplitMix64: RandomNumberGenerator {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 }

@@ -1,11 +1,12 @@
 import Foundation
 import Testing
 
-/// `attestctl verify` on the real iPhone samples in ../shared/fixtures/apple (skipped, with a
-/// notice, when that folder is absent), run as the real binary.
+/// `attestctl verify` on the real iPhone samples in ../shared/fixtures/apple (reported as skipped
+/// when that folder is absent), run as the real binary.
 @Suite struct VerifyCommandTests {
     static let root = AdminCommandTests.packageRoot
     static let samples = root.deletingLastPathComponent().appendingPathComponent("shared/fixtures/apple")
+    static let samplesAvailable = FileManager.default.fileExists(atPath: samples.appendingPathComponent("ios-14.4.json").path)
 
     func attestctl(_ arguments: [String]) throws -> (status: Int32, json: [String: Any], stderr: String, stdout: String) {
         try tool(AdminCommandTests.binary, arguments)
@@ -26,17 +27,14 @@ import Testing
         return (process.terminationStatus, json, String(decoding: stderr, as: UTF8.self), String(decoding: stdout, as: UTF8.self))
     }
 
-    func sample(_ name: String) throws -> [String: Any]? {
+    func sample(_ name: String) throws -> [String: Any] {
         let url = Self.samples.appendingPathComponent(name)
-        guard FileManager.default.fileExists(atPath: url.path) else {
-            print("SKIPPED: \(url.path) not found; attestctl verify was not tested on a real sample")
-            return nil
-        }
-        return try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any]
+        return try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any])
     }
 
-    @Test func attestationVerifiesAtItsTimeAndNotAWeekLater() throws {
-        guard let sample = try sample("ios-14.4.json") else { return }
+    @Test(.enabled(if: samplesAvailable, "../shared/fixtures/apple is absent: attestctl verify not tested on a real sample"))
+    func attestationVerifiesAtItsTimeAndNotAWeekLater() throws {
+        let sample = try sample("ios-14.4.json")
         let attestation = sample["attestation"] as! [String: Any]
         let arguments = ["verify", "attestation", "--object", attestation["object"] as! String, "--key-id", sample["keyId"] as! String,
                          "--challenge", attestation["clientData"] as! String, "--app-id", sample["appId"] as! String]
@@ -62,8 +60,9 @@ import Testing
         #expect(hash.status == 0)
     }
 
-    @Test func assertionVerifiesAndAReplayIsRefused() throws {
-        guard let sample = try sample("ios-14.4.json") else { return }
+    @Test(.enabled(if: samplesAvailable, "../shared/fixtures/apple is absent: attestctl verify not tested on a real sample"))
+    func assertionVerifiesAndAReplayIsRefused() throws {
+        let sample = try sample("ios-14.4.json")
         let assertion = (sample["assertions"] as! [[String: Any]])[0]
         let attested = try attestctl(["verify", "attestation", "--object", (sample["attestation"] as! [String: Any])["object"] as! String,
                                       "--key-id", sample["keyId"] as! String, "--client-data-hash",

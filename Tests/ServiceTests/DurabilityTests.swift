@@ -1,3 +1,4 @@
+import AttestWire
 import AttestCrypto
 import Foundation
 import SQLiteStore
@@ -43,7 +44,9 @@ import TokenService
                                 let challenge = try await http.challengeBytes(device)
                                 collector.add(secret: Data(challenge).base64EncodedString())
                                 let result = try await http.token(device, assertion: try device.assertion(challenge: challenge))
-                                if result.status == 200, let token = result.json["access_token"] as? String { collector.add(token: token) }
+                                if result.status == 200, let token = result.json["access_token"] as? String {
+                                    collector.add(token: token, device: device.keyIDBase64)
+                                }
                             } catch { return }  // the server is gone
                         }
                     }
@@ -62,29 +65,49 @@ import TokenService
         let acknowledged = collector.tokens
         #expect(acknowledged.count >= 40)
 
-        // Restart on the same file: every token a client received still authenticates.
+        // Restart on the same file: every token a client received is in the database, and each
+        // device's newest acknowledged token still authenticates (older ones were revoked by the
+        // mints that followed them: a device keeps two live tokens).
+        let stored = Set(try Self.storedTokenHashes(db))
+        for token in acknowledged {
+            #expect(stored.contains(hexString(sha256(Array(token.utf8)))), "token lost by the crash")
+        }
         let restarted = try ServerProcess(db: db)
         let after = TestHTTP(baseURL: restarted.baseURL)
-        for token in acknowledged {
+        for token in collector.newestByDevice.values {
             let status = try await after.messages(token: token).status
-            #expect(status == 503, "token lost by the crash")
+            #expect(status == 503, "newest token of a device does not authenticate after the crash")
         }
         #expect(try SQLiteTokenStore(path: db).integrityCheck() == "ok")
 
         // No issued token anywhere in the database files, byte by byte.
         restarted.stop()
-        var stored = Data()
-        for suffix in ["", "-wal", "-shm"] { stored.append((try? Data(contentsOf: URL(fileURLWithPath: db + suffix))) ?? Data()) }
-        #expect(stored.count > 0)
+        var files = Data()
+        for suffix in ["", "-wal", "-shm"] { files.append((try? Data(contentsOf: URL(fileURLWithPath: db + suffix))) ?? Data()) }
+        #expect(files.count > 0)
         for token in acknowledged {
-            #expect(stored.range(of: Data(token.utf8)) == nil, "a token is stored in clear")
-            #expect(stored.range(of: Data(token.dropFirst(4).utf8)) == nil)
+            #expect(files.range(of: Data(token.utf8)) == nil, "a token is stored in clear")
+            #expect(files.range(of: Data(token.dropFirst(4).utf8)) == nil)
         }
         // Nor in the logs: no token, key ID or challenge.
         secrets += collector.secrets
         let logs = log + restarted.log
         #expect(logs.contains(#""event":"request""#))
         for secret in acknowledged + secrets { #expect(!logs.contains(secret), "a secret reached the logs") }
+    }
+
+    /// Hex SHA-256 of every token row, read with the sqlite3 shell (a separate reader of the file).
+    static func storedTokenHashes(_ db: String) throws -> [String] {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+        process.arguments = [db, "SELECT lower(hex(token_hash)) FROM tokens"]
+        let out = Pipe()
+        process.standardOutput = out
+        try process.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        return String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
     }
 
     @Test func revocationByAttestctlStopsARunningServerAtOnce() async throws {
@@ -142,12 +165,15 @@ import TokenService
 final class TokenCollector: @unchecked Sendable {
     private let lock = NSLock()
     private var _tokens: [String] = []
+    private var _newest: [String: String] = [:]
     private var _secrets: [String] = []
     private var _stopped = false
     var stopped: Bool { lock.lock(); defer { lock.unlock() }; return _stopped }
     func stop() { lock.lock(); _stopped = true; lock.unlock() }
     var tokens: [String] { lock.lock(); defer { lock.unlock() }; return _tokens }
     var secrets: [String] { lock.lock(); defer { lock.unlock() }; return _secrets }
-    func add(token: String) { lock.lock(); _tokens.append(token); lock.unlock() }
+    /// The newest acknowledged token of each device (by key ID).
+    var newestByDevice: [String: String] { lock.lock(); defer { lock.unlock() }; return _newest }
+    func add(token: String, device: String) { lock.lock(); _tokens.append(token); _newest[device] = token; lock.unlock() }
     func add(secret: String) { lock.lock(); _secrets.append(secret); lock.unlock() }
 }

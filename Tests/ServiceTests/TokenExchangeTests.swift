@@ -284,6 +284,26 @@ import TokenService
         #expect(wins == 1)
     }
 
+    @Test func aDeviceKeepsOnlyItsTwoNewestTokens() async throws {
+        let service = try TestService { $0.mintLimitPerMinute = 0 }
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        var tokens = [try #require(try await http.registerFresh(device).json["access_token"] as? String)]
+        for counter in 1...4 {
+            let challenge = try await http.challengeBytes(device)
+            let minted = try await http.token(device, assertion: try device.assertion(challenge: challenge, counter: UInt32(counter)))
+            tokens.append(try #require(minted.json["access_token"] as? String))
+            service.clock.advance(1)
+        }
+        // The newest and the one before it (for requests in flight) work; every older one was
+        // revoked by the mint that made it the third.
+        for (index, token) in tokens.enumerated() {
+            #expect(try await http.messages(token: token).status == (index >= tokens.count - 2 ? 503 : 401), "token \(index)")
+        }
+        #expect(try service.store.counts(clientID: integration.clientID, at: service.clock.now).liveTokens == 2)
+    }
+
     @Test func tokensExpireAfterTheirTTL() async throws {
         let service = try TestService()
         let integration = try service.createIntegration()
