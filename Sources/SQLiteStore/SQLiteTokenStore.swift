@@ -219,12 +219,14 @@ public final class SQLiteTokenStore: TokenStore {
             INSERT INTO tokens (token_hash, client_id, workspace_id, key_id, issued_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)
             """, [.blob(token.tokenHash), .text(token.clientID), .int(token.workspaceID), .blob(token.keyID),
                   .real(token.issuedAt.timeIntervalSince1970), .real(token.expiresAt.timeIntervalSince1970)])
+        // The new token stays, with the newest of the others (ties: any one of them).
         try db.run("""
-            UPDATE tokens SET revoked_at = ? WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash NOT IN (
-              SELECT token_hash FROM tokens WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL
-              ORDER BY issued_at DESC, token_hash DESC LIMIT \(TokenRecord.liveTokensPerDevice))
-            """, [.real(token.issuedAt.timeIntervalSince1970), .blob(token.keyID), .text(token.clientID),
-                  .blob(token.keyID), .text(token.clientID)])
+            UPDATE tokens SET revoked_at = ? WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash != ?
+              AND token_hash NOT IN (
+                SELECT token_hash FROM tokens WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash != ?
+                ORDER BY issued_at DESC LIMIT \(TokenRecord.liveTokensPerDevice - 1))
+            """, [.real(token.issuedAt.timeIntervalSince1970), .blob(token.keyID), .text(token.clientID), .blob(token.tokenHash),
+                  .blob(token.keyID), .text(token.clientID), .blob(token.tokenHash)])
     }
 
     public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
