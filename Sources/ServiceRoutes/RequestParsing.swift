@@ -6,12 +6,7 @@ import TokenService
 /// A malformed request: answered 400 `invalid_request`, with `detail` kept for the log.
 struct BadRequest: Error {
     let detail: String
-    /// Already counted and audited by the service (a malformed attempt on a challenge).
-    let counted: Bool
-    init(_ detail: String, counted: Bool = false) {
-        self.detail = detail
-        self.counted = counted
-    }
+    init(_ detail: String) { self.detail = detail }
 }
 
 /// Field limits on everything a device sends (the body as a whole is capped by the HTTP server).

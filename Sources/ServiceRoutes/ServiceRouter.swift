@@ -19,101 +19,116 @@ public final class ServiceRouter: Sendable {
         self.metrics = service.metrics
         introspectionKeyHash = introspectionKey.map { sha256(Array($0.utf8)) }
         metrics.describe("attestd_http_requests_total", "HTTP requests, by route and status.")
+        metrics.describe("attestd_rejections_total", "Refused device requests, by endpoint and exact reason.")
     }
 
     /// What a route produced, plus what the access log should say about it.
     struct Outcome {
         var response: HTTPResponse
         var clientID: String? = nil
-        var reason: String? = nil
+        var reason: RejectionReason? = nil
+        /// A detail for the log only (a malformed field, …).
+        var detail: String? = nil
     }
+
+    /// One route: its path, the methods it answers, the names metrics and logs use for it, and its
+    /// handler. The table below is the only list of routes.
+    struct Route: Sendable {
+        let path: String
+        let methods: [String]
+        /// The `endpoint` label of `attestd_rejections_total` (device exchange routes), or nil.
+        let endpoint: String?
+        let handler: @Sendable (ServiceRouter, HTTPRequest, String) throws -> Outcome
+    }
+
+    static let routes: [String: Route] = {
+        let table: [Route] = [
+            Route(path: WireProtocol.challengePath, methods: ["POST"], endpoint: "challenge") { router, request, id in try router.exchange { try router.challenge(request, id) } },
+            Route(path: WireProtocol.registerPath, methods: ["POST"], endpoint: "register") { router, request, id in try router.exchange { try router.register(request, id) } },
+            Route(path: WireProtocol.tokenPath, methods: ["POST"], endpoint: "token") { router, request, id in try router.exchange { try router.token(request, id) } },
+            Route(path: "/v1/oauth/introspect", methods: ["POST"], endpoint: nil) { try $0.introspect($1, $2) },
+            Route(path: WireProtocol.messagesPath, methods: ["POST"], endpoint: nil) { try $0.messages($1, $2) },
+            Route(path: WireProtocol.countTokensPath, methods: ["POST"], endpoint: nil) { try $0.messages($1, $2) },
+            Route(path: "/healthz", methods: ["GET"], endpoint: nil) { _, _, _ in Outcome(response: .json(200, #"{"status":"ok"}"#)) },
+            Route(path: "/metrics", methods: ["GET"], endpoint: nil) { router, _, _ in
+                Outcome(response: HTTPResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")],
+                                               body: Array(router.metrics.prometheusText().utf8)))
+            },
+        ]
+        return Dictionary(uniqueKeysWithValues: table.map { ($0.path, $0) })
+    }()
+
+    /// Any other `/v1/…` path: an app token is refused with 403, a bad one with 401.
+    static let otherAPI = Route(path: "/v1/other", methods: [], endpoint: nil) { try $0.otherAPI($1, $2) }
 
     public func handle(_ request: HTTPRequest) -> HTTPResponse {
         let start = DispatchTime.now().uptimeNanoseconds
-        let route = Self.routeName(request.path)
+        let requestID = Self.newRequestID()
+        let route = Self.routes[request.path] ?? (request.path.hasPrefix("/v1/") ? Self.otherAPI : nil)
+        // A bounded set of route labels for metrics: never the raw path, which a caller controls.
+        let routeName = route?.path ?? "other"
         var outcome: Outcome
         do {
-            outcome = try dispatch(request, route: route)
+            if let route {
+                if route.methods.isEmpty || route.methods.contains(request.method) {
+                    outcome = try route.handler(self, request, requestID)
+                } else {
+                    outcome = Outcome(response: .json(405, OAuthErrorResponse(.invalidRequest).json, headers: [("allow", route.methods.joined(separator: ", "))]),
+                                      reason: .methodNotAllowed)
+                }
+            } else {
+                outcome = Outcome(response: .json(404, #"{"error":"not_found"}"#))
+            }
         } catch {
             // Store failures and the like: logged in full, answered with a bare 500.
-            logger.error("internal_error", [("route", route), ("error", String(describing: error))])
-            outcome = Outcome(response: .json(500, #"{"error":"server_error"}"#), reason: "internalError")
+            logger.error("internal_error", [("route", routeName), ("request_id", requestID), ("error", String(describing: error))])
+            outcome = Outcome(response: .json(500, OAuthErrorResponse(.serverError).json), reason: .internalError)
         }
+        outcome.response.headers.append(("request-id", requestID))
         let milliseconds = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6
-        metrics.increment("attestd_http_requests_total", labels: [("route", route), ("status", String(outcome.response.status))])
-        var fields: [(String, Any)] = [("method", String(request.method.prefix(16))), ("route", route),
+        metrics.increment("attestd_http_requests_total", labels: [("route", routeName), ("status", String(outcome.response.status))])
+        // The one place rejections are counted.
+        if let reason = outcome.reason, let endpoint = route?.endpoint {
+            metrics.increment("attestd_rejections_total", labels: [("endpoint", endpoint), ("reason", reason.rawValue)])
+        }
+        var fields: [(String, Any)] = [("method", String(request.method.prefix(16))), ("route", routeName),
                                        ("status", outcome.response.status), ("ms", Double(Int(milliseconds * 100)) / 100),
-                                       ("remote", request.remoteAddress)]
+                                       ("remote", request.remoteAddress), ("request_id", requestID)]
         if let clientID = outcome.clientID { fields.append(("client_id", String(clientID.prefix(64)))) }
-        if let reason = outcome.reason { fields.append(("reason", reason)) }
+        if let reason = outcome.reason { fields.append(("reason", reason.rawValue)) }
+        if let detail = outcome.detail { fields.append(("detail", String(detail.prefix(200)))) }
         logger.info("request", fields)
         return outcome.response
     }
 
-    /// A bounded set of route labels for metrics (never the raw path, which a caller controls).
-    static func routeName(_ path: String) -> String {
-        switch path {
-        case "/v1/oauth/app-attest/challenge", "/v1/oauth/app-attest/register", "/v1/oauth/token", "/v1/oauth/introspect",
-             "/v1/messages", "/healthz", "/metrics":
-            return path
-        default:
-            return path.hasPrefix("/v1/") ? "/v1/other" : "other"
-        }
-    }
-
-    /// The endpoint label the service uses for the same route in `attestd_rejections_total`.
-    static func endpointName(_ path: String) -> String {
-        switch path {
-        case "/v1/oauth/app-attest/challenge": return "challenge"
-        case "/v1/oauth/app-attest/register": return "register"
-        default: return "token"
-        }
-    }
-
-    func dispatch(_ request: HTTPRequest, route: String) throws -> Outcome {
-        switch (route, request.method) {
-        case ("/v1/oauth/app-attest/challenge", "POST"): return try exchange(request) { try challenge($0) }
-        case ("/v1/oauth/app-attest/register", "POST"): return try exchange(request) { try register($0) }
-        case ("/v1/oauth/token", "POST"): return try exchange(request) { try token($0) }
-        case ("/v1/oauth/introspect", "POST"): return try introspect(request)
-        case ("/v1/messages", _): return try messages(request)
-        case ("/healthz", "GET"): return Outcome(response: .json(200, #"{"status":"ok"}"#))
-        case ("/metrics", "GET"):
-            return Outcome(response: HTTPResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")],
-                                                  body: Array(metrics.prometheusText().utf8)))
-        case ("/v1/other", _): return try otherAPI(request)
-        case ("other", _): return Outcome(response: .json(404, #"{"error":"not_found"}"#))
-        default:
-            return Outcome(response: .json(405, #"{"error":"invalid_request"}"#, headers: [("allow", route.hasPrefix("/v1/oauth") ? "POST" : "GET")]),
-                           reason: "methodNotAllowed")
-        }
+    /// `req_` and 16 random bytes, URL-safe: on every response (`request-id`), in error bodies
+    /// of the Messages API's shape (`request_id`) and in the log, so a user's report can be found.
+    static func newRequestID() -> String {
+        "req_" + Base64.encode(secureRandomBytes(16), urlSafe: true, padded: false)
     }
 
     // MARK: Device token exchange
 
     /// Runs one exchange endpoint: malformed input → 400, service rejections → their opaque shape.
-    func exchange(_ request: HTTPRequest, _ body: (HTTPRequest) throws -> Outcome) throws -> Outcome {
+    func exchange(_ body: () throws -> Outcome) throws -> Outcome {
         do {
-            return try body(request)
+            return try body()
         } catch let bad as BadRequest {
-            if !bad.counted {
-                metrics.increment("attestd_rejections_total", labels: [("endpoint", Self.endpointName(request.path)), ("reason", "invalidRequest")])
-            }
-            return Outcome(response: .json(400, #"{"error":"invalid_request"}"#), reason: "invalidRequest: \(bad.detail)")
+            return Outcome(response: .json(400, OAuthErrorResponse(.invalidRequest).json), reason: .invalidRequest, detail: bad.detail)
         } catch let rejection as Rejection {
             let response: HTTPResponse
             switch rejection.kind {
-            case .invalidRequest: response = .json(400, #"{"error":"invalid_request"}"#)
-            case .invalidClient: response = .json(401, #"{"error":"invalid_client"}"#)
-            case .invalidGrant: response = .json(401, #"{"error":"invalid_grant"}"#)
+            case .invalidRequest: response = .json(400, OAuthErrorResponse(.invalidRequest).json)
+            case .invalidClient: response = .json(401, OAuthErrorResponse(.invalidClient).json)
+            case .invalidGrant: response = .json(401, OAuthErrorResponse(.invalidGrant).json)
             case .rateLimited(let retryAfter):
-                response = .json(429, #"{"error":"rate_limit_error"}"#, headers: [("retry-after", String(retryAfter))])
+                response = .json(429, OAuthErrorResponse(.rateLimited).json, headers: [("retry-after", String(retryAfter))])
             }
-            return Outcome(response: response, reason: rejection.reason)
+            return Outcome(response: response, reason: rejection.reason, detail: rejection.detail)
         }
     }
 
-    func challenge(_ request: HTTPRequest) throws -> Outcome {
+    func challenge(_ request: HTTPRequest, _ requestID: String) throws -> Outcome {
         let fields = try RequestParsing.jsonFields(request.body, [("client_id", FieldLimits.clientID), ("key_id", FieldLimits.keyID)])
         let clientID = fields["client_id"]!
         let keyID = try RequestParsing.requireBase64(fields, "key_id")
@@ -124,7 +139,7 @@ public final class ServiceRouter: Sendable {
         }
     }
 
-    func register(_ request: HTTPRequest) throws -> Outcome {
+    func register(_ request: HTTPRequest, _ requestID: String) throws -> Outcome {
         let fields = try RequestParsing.jsonFields(request.body, [("client_id", FieldLimits.clientID), ("key_id", FieldLimits.keyID),
                                                                   ("attestation_object", FieldLimits.attestationObject)])
         let clientID = fields["client_id"]!
@@ -136,7 +151,7 @@ public final class ServiceRouter: Sendable {
         return Outcome(response: tokenResponse(response), clientID: clientID)
     }
 
-    func token(_ request: HTTPRequest) throws -> Outcome {
+    func token(_ request: HTTPRequest, _ requestID: String) throws -> Outcome {
         let fields = try RequestParsing.formFields(request.body)
         guard let clientID = fields["client_id"], clientID.utf8.count <= FieldLimits.clientID else { throw BadRequest("missing or long client_id") }
         guard let keyText = fields["key_id"], keyText.utf8.count <= FieldLimits.keyID else { throw BadRequest("missing or long key_id") }
@@ -156,7 +171,7 @@ public final class ServiceRouter: Sendable {
     /// Records a malformed attempt against its challenge and returns the error to throw.
     func attempt(_ clientID: String, _ keyID: [UInt8], _ action: String, _ error: BadRequest) -> BadRequest {
         service.rejectMalformedAttempt(clientID: clientID, keyID: keyID, action: action, detail: error.detail)
-        return BadRequest(error.detail, counted: true)
+        return error
     }
 
     func tokenResponse(_ response: IssuedToken) -> HTTPResponse {
@@ -170,11 +185,14 @@ public final class ServiceRouter: Sendable {
 
     // MARK: Using tokens
 
-    static func apiError(_ status: Int, _ type: String, _ message: String) -> HTTPResponse {
-        .json(status, JSONText.object([("type", "error"), ("error", [("type", type), ("message", message)] as [(String, Any)])]))
+    /// An error in the Messages API's envelope, carrying the request ID as the real API does.
+    static func apiError(_ status: Int, _ type: String, _ message: String, requestID: String) -> HTTPResponse {
+        .json(status, APIErrorResponse(type: type, message: message, requestID: requestID).json)
     }
 
-    static let unauthenticated = apiError(401, "authentication_error", "invalid, expired or revoked access token")
+    static func unauthenticated(_ requestID: String) -> HTTPResponse {
+        apiError(401, "authentication_error", "invalid, expired or revoked access token", requestID: requestID)
+    }
 
     /// The grant for the request's bearer token; nil when it must be answered with `unauthenticated`.
     func authenticated(_ request: HTTPRequest) throws -> TokenGrant? {
@@ -182,34 +200,31 @@ public final class ServiceRouter: Sendable {
         return try service.authenticate(bearer: token)
     }
 
-    func messages(_ request: HTTPRequest) throws -> Outcome {
-        guard let grant = try authenticated(request) else { return Outcome(response: Self.unauthenticated, reason: "tokenRejected") }
-        guard request.method == "POST" else {
-            return Outcome(response: Self.apiError(405, "invalid_request_error", "use POST"), clientID: grant.clientID)
-        }
-        return Outcome(response: Self.apiError(503, "api_error", "no upstream Messages API is configured on this service"),
-                       clientID: grant.clientID, reason: "noUpstream")
+    func messages(_ request: HTTPRequest, _ requestID: String) throws -> Outcome {
+        guard let grant = try authenticated(request) else { return Outcome(response: Self.unauthenticated(requestID), reason: .tokenRejected) }
+        return Outcome(response: Self.apiError(503, "api_error", "no upstream Messages API is configured on this service", requestID: requestID),
+                       clientID: grant.clientID, reason: .noUpstream)
     }
 
-    func otherAPI(_ request: HTTPRequest) throws -> Outcome {
-        guard let grant = try authenticated(request) else { return Outcome(response: Self.unauthenticated, reason: "tokenRejected") }
-        return Outcome(response: Self.apiError(403, "permission_error", "this access token authorizes the Messages API only"),
-                       clientID: grant.clientID, reason: "outOfScope")
+    func otherAPI(_ request: HTTPRequest, _ requestID: String) throws -> Outcome {
+        guard let grant = try authenticated(request) else { return Outcome(response: Self.unauthenticated(requestID), reason: .tokenRejected) }
+        return Outcome(response: Self.apiError(403, "permission_error", "this access token authorizes the Messages API only", requestID: requestID),
+                       clientID: grant.clientID, reason: .outOfScope)
     }
 
     // MARK: Introspection (RFC 7662)
 
-    func introspect(_ request: HTTPRequest) throws -> Outcome {
+    func introspect(_ request: HTTPRequest, _ requestID: String) throws -> Outcome {
         guard let expected = introspectionKeyHash, let presented = RequestParsing.bearer(request.header("authorization")),
               constantTimeEquals(sha256(Array(presented.utf8)), expected) else {
             return Outcome(response: .json(401, #"{"error":"invalid_client"}"#, headers: [("www-authenticate", "Bearer")]),
-                           reason: "introspectionUnauthorized")
+                           reason: .introspectionUnauthorized)
         }
         let fields: [String: String]
         do { fields = try RequestParsing.formFields(request.body) } catch {
-            return Outcome(response: .json(400, #"{"error":"invalid_request"}"#), reason: "invalidRequest")
+            return Outcome(response: .json(400, OAuthErrorResponse(.invalidRequest).json), reason: .invalidRequest)
         }
-        guard let token = fields["token"] else { return Outcome(response: .json(400, #"{"error":"invalid_request"}"#), reason: "invalidRequest") }
+        guard let token = fields["token"] else { return Outcome(response: .json(400, OAuthErrorResponse(.invalidRequest).json), reason: .invalidRequest) }
         guard token.utf8.count <= FieldLimits.token, let grant = try service.authenticate(bearer: token) else {
             return Outcome(response: .json(200, #"{"active":false}"#, headers: [("cache-control", "no-store")]))
         }

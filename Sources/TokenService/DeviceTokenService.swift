@@ -61,7 +61,6 @@ public final class DeviceTokenService: Sendable {
         challengeLimiter = RateLimiter(limit: configuration.challengeLimitPerMinute, window: 60)
         metrics.describe("attestd_tokens_issued_total", "Access tokens issued, by grant (registration or assertion).")
         metrics.describe("attestd_registrations_total", "Devices registered by a verified attestation.")
-        metrics.describe("attestd_rejections_total", "Refused device requests, by exact reason.")
         metrics.describe("attestd_verification_seconds", "Time spent in App Attest verification, by kind.")
     }
 
@@ -74,7 +73,7 @@ public final class DeviceTokenService: Sendable {
             let time = now()
             try requireKeyIDShape(keyID)
             if let retry = challengeLimiter.acquire(caller, at: time) {
-                throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.challengeLimit,
+                throw Rejection(.rateLimited(retryAfter: retry), .challengeLimit,
                                 "caller over \(configuration.challengeLimitPerMinute) challenge requests a minute")
             }
             _ = try liveIntegration(clientID)
@@ -93,10 +92,10 @@ public final class DeviceTokenService: Sendable {
             let integration = try liveIntegration(clientID)
             return try redeeming(clientID: clientID, keyID: keyID, at: time) { challenge in
                 if try store.device(clientID: clientID, keyID: keyID) != nil {
-                    throw Rejection(.invalidGrant, ServiceReason.keyAlreadyRegistered, "key ID is already registered")
+                    throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID is already registered")
                 }
                 if let retry = registrationLimiter.check(integration.clientID, at: time) {
-                    throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.registrationQuota,
+                    throw Rejection(.rateLimited(retryAfter: retry), .registrationQuota,
                                     "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
                 }
                 let verified = try timed("attestation") {
@@ -112,10 +111,10 @@ public final class DeviceTokenService: Sendable {
                 let next = nextChallenge(at: time)
                 switch try store.registerDevice(device, receipt: verified.receipt, firstToken: record, redeeming: challenge, nextChallenge: next, at: time) {
                 case .committed: _ = registrationLimiter.acquire(integration.clientID, at: time)
-                case .challengeGone: throw Rejection(.invalidGrant, ServiceReason.noPendingChallenge, "challenge was redeemed concurrently")
+                case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge was redeemed concurrently")
                 case .conflict:
                     _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
-                    throw Rejection(.invalidGrant, ServiceReason.keyAlreadyRegistered, "key ID was registered concurrently")
+                    throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID was registered concurrently")
                 }
                 metrics.increment("attestd_registrations_total")
                 metrics.increment("attestd_tokens_issued_total", labels: [("grant", "registration")])
@@ -135,15 +134,15 @@ public final class DeviceTokenService: Sendable {
             let integration = try liveIntegration(clientID)
             return try redeeming(clientID: clientID, keyID: keyID, at: time) { challenge in
                 guard let device = try store.device(clientID: clientID, keyID: keyID) else {
-                    throw Rejection(.invalidGrant, ServiceReason.unknownKey, "key ID is not registered for this client")
+                    throw Rejection(.invalidGrant, .unknownKey, "key ID is not registered for this client")
                 }
                 let mintKey = integration.clientID + "/" + hexString(keyID)
                 if let retry = mintLimiter.check(mintKey, at: time) {
-                    throw Rejection(.rateLimited(retryAfter: retry), ServiceReason.mintLimit,
+                    throw Rejection(.rateLimited(retryAfter: retry), .mintLimit,
                                     "device over \(configuration.mintLimitPerMinute) tokens a minute")
                 }
                 guard let appID = AppID(device.appID) else {
-                    throw Rejection(.invalidGrant, ServiceReason.unknownKey, "stored app ID \(device.appID) is unreadable")
+                    throw Rejection(.invalidGrant, .unknownKey, "stored app ID \(device.appID) is unreadable")
                 }
                 let publicKey = try keyCache.key(for: device)
                 let hash = WireProtocol.tokenClientDataHash(challenge: challenge, clientID: clientID, keyID: keyID, sha256: sha256)
@@ -155,10 +154,10 @@ public final class DeviceTokenService: Sendable {
                 switch try store.advanceCounter(clientID: clientID, keyID: keyID, from: device.counter, to: verified.counter,
                                                 token: record, redeeming: challenge, nextChallenge: next, at: time) {
                 case .committed: _ = mintLimiter.acquire(mintKey, at: time)
-                case .challengeGone: throw Rejection(.invalidGrant, ServiceReason.noPendingChallenge, "challenge was redeemed concurrently")
+                case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge was redeemed concurrently")
                 case .conflict:
                     _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
-                    throw Rejection(.invalidGrant, ServiceReason.counterRaced, "counter moved past \(device.counter) concurrently")
+                    throw Rejection(.invalidGrant, .counterRaced, "counter moved past \(device.counter) concurrently")
                 }
                 metrics.increment("attestd_tokens_issued_total", labels: [("grant", "assertion")])
                 return response(token, next, at: time)
@@ -171,7 +170,7 @@ public final class DeviceTokenService: Sendable {
     /// up here, conditioned on its bytes so that a newer challenge is never touched.
     private func redeeming<T>(clientID: String, keyID: [UInt8], at time: Date, _ body: ([UInt8]) throws -> T) throws -> T {
         guard let challenge = try store.pendingChallenge(clientID: clientID, keyID: keyID, at: time) else {
-            throw Rejection(.invalidGrant, ServiceReason.noPendingChallenge, "no pending challenge for this key (expired, used, or never issued)")
+            throw Rejection(.invalidGrant, .noPendingChallenge, "no pending challenge for this key (expired, used, or never issued)")
         }
         do {
             return try body(challenge)
@@ -182,15 +181,14 @@ public final class DeviceTokenService: Sendable {
     }
 
     /// A register or token request whose key ID parsed but whose proof did not: it is an attempt
-    /// all the same, so it uses the challenge up (PROTOCOL.md) and is counted and audited.
+    /// all the same, so it uses the challenge up (PROTOCOL.md) and is audited.
     public func rejectMalformedAttempt(clientID: String, keyID: [UInt8], action: String, detail: String) {
         let time = now()
         if keyID.count == 32, Self.isWellFormedClientID(clientID) {
             _ = try? store.consumeChallenge(clientID: clientID, keyID: keyID, at: time)
         }
-        metrics.increment("attestd_rejections_total", labels: [("endpoint", action), ("reason", "invalidRequest")])
         audit.record(AuditEvent(at: time, action: "\(action).rejected", clientID: String(clientID.prefix(64)),
-                                keyID: keyID.count == 32 ? keyID : nil, reason: "invalidRequest", detail: detail))
+                                keyID: keyID.count == 32 ? keyID : nil, reason: RejectionReason.invalidRequest.rawValue, detail: detail))
     }
 
     // MARK: Using tokens
@@ -219,9 +217,9 @@ public final class DeviceTokenService: Sendable {
     private func liveIntegration(_ clientID: String) throws -> Integration {
         guard Self.isWellFormedClientID(clientID),
               let integration = try store.integration(clientID: clientID) else {
-            throw Rejection(.invalidClient, ServiceReason.unknownClient, "no integration with this client ID")
+            throw Rejection(.invalidClient, .unknownClient, "no integration with this client ID")
         }
-        guard !integration.isRevoked else { throw Rejection(.invalidClient, ServiceReason.clientRevoked, "integration was revoked") }
+        guard !integration.isRevoked else { throw Rejection(.invalidClient, .clientRevoked, "integration was revoked") }
         return integration
     }
 
@@ -250,14 +248,13 @@ public final class DeviceTokenService: Sendable {
         do { return try body() } catch let error as VerificationError { throw Rejection.verification(error) }
     }
 
-    /// Runs `body`; a rejection is counted by reason and written to the audit trail before it propagates.
+    /// Runs `body`; a rejection is written to the audit trail before it propagates (the router counts it).
     private func rejecting<T>(clientID: String, keyID: [UInt8], action: String, _ body: () throws -> T) throws -> T {
         do {
             return try body()
         } catch let rejection as Rejection {
-            metrics.increment("attestd_rejections_total", labels: [("endpoint", action), ("reason", rejection.reason)])
             audit.record(AuditEvent(at: now(), action: "\(action).rejected", clientID: String(clientID.prefix(64)),
-                                    keyID: keyID.count == 32 ? keyID : nil, reason: rejection.reason, detail: rejection.detail))
+                                    keyID: keyID.count == 32 ? keyID : nil, reason: rejection.reason.rawValue, detail: rejection.detail))
             throw rejection
         }
     }
@@ -272,7 +269,7 @@ final class DeviceKeyCache: Sendable {
         if let key = keys.withLock({ $0[device.keyID] }) { return key }
         let key: ECPublicKey
         do { key = try ECPublicKey(p256Point: device.publicKey) } catch {
-            throw Rejection(.invalidGrant, VerificationReason.malformed.rawValue, "stored device key is unreadable: \(error)")
+            throw Rejection(.invalidGrant, .malformed, "stored device key is unreadable: \(error)")
         }
         let capacity = capacity
         keys.withLock { keys in

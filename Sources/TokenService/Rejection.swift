@@ -1,7 +1,30 @@
 import AppAttest
 
-/// Why the service refused a device request. The reason is exact (for logs, metrics and the
-/// audit trail); what the device is told is only the category (`invalid_grant`, …).
+/// Every reason the service refuses a request, in one enum: the verification steps of App Attest,
+/// then the service's own. The reason is exact (logs, metrics, the audit trail); what the caller is
+/// told is only the category (`invalid_grant`, …).
+public enum RejectionReason: String, Sendable, CaseIterable {
+    // App Attest verification (one per step; see `VerificationReason`).
+    case malformed, unsupportedFormat, certificateChainInvalid, certificateNotValidAtTime, nonceMismatch, keyIDMismatch
+    case rpIDMismatch, counterNotZero, unknownAAGUID, environmentNotAllowed, credentialIDMismatch, signatureInvalid
+    case counterNotIncreasing
+    // The device exchange.
+    case invalidRequest
+    case unknownClient, clientRevoked
+    case noPendingChallenge, keyAlreadyRegistered, unknownKey, counterRaced
+    case mintLimit, registrationQuota, challengeLimit
+    // Bearer tokens and the other routes.
+    case tokenRejected, outOfScope, noUpstream, methodNotAllowed, introspectionUnauthorized
+    case internalError
+
+    public init(_ verification: VerificationReason) {
+        // The verification cases are spelled the same here.
+        self = RejectionReason(rawValue: verification.rawValue)!
+    }
+}
+
+/// Why the service refused a device request: the exact reason, a detail for operators, and the
+/// category the caller is told.
 public struct Rejection: Error, Sendable, CustomStringConvertible {
     public enum Kind: Sendable {
         /// 400 invalid_request: the body is malformed or a field is missing.
@@ -15,32 +38,17 @@ public struct Rejection: Error, Sendable, CustomStringConvertible {
     }
 
     public let kind: Kind
-    /// A stable camelCase name: a VerificationReason or one of the service's own reasons below.
-    public let reason: String
+    public let reason: RejectionReason
     public let detail: String
 
-    public init(_ kind: Kind, _ reason: String, _ detail: String) {
+    public init(_ kind: Kind, _ reason: RejectionReason, _ detail: String) {
         self.kind = kind
         self.reason = reason
         self.detail = detail
     }
 
-    public var description: String { "\(reason): \(detail)" }
+    public var description: String { "\(reason.rawValue): \(detail)" }
 
-    static func request(_ detail: String) -> Rejection { Rejection(.invalidRequest, "invalidRequest", detail) }
-    static func verification(_ error: VerificationError) -> Rejection { Rejection(.invalidGrant, error.reason.rawValue, error.detail) }
-}
-
-/// The service's own rejection reasons (verification reasons come from `VerificationReason`).
-public enum ServiceReason {
-    public static let unknownClient = "unknownClient"
-    public static let clientRevoked = "clientRevoked"
-    public static let noPendingChallenge = "noPendingChallenge"
-    public static let keyAlreadyRegistered = "keyAlreadyRegistered"
-    public static let unknownKey = "unknownKey"
-    public static let counterRaced = "counterRaced"
-    public static let mintLimit = "mintLimit"
-    public static let registrationQuota = "registrationQuota"
-    public static let challengeLimit = "challengeLimit"
-    public static let unsupportedGrantType = "unsupportedGrantType"
+    public static func request(_ detail: String) -> Rejection { Rejection(.invalidRequest, .invalidRequest, detail) }
+    static func verification(_ error: VerificationError) -> Rejection { Rejection(.invalidGrant, RejectionReason(error.reason), error.detail) }
 }

@@ -1,3 +1,4 @@
+import Synchronization
 import AttestWire
 import AppAttest
 import AttestCrypto
@@ -32,6 +33,8 @@ final class TestService: @unchecked Sendable {
     let audit: DirectAuditLog
     let baseURL: URL
     let owner = "owner@example.com"
+    /// Every log line the router wrote.
+    let logs = LogLines()
 
     init(configure: (inout ExchangeConfiguration) -> Void = { _ in }, trustTestAuthority: Bool = true) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-test-\(UUID().uuidString)")
@@ -46,7 +49,9 @@ final class TestService: @unchecked Sendable {
         service = DeviceTokenService(store: store, verifier: verifier, configuration: configuration, audit: audit, now: { clock.now })
         admin = AdminService(store: store, now: { clock.now })
         _ = try admin.initialize(owner: owner)
-        let router = ServiceRouter(service: service, logger: Logger(write: { _ in }), introspectionKey: TestService.introspectionKey)
+        let logs = self.logs
+        let router = ServiceRouter(service: service, logger: Logger(write: { line in logs.lines.withLock { $0.append(line) } }),
+                                   introspectionKey: TestService.introspectionKey)
         var http = HTTPServerConfiguration()
         http.port = 0
         http.maxConnectionsPerIP = 256
@@ -173,4 +178,9 @@ struct TestHTTP {
 struct HTTPTestError: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
+}
+
+/// Log lines written by a logger under test.
+final class LogLines: Sendable {
+    let lines = Mutex<[String]>([])
 }

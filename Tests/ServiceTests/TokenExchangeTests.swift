@@ -93,7 +93,7 @@ import TokenService
         let late = try await http.register(device, attestation: try device.attestation(challenge: challenge))
         #expect(late.status == 401)
         #expect(late.error == "invalid_grant")
-        #expect(try service.store.auditEvents(limit: 1).first?.reason == ServiceReason.noPendingChallenge)
+        #expect(try service.store.auditEvents(limit: 1).first?.reason == RejectionReason.noPendingChallenge.rawValue)
     }
 
     @Test func failedAttemptUsesTheChallengeUp() async throws {
@@ -121,7 +121,7 @@ import TokenService
         let stranger = try ManualDevice(clientID: "clid_doesnotexist")
         let unknown = try await http.challenge(stranger)
         #expect(unknown.status == 401 && unknown.error == "invalid_client")
-        #expect(try lastReason() == ServiceReason.unknownClient)
+        #expect(try lastReason() == RejectionReason.unknownClient.rawValue)
         let unknownToken = try await http.token(stranger, assertion: "AAAA")
         #expect(unknownToken.status == 401 && unknownToken.error == "invalid_client")
 
@@ -159,17 +159,17 @@ import TokenService
         let unregistered = try ManualDevice(clientID: integration.clientID)
         let unknownKey = try await http.token(unregistered, assertion: try unregistered.assertion(challenge: try await http.challengeBytes(unregistered)))
         #expect(unknownKey.status == 401 && unknownKey.error == "invalid_grant")
-        #expect(try lastReason() == ServiceReason.unknownKey)
+        #expect(try lastReason() == RejectionReason.unknownKey.rawValue)
 
         // No pending challenge.
         let noChallenge = try await http.token(device, assertion: try device.assertion(challenge: next))
         #expect(noChallenge.status == 401 && noChallenge.error == "invalid_grant")
-        #expect(try lastReason() == ServiceReason.noPendingChallenge)
+        #expect(try lastReason() == RejectionReason.noPendingChallenge.rawValue)
 
         // Key registered twice.
         let again = try await http.register(device, attestation: try device.attestation(challenge: try await http.challengeBytes(device)))
         #expect(again.status == 401 && again.error == "invalid_grant")
-        #expect(try lastReason() == ServiceReason.keyAlreadyRegistered)
+        #expect(try lastReason() == RejectionReason.keyAlreadyRegistered.rawValue)
 
         // 429 mint limit with Retry-After (3 a minute; the failures above count as attempts).
         var limited: HTTPResult?
@@ -181,14 +181,14 @@ import TokenService
         let mintLimited = try #require(limited)
         #expect(mintLimited.error == "rate_limit_error")
         #expect(Int(mintLimited.header("retry-after") ?? "") ?? 0 > 0)
-        #expect(try lastReason() == ServiceReason.mintLimit)
+        #expect(try lastReason() == RejectionReason.mintLimit.rawValue)
 
         // 429 registration quota: 2 successful registrations an hour (refused ones do not count).
         #expect(try await http.registerFresh(try ManualDevice(clientID: integration.clientID)).status == 200)
         let quota = try await http.registerFresh(try ManualDevice(clientID: integration.clientID))
         #expect(quota.status == 429 && quota.error == "rate_limit_error")
         #expect(Int(quota.header("retry-after") ?? "") ?? 0 > 60)
-        #expect(try lastReason() == ServiceReason.registrationQuota)
+        #expect(try lastReason() == RejectionReason.registrationQuota.rawValue)
 
         // Unknown routes are 404, wrong methods 405 — but never 404 for an unknown client or key.
         #expect(try await http.send("GET", "/nope").status == 404)
@@ -376,6 +376,37 @@ import TokenService
         let result = try await http.registerFresh(try ManualDevice(clientID: integration.clientID))
         #expect(result.status == 401 && result.error == "invalid_grant")
         #expect(try service.store.auditEvents(limit: 1).first?.reason == VerificationReason.certificateChainInvalid.rawValue)
+    }
+
+    @Test func everyResponseCarriesARequestIDThatTheLogAndErrorBodiesShare() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let answers = [
+            try await http.challenge(try ManualDevice(clientID: integration.clientID)),   // 200
+            try await http.challenge(try ManualDevice(clientID: "clid_unknown")),         // 401 invalid_client
+            try await http.postJSON(WireProtocol.challengePath, ["client_id": integration.clientID]),   // 400
+            try await http.messages(token: "aat_not-a-token"),                           // 401, Messages API shape
+            try await http.send("GET", "/healthz"),
+            try await http.send("GET", "/nowhere"),                                     // 404
+        ]
+        var seen: Set<String> = []
+        for answer in answers {
+            let id = try #require(answer.header("request-id"), "status \(answer.status) without request-id")
+            #expect(id.hasPrefix("req_") && id.count >= 20)
+            seen.insert(id)
+            #expect(service.logs.lines.withLock { $0 }.contains { $0.contains(#""request_id":"\#(id)""#) }, "no log line for \(id)")
+        }
+        #expect(seen.count == answers.count, "request IDs are unique")
+        // Errors in the Messages API's shape carry it in the body too, as the real API does.
+        let unauthenticated = answers[3]
+        #expect(unauthenticated.status == 401)
+        #expect(unauthenticated.json["request_id"] as? String == unauthenticated.header("request-id"))
+        #expect((unauthenticated.json["error"] as? [String: Any])?["type"] as? String == "authentication_error")
+    }
+
+    @Test func everyVerificationReasonIsARejectionReason() {
+        for reason in VerificationReason.allCases { #expect(RejectionReason(reason).rawValue == reason.rawValue) }
     }
 
     @Test func metricsCountRequestsRejectionsAndTokens() async throws {
