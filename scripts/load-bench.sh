@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Load benchmark: a release attestd (test authority trusted, limits off) on a scratch database,
-# driven by `attestctl load` at each concurrency given; prints the load generator's figures and
+# driven by `attest-sim load` at each concurrency given; prints the load generator's figures and
 # both processes' CPU seconds over the run. Usage: scripts/load-bench.sh [SECONDS] [DEVICES…]
 # Environment: SYNC=full|normal (attestd --synchronous), THREADS (attestd --threads).
 set -euo pipefail
@@ -9,7 +9,7 @@ seconds=${1:-10}; shift || true
 counts=("${@:-8 64}")
 [ $# -eq 0 ] && counts=(8 64)
 bin=.build/release
-[ -x $bin/attestd ] && [ -x $bin/attestctl ] || swift build -c release
+[ -x $bin/attestd ] && [ -x $bin/attestctl ] && [ -x $bin/attest-sim ] || swift build -c release
 dir=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$dir"' EXIT
 db=$dir/load.sqlite
@@ -27,7 +27,7 @@ ticks=$(getconf CLK_TCK); [ "$ticks" = 100 ] || echo "note: CLK_TCK=$ticks"
 for n in "${counts[@]}"; do
   echo "== $n devices, $seconds s, attestd --synchronous ${SYNC:-full} --threads ${THREADS:-4}"
   before=$(cpu)
-  $bin/attestctl load --base-url "http://127.0.0.1:$port" --client-id "$clid" --devices "$n" --seconds "$seconds"
+  $bin/attest-sim load --base-url "http://127.0.0.1:$port" --client-id "$clid" --devices "$n" --seconds "$seconds"
   after=$(cpu)
   echo "server_cpu_seconds: $(python3 -c "print(round($after-$before,2))") (registration phase included)"
 done
