@@ -27,7 +27,7 @@ let package = Package(
         // Service.
         .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto"]),
         .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "CSQLite"]),
-        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
+        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"], swiftSettings: [.swiftLanguageMode(.v6)]),
         // The service's HTTP API: routes from HTTP requests to the token service and back.
         .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto"]),
 
@@ -43,7 +43,7 @@ let package = Package(
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto"]),
         .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient", "SimulatedDevice", "AppAttest"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient"]),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: [.swiftLanguageMode(.v6)]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
     ],
     swiftLanguageModes: [.v5]
