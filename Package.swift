@@ -32,8 +32,7 @@ let package = Package(
         // Service.
         .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire"]),
         .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CSQLite"]),
-        // Swift 5 mode until the streaming rework of this target lands (it is being redone for Swift 6).
-        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"], swiftSettings: [.swiftLanguageMode(.v5)]),
+        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
         // The service's HTTP API: routes from HTTP requests to the token service and back.
         .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto", "AttestWire"]),
 
@@ -65,7 +64,7 @@ let package = Package(
                                                          "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "AttestWire"]),
         .testTarget(name: "AttestWireTests", dependencies: ["AttestWire"]),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: [.swiftLanguageMode(.v5)]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer"]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
     ]

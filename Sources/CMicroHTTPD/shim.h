@@ -1,10 +1,17 @@
 #ifndef ATTEST_CMICROHTTPD_SHIM_H
 #define ATTEST_CMICROHTTPD_SHIM_H
+#include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 #include <sys/types.h>
 #include <sys/socket.h>
+#ifdef __linux__
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#endif
 #include <microhttpd.h>
 
 /* Swift cannot call C variadic functions, so the few variadic libmicrohttpd
@@ -40,11 +47,76 @@ attest_mhd_client_address(struct MHD_Connection *connection)
   return (NULL == info) ? NULL : info->client_addr;
 }
 
+/* The socket of a connection, or -1. Call on the connection's own thread. */
+static inline int
+attest_mhd_connection_fd(struct MHD_Connection *connection)
+{
+  const union MHD_ConnectionInfo *info =
+    MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+  return (NULL == info) ? -1 : info->connect_fd;
+}
+
+/* Sets this connection's idle timeout (seconds, 0 = none). Connection's own thread only. */
+static inline int
+attest_mhd_set_connection_timeout(struct MHD_Connection *connection, unsigned int seconds)
+{
+  return MHD_YES == MHD_set_connection_option(connection, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
+}
+
 /* Formats an MHD log message (MHD_LogCallback hands over a va_list). */
 static inline int
 attest_mhd_format_log(char *buffer, size_t size, const char *format, va_list ap)
 {
   return vsnprintf(buffer, size, format, ap);
 }
+
+#ifdef __linux__
+/* A tiny epoll wrapper for the server's connection monitor. `struct epoll_event` is packed on
+ * x86-64, so Swift never touches it: registrations carry a 64-bit key and waits return keys. */
+
+/* Watches `fd` for the peer closing or resetting (EPOLLRDHUP; EPOLLHUP and EPOLLERR are
+ * always reported). Not EPOLLIN: a pipelined request must not look like a disconnect. */
+static inline int
+attest_watch_add(int epfd, int fd, uint64_t key)
+{
+  struct epoll_event event;
+  memset(&event, 0, sizeof event);
+  event.events = EPOLLRDHUP;
+  event.data.u64 = key;
+  return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &event);
+}
+
+/* Watches `fd` for readability (the monitor's own wake-up eventfd). */
+static inline int
+attest_watch_add_readable(int epfd, int fd, uint64_t key)
+{
+  struct epoll_event event;
+  memset(&event, 0, sizeof event);
+  event.events = EPOLLIN;
+  event.data.u64 = key;
+  return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &event);
+}
+
+static inline int
+attest_watch_remove(int epfd, int fd)
+{
+  struct epoll_event unused;
+  memset(&unused, 0, sizeof unused);
+  return epoll_ctl(epfd, EPOLL_CTL_DEL, fd, &unused);
+}
+
+/* Waits up to `timeout_ms` and stores the keys of ready registrations; returns how many
+ * (0 on timeout or EINTR, -1 on other errors). */
+static inline int
+attest_watch_wait(int epfd, uint64_t *keys, int capacity, int timeout_ms)
+{
+  struct epoll_event events[64];
+  if (capacity > 64) capacity = 64;
+  int count = epoll_wait(epfd, events, capacity, timeout_ms);
+  if (count < 0) return (errno == EINTR) ? 0 : -1;
+  for (int i = 0; i < count; i++) keys[i] = events[i].data.u64;
+  return count;
+}
+#endif
 
 #endif

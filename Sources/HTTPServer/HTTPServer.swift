@@ -1,58 +1,89 @@
 import CMicroHTTPD
-import Foundation
+import Synchronization
 #if canImport(Glibc)
 import Glibc
-#elseif canImport(Darwin)
-import Darwin
 #endif
 
-/// HTTP/1.1 server on libmicrohttpd. The handler is called synchronously on
-/// libmicrohttpd's pool threads, once per complete request.
+/// HTTP/1.1 server on libmicrohttpd. The handler is called on libmicrohttpd's pool threads, once
+/// per complete request; it answers at once (`.response`) or later through the
+/// `HTTPResponseWriter` (`.deferred`), possibly as a stream, from any thread.
 ///
 /// Do not call `stop()` from inside the handler: stopping joins the pool threads.
-public final class HTTPServer: @unchecked Sendable {
+public final class HTTPServer: Sendable {
     private let configuration: HTTPServerConfiguration
-    private let handler: @Sendable (HTTPRequest) -> HTTPResponse
-    private let liveRequests = LockedCounter()
+    private let handler: @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult
+    private let counters = ServerCounters()
+    /// Held while starting and stopping, so the two never interleave.
+    private let running = Mutex<Running?>(nil)
+    private let boundPort = Atomic<UInt16>(0)
 
-    // Guarded by `lock`.
-    private let lock = NSLock()
-    private var daemon: OpaquePointer?
-    private var context: Unmanaged<DaemonContext>?
-    private var boundPort: UInt16 = 0
+    private struct Running {
+        let daemon: DaemonHandle
+        let core: ServerCore
+    }
 
+    /// A server whose handler may answer later or stream (see `HTTPHandlerResult`).
     public init(configuration: HTTPServerConfiguration,
-                handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse) {
+                handler: @escaping @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult) {
         self.configuration = configuration
         self.handler = handler
+    }
+
+    /// A server whose handler always answers at once.
+    public convenience init(configuration: HTTPServerConfiguration,
+                            handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse) {
+        self.init(configuration: configuration) { request, _ in .response(handler(request)) }
     }
 
     deinit { stop() }
 
     /// The port actually bound (resolves port 0); 0 when not running.
-    public var port: UInt16 {
-        lock.lock(); defer { lock.unlock() }
-        return boundPort
-    }
+    public var port: UInt16 { boundPort.load(ordering: .acquiring) }
 
-    /// Number of per-request contexts currently allocated (tests check for leaks).
-    var liveRequestContexts: Int { liveRequests.value }
+    /// Number of per-request contexts (writers) currently alive (tests check for leaks).
+    var liveRequestContexts: Int { counters.liveRequests.load(ordering: .relaxed) }
+
+    /// Request-body bytes currently reserved against `maxBufferedBodyBytes`.
+    var bufferedBodyBytes: Int { counters.bufferedBodyBytes.load(ordering: .relaxed) }
 
     public func start() throws {
-        lock.lock(); defer { lock.unlock() }
-        guard daemon == nil else { throw HTTPServerError("server already started") }
+        try running.withLock { running in
+            guard running == nil else { throw HTTPServerError("server already started") }
+            let (daemon, core) = try launch()
+            running = Running(daemon: daemon, core: core)
+            boundPort.store(attest_mhd_bind_port(daemon.pointer), ordering: .releasing)
+        }
+    }
 
+    /// Stops listening, ends every connection and waits for running handlers. Open streams and
+    /// unanswered deferred requests are cancelled (their `onCancel` runs). Idempotent.
+    public func stop() {
+        running.withLock { running in
+            guard let current = running else { return }
+            // libmicrohttpd aborts if stopped with suspended connections, so first refuse new
+            // suspensions and wake every suspended connection with its request cancelled.
+            for writer in current.core.monitor.beginStop() { writer.abort() }
+            // Joins the pool threads; completion callbacks release the remaining request contexts.
+            MHD_stop_daemon(current.daemon.pointer)
+            current.core.monitor.shutdown()
+            running = nil
+            boundPort.store(0, ordering: .releasing)
+        }
+    }
+
+    private func launch() throws -> (DaemonHandle, ServerCore) {
         let config = configuration
         try Self.validate(config)
         var address = try SocketAddress(host: config.host, port: config.port)
         let endpoint = address.isIPv6 ? "[\(address.host)]:\(config.port)" : "\(address.host):\(config.port)"
+        raiseDescriptorLimit(toFit: config.maxConnections)
 
-        let ctx = DaemonContext(handler: handler, maxBodyBytes: config.maxBodyBytes,
-                                bodyDeadlineNanoseconds: UInt64(config.bodyDeadlineSeconds) * 1_000_000_000, liveRequests: liveRequests)
-        let retained = Unmanaged.passRetained(ctx)
-        let ctxPointer = retained.toOpaque()
+        let monitor = try ConnectionMonitor()
+        let core = ServerCore(configuration: config, handler: handler, counters: counters, monitor: monitor)
+        let corePointer = Unmanaged.passUnretained(core).toOpaque()
 
         var flags = MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_ERROR_LOG.rawValue
+            | MHD_ALLOW_SUSPEND_RESUME.rawValue
         #if os(Linux)
         flags |= MHD_USE_EPOLL.rawValue
         #else
@@ -64,7 +95,7 @@ public final class HTTPServer: @unchecked Sendable {
             var options: [MHD_OptionItem] = [
                 // First, so that start-up failures are captured rather than printed.
                 MHD_OptionItem(option: .EXTERNAL_LOGGER,
-                               value: unsafeBitCast(logCallback, to: Int.self), ptr_value: ctxPointer),
+                               value: unsafeBitCast(logCallback as MHD_LogCallback, to: Int.self), ptr_value: corePointer),
                 MHD_OptionItem(option: .SOCK_ADDR, value: 0, ptr_value: sockaddr),
                 MHD_OptionItem(option: .CONNECTION_MEMORY_LIMIT,
                                value: config.connectionMemoryBytes, ptr_value: nil),
@@ -73,9 +104,10 @@ public final class HTTPServer: @unchecked Sendable {
                                value: config.maxConnectionsPerIP, ptr_value: nil),
                 MHD_OptionItem(option: .CONNECTION_TIMEOUT, value: config.idleTimeoutSeconds, ptr_value: nil),
                 MHD_OptionItem(option: .URI_LOG_CALLBACK,
-                               value: unsafeBitCast(uriCallback, to: Int.self), ptr_value: ctxPointer),
+                               value: unsafeBitCast(uriCallback as UriLogCallback, to: Int.self), ptr_value: corePointer),
                 MHD_OptionItem(option: .NOTIFY_COMPLETED,
-                               value: unsafeBitCast(completedCallback, to: Int.self), ptr_value: ctxPointer),
+                               value: unsafeBitCast(completedCallback as MHD_RequestCompletedCallback, to: Int.self),
+                               ptr_value: corePointer),
             ]
             // A "pool" of one is just the internal polling thread.
             if config.threads > 1 {
@@ -84,35 +116,30 @@ public final class HTTPServer: @unchecked Sendable {
             }
             options.append(MHD_OptionItem(option: .END, value: 0, ptr_value: nil))
 
-            ctx.startupLog.beginCapture()
+            core.startupLog.withLock { $0 = [] }
             errno = 0
             let result = options.withUnsafeMutableBufferPointer { buffer in
-                attest_mhd_start_daemon(flags, accessHandler, ctxPointer, buffer.baseAddress)
+                attest_mhd_start_daemon(flags, accessHandler, corePointer, buffer.baseAddress)
             }
             let code = errno  // read before anything else can clobber it
-            return (result, code, ctx.startupLog.endCapture())
+            let log = core.startupLog.withLock { lines -> [String] in
+                defer { lines = nil }
+                return lines ?? []
+            }
+            return (result.map(DaemonHandle.init), code, log)
         }
 
-        guard let started = daemonPointer else {
-            retained.release()
+        guard let daemon = daemonPointer else {
             let reason = Self.describeStartFailure(errno: startErrno, log: startLog)
             throw HTTPServerError("cannot listen on \(endpoint): \(reason)")
         }
-        daemon = started
-        context = retained
-        boundPort = attest_mhd_bind_port(started)
-    }
-
-    /// Stops listening, closes all connections and waits for running handlers. Idempotent.
-    public func stop() {
-        lock.lock(); defer { lock.unlock() }
-        guard let running = daemon else { return }
-        // Joins the pool threads; completion callbacks release outstanding request contexts.
-        MHD_stop_daemon(running)
-        daemon = nil
-        boundPort = 0
-        context?.release()
-        context = nil
+        do {
+            try monitor.start()
+        } catch {
+            MHD_stop_daemon(daemon.pointer)
+            throw error
+        }
+        return (daemon, core)
     }
 
     private static func validate(_ config: HTTPServerConfiguration) throws {
@@ -122,10 +149,13 @@ public final class HTTPServer: @unchecked Sendable {
         let uintMax = Int(UInt32.max)
         try check((1...1024).contains(config.threads), "threads must be in 1...1024")
         try check(config.maxBodyBytes >= 0, "maxBodyBytes must not be negative")
+        try check(config.maxBufferedBodyBytes >= 0, "maxBufferedBodyBytes must not be negative")
         try check(config.connectionMemoryBytes >= 1024, "connectionMemoryBytes must be at least 1024")
         try check((1...uintMax).contains(config.maxConnections), "maxConnections must be positive")
         try check((0...uintMax).contains(config.maxConnectionsPerIP), "maxConnectionsPerIP must not be negative")
         try check((0...uintMax).contains(config.idleTimeoutSeconds), "idleTimeoutSeconds must not be negative")
+        try check(config.streamLowWaterBytes >= 0 && config.streamHighWaterBytes >= config.streamLowWaterBytes,
+                  "stream water marks must satisfy 0 <= low <= high")
     }
 
     private static func describeStartFailure(errno code: Int32, log: [String]) -> String {
@@ -142,174 +172,359 @@ public final class HTTPServer: @unchecked Sendable {
     }
 }
 
-// MARK: - Daemon and request state shared with the C callbacks
+/// Raises the soft limit on open descriptors (up to the hard limit) so that `connections`
+/// sockets plus the process's other files fit. Best effort: libmicrohttpd copes with EMFILE.
+private func raiseDescriptorLimit(toFit connections: Int) {
+    var limit = rlimit()
+    guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return }
+    let wanted = rlim_t(connections + 256)
+    guard limit.rlim_cur < wanted else { return }
+    limit.rlim_cur = min(wanted, limit.rlim_max)
+    _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+}
 
-/// Everything the C callbacks need; passed to libmicrohttpd as the `cls` pointer and kept
-/// retained by the server for the daemon's lifetime.
-private final class DaemonContext: @unchecked Sendable {
-    let handler: @Sendable (HTTPRequest) -> HTTPResponse
-    let maxBodyBytes: Int
+/// A libmicrohttpd daemon pointer.
+/// @unchecked Sendable: only used under the server's `running` lock (start, stop, port).
+private struct DaemonHandle: @unchecked Sendable {
+    let pointer: OpaquePointer
+}
+
+/// Counters that outlive one run of the server (tests read them after `stop`).
+final class ServerCounters: Sendable {
+    let liveRequests = Atomic<Int>(0)
+    let bufferedBodyBytes = Atomic<Int>(0)
+}
+
+// MARK: - State shared with the C callbacks
+
+/// Everything the C callbacks need; passed to libmicrohttpd as the `cls` pointer. Kept alive by
+/// the server while the daemon runs and by every request context (writer) after that.
+final class ServerCore: Sendable {
+    let configuration: HTTPServerConfiguration
+    let handler: @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult
+    let counters: ServerCounters
+    let monitor: ConnectionMonitor
     /// 0 = no deadline.
     let bodyDeadlineNanoseconds: UInt64
-    let startupLog = StartupLog()
-    let liveRequests: LockedCounter
+    /// libmicrohttpd log lines while the daemon starts (nil otherwise: runtime messages such as
+    /// "connection limit reached" are routine under load and dropped).
+    let startupLog = Mutex<[String]?>(nil)
 
-    init(handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse, maxBodyBytes: Int, bodyDeadlineNanoseconds: UInt64,
-         liveRequests: LockedCounter) {
+    init(configuration: HTTPServerConfiguration,
+         handler: @escaping @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult,
+         counters: ServerCounters, monitor: ConnectionMonitor) {
+        self.configuration = configuration
         self.handler = handler
-        self.maxBodyBytes = maxBodyBytes
-        self.bodyDeadlineNanoseconds = bodyDeadlineNanoseconds
-        self.liveRequests = liveRequests
-    }
-}
-
-/// Collects libmicrohttpd log lines while the daemon starts; drops them afterwards
-/// (runtime messages such as "connection limit reached" are routine under load).
-private final class StartupLog: @unchecked Sendable {
-    private let lock = NSLock()
-    private var lines: [String]?
-
-    func beginCapture() { lock.lock(); lines = []; lock.unlock() }
-
-    func endCapture() -> [String] {
-        lock.lock(); defer { lock.unlock() }
-        let captured = lines ?? []
-        lines = nil
-        return captured
+        self.counters = counters
+        self.monitor = monitor
+        self.bodyDeadlineNanoseconds = UInt64(max(0, configuration.bodyDeadlineSeconds)) * 1_000_000_000
     }
 
-    func record(_ line: @autoclosure () -> String) {
-        lock.lock(); defer { lock.unlock() }
-        if lines != nil, lines!.count < 32 { lines!.append(line()) }
-    }
-}
-
-final class LockedCounter: @unchecked Sendable {
-    private let lock = NSLock()
-    private var count = 0
-    var value: Int { lock.lock(); defer { lock.unlock() }; return count }
-    func add(_ delta: Int) { lock.lock(); count += delta; lock.unlock() }
-}
-
-/// Per-request state, stored in libmicrohttpd's `*req_cls` from the URI callback until
-/// the completion callback.
-private final class RequestContext {
-    let target: String
-    /// When the request line arrived: a body must be complete within the body deadline.
-    let started = DispatchTime.now().uptimeNanoseconds
-    var headersSeen = false
-    var body: [UInt8] = []
-    /// The body went over the limit: the rest is discarded and the answer is 413.
-    var tooLarge = false
-    var discardedBytes = 0
-    private let live: LockedCounter
-
-    init(target: String, live: LockedCounter) {
-        self.target = target
-        self.live = live
-        live.add(1)
+    /// Reserves `bytes` of the global request-body budget; false (and nothing reserved) if that
+    /// would exceed `maxBufferedBodyBytes`.
+    func reserveBodyBytes(_ bytes: Int) -> Bool {
+        let total = counters.bufferedBodyBytes.wrappingAdd(bytes, ordering: .relaxed).newValue
+        if total > configuration.maxBufferedBodyBytes {
+            counters.bufferedBodyBytes.wrappingSubtract(bytes, ordering: .relaxed)
+            return false
+        }
+        return true
     }
 
-    deinit { live.add(-1) }
+    func releaseBodyBytes(_ bytes: Int) {
+        counters.bufferedBodyBytes.wrappingSubtract(bytes, ordering: .relaxed)
+    }
+
+    func bodyLimit(method: String, path: String) -> Int {
+        configuration.bodyLimit?(method, path) ?? configuration.maxBodyBytes
+    }
 }
 
 // MARK: - C callbacks (no captures: they are plain C function pointers)
 
-private let logCallback: MHD_LogCallback = { cls, format, arguments in
+private typealias UriLogCallback = @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?)
+    -> UnsafeMutableRawPointer?
+
+private func logCallback(_ cls: UnsafeMutableRawPointer?, _ format: UnsafePointer<CChar>?, _ arguments: CVaListPointer?) {
     guard let cls, let format, let arguments else { return }
-    let ctx = Unmanaged<DaemonContext>.fromOpaque(cls).takeUnretainedValue()
-    ctx.startupLog.record({
+    let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+    core.startupLog.withLock { lines in
+        guard lines != nil, lines!.count < 32 else { return }
         var buffer = [CChar](repeating: 0, count: 512)
         _ = attest_mhd_format_log(&buffer, buffer.count, format, arguments)
-        return String(cString: buffer).trimmingCharacters(in: .whitespacesAndNewlines)
-    }())
+        lines!.append(trimmed(buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }))
+    }
 }
 
 /// Called once per request, right after the request line, before any access-handler call.
 /// Its return value becomes `*req_cls`; it also gives us the raw (undecoded) target.
-private let uriCallback: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?)
-    -> UnsafeMutableRawPointer? = { cls, uri, _ in
-    guard let cls else { return nil }
-    let ctx = Unmanaged<DaemonContext>.fromOpaque(cls).takeUnretainedValue()
-    let request = RequestContext(target: uri.map { String(cString: $0) } ?? "/", live: ctx.liveRequests)
-    return Unmanaged.passRetained(request).toOpaque()
+private func uriCallback(_ cls: UnsafeMutableRawPointer?, _ uri: UnsafePointer<CChar>?,
+                         _ connection: OpaquePointer?) -> UnsafeMutableRawPointer? {
+    guard let cls, let connection else { return nil }
+    let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+    let writer = HTTPResponseWriter(core: core, connection: ConnectionHandle(pointer: connection),
+                                    target: uri.map { String(cString: $0) } ?? "/")
+    return Unmanaged.passRetained(writer).toOpaque()
 }
 
-private let completedCallback: MHD_RequestCompletedCallback = { _, _, reqCls, _ in
+private func completedCallback(_ cls: UnsafeMutableRawPointer?, _ connection: OpaquePointer?,
+                               _ reqCls: UnsafeMutablePointer<UnsafeMutableRawPointer?>?,
+                               _ code: MHD_RequestTerminationCode) {
     guard let reqCls, let raw = reqCls.pointee else { return }
-    Unmanaged<RequestContext>.fromOpaque(raw).release()
     reqCls.pointee = nil
+    let writer = Unmanaged<HTTPResponseWriter>.fromOpaque(raw).takeRetainedValue()
+    writer.completed()
 }
 
 /// Called after the headers (upload size 0), for each body chunk, and once more when the
-/// request is complete (upload size 0 again); the response is queued on the last call.
-private let accessHandler: MHD_AccessHandlerCallback = { cls, connection, url, method, _, uploadData, uploadSize, reqCls in
+/// request is complete (upload size 0 again; again after each resume while no response is queued).
+private func accessHandler(_ cls: UnsafeMutableRawPointer?, _ connection: OpaquePointer?,
+                           _ url: UnsafePointer<CChar>?, _ method: UnsafePointer<CChar>?,
+                           _ version: UnsafePointer<CChar>?, _ uploadData: UnsafePointer<CChar>?,
+                           _ uploadSize: UnsafeMutablePointer<Int>?,
+                           _ reqCls: UnsafeMutablePointer<UnsafeMutableRawPointer?>?) -> MHD_Result {
     guard let cls, let connection, let uploadSize, let reqCls else { return .NO }
-    let ctx = Unmanaged<DaemonContext>.fromOpaque(cls).takeUnretainedValue()
-
-    let request: RequestContext
+    let writer: HTTPResponseWriter
     if let raw = reqCls.pointee {
-        request = Unmanaged<RequestContext>.fromOpaque(raw).takeUnretainedValue()
+        writer = Unmanaged<HTTPResponseWriter>.fromOpaque(raw).takeUnretainedValue()
     } else {
         // Not expected (the URI callback always runs first), but stay correct if it did not.
-        request = RequestContext(target: url.map { String(cString: $0) } ?? "/", live: ctx.liveRequests)
-        reqCls.pointee = Unmanaged.passRetained(request).toOpaque()
+        let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+        writer = HTTPResponseWriter(core: core, connection: ConnectionHandle(pointer: connection),
+                                    target: url.map { String(cString: $0) } ?? "/")
+        reqCls.pointee = Unmanaged.passRetained(writer).toOpaque()
+    }
+    return writer.access(connection: connection, method: method, uploadData: uploadData, uploadSize: uploadSize)
+}
+
+private func contentReader(_ cls: UnsafeMutableRawPointer?, _ position: UInt64,
+                           _ buffer: UnsafeMutablePointer<CChar>?, _ max: Int) -> Int {
+    guard let cls, let buffer else { return contentReaderEndWithError }
+    return Unmanaged<HTTPResponseWriter>.fromOpaque(cls).takeUnretainedValue().readChunk(into: buffer, max: max)
+}
+
+private func contentReaderFree(_ cls: UnsafeMutableRawPointer?) {
+    guard let cls else { return }
+    Unmanaged<HTTPResponseWriter>.fromOpaque(cls).release()
+}
+
+// MARK: - Request processing (on the connection's own libmicrohttpd thread)
+
+extension HTTPResponseWriter {
+    fileprivate func access(connection: OpaquePointer, method: UnsafePointer<CChar>?,
+                            uploadData: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>) -> MHD_Result {
+        let headersSeen = state.withLock { $0.headersSeen }
+        if !headersSeen { return headersArrived(connection: connection, method: method) }
+
+        let chunkSize = uploadSize.pointee
+        if chunkSize > 0 {
+            uploadSize.pointee = 0
+            return bodyChunk(UnsafeRawBufferPointer(start: uploadData, count: chunkSize))
+        }
+        return requestComplete(connection: connection)
     }
 
-    if !request.headersSeen {
-        request.headersSeen = true
-        // Refuse a declared oversize body before reading any of it. libmicrohttpd then
-        // skips the upload and closes the connection after the answer.
-        if let declared = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length") {
-            let text = String(cString: declared)
+    private func headersArrived(connection: OpaquePointer, method rawMethod: UnsafePointer<CChar>?) -> MHD_Result {
+        let method = rawMethod.map { String(cString: $0) } ?? ""
+        let (path, query) = splitTarget(target)
+        let limit = core.bodyLimit(method: method, path: path)
+        var declared: UInt64?
+        // Refuse a declared oversize body before reading any of it. libmicrohttpd then skips
+        // the upload and closes the connection after the answer.
+        if let value = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length") {
+            let text = String(cString: value)
             if !text.isEmpty, text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) {
-                let length = UInt64(text) ?? .max  // digits only: nil means overflow
-                if length > UInt64(ctx.maxBodyBytes) { return queue(payloadTooLarge, on: connection) }
-                request.body.reserveCapacity(Int(length))
+                declared = UInt64(text) ?? .max  // digits only: nil means overflow
             }
         }
+        var reserved = 0
+        if let declared {
+            if declared > UInt64(limit) { return queue(payloadTooLarge, on: connection) }
+            if declared > 0 {
+                guard core.reserveBodyBytes(Int(declared)) else {
+                    return queue(core.configuration.overloadedResponse(path), on: connection)
+                }
+                reserved = Int(declared)
+            }
+        }
+        state.withLock { s in
+            s.headersSeen = true
+            s.method = method
+            s.path = path
+            s.query = query
+            s.bodyLimit = limit
+            s.reservedBodyBytes = reserved
+            if reserved > 0 { s.body.reserveCapacity(reserved) }
+        }
         return .YES
     }
 
-    let chunkSize = uploadSize.pointee
-    if chunkSize > 0 {
+    private func bodyChunk(_ chunk: UnsafeRawBufferPointer) -> MHD_Result {
         // The idle timeout resets on every byte; this bounds a body trickled in slowly on purpose.
-        if ctx.bodyDeadlineNanoseconds > 0, DispatchTime.now().uptimeNanoseconds - request.started > ctx.bodyDeadlineNanoseconds {
+        if core.bodyDeadlineNanoseconds > 0, monotonicNanoseconds() - started > core.bodyDeadlineNanoseconds {
             return .NO
         }
-        // Only reachable without a (valid) Content-Length, i.e. chunked uploads. MHD does
-        // not accept a response while body data is being delivered, so the excess is
-        // consumed and dropped and 413 goes out once the body ends; a client that keeps
-        // streaming far past the limit is disconnected instead.
-        uploadSize.pointee = 0
-        if request.tooLarge {
-            request.discardedBytes += chunkSize
-            return request.discardedBytes > max(ctx.maxBodyBytes, 1 << 20) ? .NO : .YES
+        // Bodies with a valid Content-Length never exceed it (libmicrohttpd stops there), so the
+        // limits below only bite on chunked uploads. MHD does not accept a response while body
+        // data is being delivered, so the excess is consumed and dropped and the refusal goes
+        // out once the body ends; a client that keeps streaming far past the limit is
+        // disconnected instead.
+        var released = 0
+        let keepGoing = state.withLock { s -> Bool in
+            if s.refusal != nil {
+                s.discardedBytes += chunk.count
+                return s.discardedBytes <= max(s.bodyLimit, 1 << 20)
+            }
+            let total = s.body.count + chunk.count
+            var refusal: HTTPResponse?
+            if total > s.bodyLimit {
+                refusal = payloadTooLarge
+            } else if total > s.reservedBodyBytes {
+                let more = total - s.reservedBodyBytes
+                if core.reserveBodyBytes(more) {
+                    s.reservedBodyBytes += more
+                } else {
+                    refusal = core.configuration.overloadedResponse(s.path)
+                }
+            }
+            if let refusal {
+                s.refusal = refusal
+                s.discardedBytes = total
+                s.body = []
+                released = s.reservedBodyBytes
+                s.reservedBodyBytes = 0
+                return true
+            }
+            s.body.append(contentsOf: chunk)
+            return true
         }
-        if request.body.count + chunkSize > ctx.maxBodyBytes {
-            request.tooLarge = true
-            request.discardedBytes = request.body.count + chunkSize
-            request.body = []
-            return .YES
+        if released > 0 { core.releaseBodyBytes(released) }
+        return keepGoing ? .YES : .NO
+    }
+
+    private func requestComplete(connection: OpaquePointer) -> MHD_Result {
+        enum Next {
+            case refuse(HTTPResponse)
+            case callHandler(HTTPRequestParts)
+            case deliver
         }
-        if let uploadData {
-            request.body.append(contentsOf: UnsafeRawBufferPointer(start: uploadData, count: chunkSize))
+        let next = state.withLock { s -> Next in
+            if let refusal = s.refusal {
+                s.refusal = nil
+                s.queued = true
+                return .refuse(refusal)
+            }
+            guard !s.handlerCalled else { return .deliver }
+            s.handlerCalled = true
+            let parts = HTTPRequestParts(method: s.method, path: s.path, query: s.query, body: s.body)
+            s.body = []  // the handler owns the bytes now
+            return .callHandler(parts)
         }
+        switch next {
+        case .refuse(let response):
+            return queue(response, on: connection)
+        case .deliver:
+            return deliverAnswer(connection: connection)
+        case .callHandler(let parts):
+            let request = HTTPRequest(method: parts.method, path: parts.path, query: parts.query,
+                                      headers: requestHeaders(connection), body: parts.body,
+                                      remoteAddress: clientAddress(connection))
+            switch core.handler(request, self) {
+            case .response(let response):
+                // The common case: one lock to note that the writer was not used.
+                let writerUsed = state.withLock { s -> Bool in
+                    if case .none = s.answer {
+                        s.queued = true
+                        return false
+                    }
+                    s.handlerOwnsAnswer = true
+                    return true
+                }
+                return writerUsed ? deliverAnswer(connection: connection) : queue(response, on: connection)
+            case .deferred:
+                state.withLock { $0.handlerOwnsAnswer = true }
+                return deliverAnswer(connection: connection)
+            }
+        }
+    }
+
+    /// Queues the producer's answer if there is one, or suspends the connection until there is.
+    private func deliverAnswer(connection: OpaquePointer) -> MHD_Result {
+        enum Step {
+            case alreadyQueued, close, wait
+            case complete(HTTPResponse)
+            case stream(Int, [(name: String, value: String)])
+            case stopping((@Sendable () -> Void)?)
+        }
+        let step = state.withLock { s -> Step in
+            if s.queued { return .alreadyQueued }
+            if s.cancelled { return .close }
+            switch s.answer {
+            case .complete(let response):
+                s.queued = true
+                return .complete(response)
+            case .stream(let status, let headers):
+                s.queued = true
+                return .stream(status, headers)
+            case .none:
+                if suspend(&s) { return .wait }
+                s.cancelled = true
+                s.queued = true
+                return .stopping(s.takeCancelCallback())
+            }
+        }
+        switch step {
+        case .alreadyQueued, .wait: return .YES
+        case .close: return .NO  // libmicrohttpd closes the connection; completion follows
+        case .complete(let response): return queue(response, on: connection)
+        case .stream(let status, let headers): return queueStream(status: status, headers: headers, on: connection)
+        case .stopping(let callback):
+            callback?()
+            return queue(serviceUnavailable, on: connection)
+        }
+    }
+
+    /// Queues a chunked response whose body comes from `readChunk`.
+    private func queueStream(status: Int, headers: [(name: String, value: String)],
+                             on connection: OpaquePointer) -> MHD_Result {
+        guard (100...999).contains(status) else { return failStream(on: connection) }
+        let context = Unmanaged.passRetained(self).toOpaque()
+        // The block size is only used for HTTP/1.0 clients (no chunked encoding); chunks for
+        // HTTP/1.1 are built in the connection's own write buffer.
+        guard let response = MHD_create_response_from_callback(UInt64.max, 4096, contentReader, context,
+                                                                contentReaderFree) else {
+            Unmanaged<HTTPResponseWriter>.fromOpaque(context).release()
+            return failStream(on: connection)
+        }
+        defer { MHD_destroy_response(response) }  // MHD keeps its own reference once queued
+        for (name, value) in headers {
+            if asciiCaseInsensitiveEquals(name, "content-length") || asciiCaseInsensitiveEquals(name, "transfer-encoding") {
+                continue
+            }
+            guard isValidHeader(name: name, value: value),
+                  MHD_add_response_header(response, name, value) == .YES else { return failStream(on: connection) }
+        }
+        guard MHD_queue_response(connection, UInt32(status), response) == .YES else { return failStream(on: connection) }
         return .YES
     }
 
-    if request.tooLarge { return queue(payloadTooLarge, on: connection) }
+    /// The producer's stream cannot start (bad status or header): 500, and the producer is told.
+    private func failStream(on connection: OpaquePointer) -> MHD_Result {
+        let callback = state.withLock { s -> (@Sendable () -> Void)? in
+            s.cancelled = true
+            return s.takeCancelCallback()
+        }
+        callback?()
+        return queue(internalError, on: connection)
+    }
+}
 
-    let (path, query) = splitTarget(request.target)
-    let httpRequest = HTTPRequest(
-        method: method.map { String(cString: $0) } ?? "",
-        path: path,
-        query: query,
-        headers: requestHeaders(connection),
-        body: request.body,
-        remoteAddress: clientAddress(connection))
-    request.body = []  // the handler owns the bytes now
-    return queue(ctx.handler(httpRequest), on: connection)
+/// What the handler's `HTTPRequest` is built from, taken out of the writer's state.
+private struct HTTPRequestParts {
+    let method: String
+    let path: String
+    let query: String?
+    let body: [UInt8]
 }
 
 // MARK: - Helpers for the callbacks
@@ -321,6 +536,10 @@ private let payloadTooLarge = HTTPResponse(
 private let internalError = HTTPResponse(
     status: 500, headers: [(name: "content-type", value: "text/plain")],
     body: Array("internal server error\n".utf8))
+
+private let serviceUnavailable = HTTPResponse(
+    status: 503, headers: [(name: "content-type", value: "text/plain"), (name: "connection", value: "close")],
+    body: Array("server stopping\n".utf8))
 
 /// Queues `response`; if libmicrohttpd rejects it (bad status, bad header), queues a 500.
 private func queue(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
@@ -340,7 +559,7 @@ private func enqueue(_ response: HTTPResponse, on connection: OpaquePointer) -> 
 
     for (name, value) in response.headers {
         // MHD derives content-length from the body; it refuses a second one.
-        if name.caseInsensitiveCompare("content-length") == .orderedSame { continue }
+        if asciiCaseInsensitiveEquals(name, "content-length") { continue }
         guard isValidHeader(name: name, value: value),
               MHD_add_response_header(mhdResponse, name, value) == .YES else { return false }
     }
@@ -350,21 +569,52 @@ private func enqueue(_ response: HTTPResponse, on connection: OpaquePointer) -> 
 /// Header names must be tokens and values must not contain CR, LF or NUL (which would
 /// also be silently truncated on the way to C).
 private func isValidHeader(name: String, value: String) -> Bool {
-    let separators: Set<UInt8> = Set("()<>@,;:\\\"/[]?={} \t".utf8)
-    guard !name.isEmpty, name.utf8.allSatisfy({ $0 > 32 && $0 < 127 && !separators.contains($0) }) else {
+    guard !name.isEmpty, name.utf8.allSatisfy(isTokenByte) else { return false }
+    return !value.utf8.contains { $0 == 0 || $0 == 10 || $0 == 13 }
+}
+
+/// RFC 9110 tchar.
+private func isTokenByte(_ byte: UInt8) -> Bool {
+    switch byte {
+    case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+        return true
+    case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
+         UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
+         UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
+        return true
+    default:
         return false
     }
-    return !value.utf8.contains { $0 == 0 || $0 == 10 || $0 == 13 }
+}
+
+func asciiCaseInsensitiveEquals(_ a: String, _ b: StaticString) -> Bool {
+    let lhs = a.utf8
+    guard lhs.count == b.utf8CodeUnitCount else { return false }
+    return b.withUTF8Buffer { rhs in
+        zip(lhs, rhs).allSatisfy { asciiLowercased($0) == asciiLowercased($1) }
+    }
+}
+
+func asciiLowercased(_ byte: UInt8) -> UInt8 {
+    (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z")) ? byte | 0x20 : byte
+}
+
+private func trimmed(_ text: String) -> String {
+    let bytes = Array(text.utf8)
+    var start = 0, end = bytes.count
+    while start < end, bytes[start] == 32 || bytes[start] == 9 || bytes[start] == 10 || bytes[start] == 13 { start += 1 }
+    while end > start, bytes[end - 1] == 32 || bytes[end - 1] == 9 || bytes[end - 1] == 10 || bytes[end - 1] == 13 { end -= 1 }
+    return String(decoding: bytes[start..<end], as: UTF8.self)
 }
 
 /// Splits an origin-form target ("/a/b?x=1") into path and raw query. An absolute-form
 /// target ("http://host/a?x") is reduced to its path first.
-private func splitTarget(_ target: String) -> (path: String, query: String?) {
+func splitTarget(_ target: String) -> (path: String, query: String?) {
     var rest = Substring(target)
-    if let scheme = rest.range(of: "://"), !rest.hasPrefix("/") {
+    if !rest.hasPrefix("/"), let scheme = rest.firstRange(of: "://") {
         let afterAuthority = rest[scheme.upperBound...]
         rest = afterAuthority.firstIndex(where: { $0 == "/" || $0 == "?" }).map { afterAuthority[$0...] } ?? "/"
-        if rest.hasPrefix("?") { rest = "/" + rest }
+        if rest.hasPrefix("?") { return ("/", String(rest.dropFirst())) }
     }
     guard let mark = rest.firstIndex(of: "?") else { return (String(rest), nil) }
     return (String(rest[..<mark]), String(rest[rest.index(after: mark)...]))
@@ -401,7 +651,7 @@ private func clientAddress(_ connection: OpaquePointer) -> String {
     default:
         return ""
     }
-    return String(cString: text)
+    return text.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
 }
 
 // MARK: - Listening address

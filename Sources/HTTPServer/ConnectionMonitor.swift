@@ -1,0 +1,149 @@
+import CMicroHTTPD
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One thread per running server that watches the sockets of suspended connections.
+///
+/// libmicrohttpd 0.9.75 takes a suspended connection out of its epoll set (daemon.c,
+/// internal_suspend_connection_) and documents that "while a connection is suspended, MHD will
+/// not detect disconnects by the client". A relayed stream waiting for its upstream is suspended
+/// most of its life, so without this a client that hangs up would keep its upstream transfer
+/// running until the next chunk failed to send. Here each suspended connection's socket is in a
+/// second epoll set, for EPOLLRDHUP/EPOLLHUP/EPOLLERR only (not EPOLLIN, so a pipelined request is
+/// not mistaken for a hang-up); when one fires the request is aborted: its producer's `onCancel`
+/// runs and the connection is resumed so that libmicrohttpd closes it.
+///
+/// Registration follows the writer's `suspended` flag under the writer's lock, so a socket is
+/// only ever in this set while its connection is suspended — and a suspended connection's socket
+/// is never closed by libmicrohttpd (the server resumes every suspended connection before it
+/// stops the daemon), so a descriptor here can never have been reused for another connection.
+final class ConnectionMonitor: Sendable {
+    private struct State {
+        /// No new registrations: the server is stopping.
+        var stopping = false
+        var exit = false
+        var watched: [UInt64: HTTPResponseWriter] = [:]
+    }
+
+    private let epollFD: Int32
+    private let wakeFD: Int32
+    private let state = Mutex(State())
+    private let thread = Mutex<pthread_t?>(nil)
+    /// Called on the monitor thread about every `tickMilliseconds`.
+    private let tick: @Sendable () -> Void
+    private let tickMilliseconds: Int32
+
+    /// The key of the wake-up eventfd; writer keys are object addresses, never 0.
+    private static let wakeKey: UInt64 = 0
+
+    init(tickMilliseconds: Int32 = 250, tick: @escaping @Sendable () -> Void = {}) throws {
+        epollFD = epoll_create1(Int32(EPOLL_CLOEXEC))
+        guard epollFD >= 0 else { throw HTTPServerError("epoll_create1 failed: errno \(errno)") }
+        wakeFD = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
+        guard wakeFD >= 0 else {
+            close(epollFD)
+            throw HTTPServerError("eventfd failed: errno \(errno)")
+        }
+        self.tick = tick
+        self.tickMilliseconds = tickMilliseconds
+        _ = attest_watch_add_readable(epollFD, wakeFD, Self.wakeKey)
+    }
+
+    deinit {
+        close(epollFD)
+        close(wakeFD)
+    }
+
+    func start() throws {
+        let context = Unmanaged.passRetained(self).toOpaque()
+        var handle = pthread_t()
+        let result = pthread_create(&handle, nil, { raw in
+            let monitor = Unmanaged<ConnectionMonitor>.fromOpaque(raw!).takeRetainedValue()
+            monitor.run()
+            return nil
+        }, context)
+        guard result == 0 else {
+            Unmanaged<ConnectionMonitor>.fromOpaque(context).release()
+            throw HTTPServerError("cannot start the connection monitor thread: error \(result)")
+        }
+        thread.withLock { $0 = handle }
+    }
+
+    /// Watches `fd` for the peer going away while its connection is suspended. False when the
+    /// server is stopping (the caller must not suspend).
+    func watch(_ writer: HTTPResponseWriter, key: UInt64, fd: Int32) -> Bool {
+        state.withLock { s in
+            guard !s.stopping else { return false }
+            if fd >= 0 { _ = attest_watch_add(epollFD, fd, key) }
+            s.watched[key] = writer
+            return true
+        }
+    }
+
+    func unwatch(key: UInt64, fd: Int32) {
+        state.withLock { s in
+            if fd >= 0 { _ = attest_watch_remove(epollFD, fd) }
+            s.watched[key] = nil
+        }
+    }
+
+    /// Refuses new registrations and returns every writer whose connection is suspended now.
+    func beginStop() -> [HTTPResponseWriter] {
+        state.withLock { s in
+            s.stopping = true
+            return Array(s.watched.values)
+        }
+    }
+
+    /// Ends the thread and waits for it.
+    func shutdown() {
+        state.withLock { $0.exit = true }
+        var one: UInt64 = 1
+        _ = Glibc.write(wakeFD, &one, 8)
+        if let handle = thread.withLock({ t -> pthread_t? in defer { t = nil }; return t }) {
+            pthread_join(handle, nil)
+        }
+    }
+
+    private func run() {
+        var keys = [UInt64](repeating: 0, count: 64)
+        var nextTick = monotonicNanoseconds() + UInt64(tickMilliseconds) * 1_000_000
+        while true {
+            let now = monotonicNanoseconds()
+            let wait = nextTick > now ? Int32((nextTick - now) / 1_000_000) : 0
+            let count = keys.withUnsafeMutableBufferPointer {
+                attest_watch_wait(epollFD, $0.baseAddress, Int32($0.count), wait)
+            }
+            if count < 0 { return }
+            var lost: [HTTPResponseWriter] = []
+            let exit = state.withLock { s -> Bool in
+                for index in 0..<Int(count) {
+                    let key = keys[index]
+                    if key == Self.wakeKey {
+                        var drained: UInt64 = 0
+                        _ = read(wakeFD, &drained, 8)
+                    } else if let writer = s.watched[key] {
+                        lost.append(writer)
+                    }
+                }
+                return s.exit
+            }
+            if exit { return }
+            // Outside the lock: aborting takes the writer's lock, which nests ours.
+            for writer in lost { writer.abort() }
+            if monotonicNanoseconds() >= nextTick {
+                tick()
+                nextTick = monotonicNanoseconds() + UInt64(tickMilliseconds) * 1_000_000
+            }
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds.
+func monotonicNanoseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}

@@ -1,0 +1,401 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+import Testing
+@testable import HTTPServer
+
+extension HTTPServerTests {
+// Deferred and streaming answers, body limits per route and the global body budget, over real
+// loopback sockets against real servers. Nested in HTTPServerTests so that it runs serialized
+// with the other timing-sensitive tests (one of these measures the process's CPU time).
+@Suite
+struct StreamingTests {
+
+    // MARK: Deferred answers
+
+    @Test func deferredResponseIsAnsweredFromAnotherThreadWithoutHoldingAWorker() throws {
+        var config = loopbackConfig()
+        config.threads = 1  // one worker: if a deferred request held it, /plain could not be served
+        let server = try startServer(config) { request, writer in
+            if request.path == "/plain" { return .response(HTTPResponse(status: 200, body: Array("plain".utf8))) }
+            onAnotherThread(after: 0.3) {
+                writer.respond(HTTPResponse(status: 202, headers: [(name: "x-late", value: "yes")],
+                                            body: Array("answered later".utf8)))
+            }
+            return .deferred
+        }
+        defer { server.stop() }
+
+        let deferred = try RawConnection(port: server.port)
+        let started = Date()
+        #expect(deferred.sendAll("GET /later HTTP/1.1\r\nHost: a\r\n\r\n"))
+        // While the deferred request waits, the only worker serves another request at once.
+        let plain = try RawConnection(port: server.port)
+        #expect(plain.sendAll("GET /plain HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(plain.readResponse()?.text == "plain")
+        #expect(Date().timeIntervalSince(started) < 0.25, "plain request waited for the deferred one")
+
+        let response = try #require(deferred.readResponse())
+        #expect(response.status == 202)
+        #expect(response.headers["x-late"] == "yes")
+        #expect(response.text == "answered later")
+        // Keep-alive still works after a deferred answer.
+        #expect(deferred.sendAll("GET /plain HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(deferred.readResponse()?.text == "plain")
+        expectNoLeaks(server)
+    }
+
+    @Test func answeringInsideTheHandlerThroughTheWriterWorks() throws {
+        let server = try startServer { request, writer in
+            writer.respond(HTTPResponse(status: 201, body: Array("sync".utf8)))
+            // The first answer wins: this one is ignored.
+            return request.path == "/both" ? .response(HTTPResponse(status: 500)) : .deferred
+        }
+        defer { server.stop() }
+        let connection = try RawConnection(port: server.port)
+        for path in ["/deferred", "/both"] {
+            #expect(connection.sendAll("GET \(path) HTTP/1.1\r\nHost: a\r\n\r\n"))
+            let response = try #require(connection.readResponse())
+            #expect(response.status == 201, "path \(path)")
+            #expect(response.text == "sync")
+        }
+        expectNoLeaks(server)
+    }
+
+    // MARK: Streams
+
+    @Test func streamedChunksArriveOneByOneBeforeTheNextIsWritten() throws {
+        let firstChunkRead = DispatchSemaphore(value: 0)
+        let producerWaited = Shared(false)
+        let server = try startServer { request, writer in
+            if request.path == "/next" { return .response(HTTPResponse(status: 204)) }
+            onAnotherThread {
+                writer.startStream(status: 200, headers: [(name: "content-type", value: "text/event-stream")])
+                writer.write(Array("event: one\n\n".utf8))
+                // The second chunk is only written once the client has read the first.
+                producerWaited.set(firstChunkRead.wait(timeout: .now() + 3) == .success)
+                Thread.sleep(forTimeInterval: 0.05)
+                writer.write(Array("event: two\n\n".utf8))
+                writer.finish()
+            }
+            return .deferred
+        }
+        defer { server.stop() }
+
+        let connection = try RawConnection(port: server.port)
+        #expect(connection.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}"))
+        let head = try #require(connection.readHead())
+        #expect(head.status == 200)
+        #expect(head.headers["transfer-encoding"] == "chunked")
+        #expect(head.headers["content-type"] == "text/event-stream")
+        #expect(head.headers["content-length"] == nil)
+        #expect(connection.readChunk().map { String(decoding: $0, as: UTF8.self) } == "event: one\n\n")
+        firstChunkRead.signal()
+        #expect(connection.readChunk().map { String(decoding: $0, as: UTF8.self) } == "event: two\n\n")
+        #expect(connection.readChunk() == [])
+        #expect(producerWaited.get, "the first chunk only arrived after the producer gave up waiting")
+        // The connection is reusable after the terminating chunk.
+        #expect(connection.sendAll("GET /next HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(connection.readResponse()?.status == 204)
+        expectNoLeaks(server)
+    }
+
+    @Test func manyOpenStreamsDoNotStarvePlainRequestsOnTwoWorkers() throws {
+        var config = loopbackConfig()
+        config.threads = 2
+        config.maxConnectionsPerIP = 0
+        let writers = Shared<[HTTPResponseWriter]>([])
+        let server = try startServer(config) { request, writer in
+            if request.path == "/plain" { return .response(HTTPResponse(status: 200, body: Array("ok".utf8))) }
+            writer.startStream(status: 200, headers: [])
+            writer.write(Array("hello".utf8))
+            writers.update { $0.append(writer) }
+            return .deferred
+        }
+        defer { server.stop() }
+
+        // HTTPSERVER_STREAMS=1000 runs the same check at the relay's target scale.
+        let streamCount = ProcessInfo.processInfo.environment["HTTPSERVER_STREAMS"].flatMap { Int($0) } ?? 150
+        let rssBefore = residentBytes()
+        let threadsBefore = threadCount()
+        let streams = try (0..<streamCount).map { _ in try RawConnection(port: server.port) }
+        for stream in streams { #expect(stream.sendAll("GET /stream HTTP/1.1\r\nHost: a\r\n\r\n")) }
+        var opened = 0
+        for stream in streams where stream.readHead()?.status == 200 && stream.readChunk() == Array("hello".utf8) {
+            opened += 1
+        }
+        #expect(opened == streamCount)
+        #expect(writers.get.count == streamCount)
+        let rssPerStream = Double(residentBytes() - rssBefore) / Double(streamCount)
+        let addedThreads = threadCount() - threadsBefore
+
+        // Waiting streams cost no CPU (a content reader that returned 0 without suspending would
+        // keep both workers spinning: ~2 CPU-seconds per second).
+        let cpuBefore = processCPUSeconds()
+        usleep(300_000)
+        let idleCPU = processCPUSeconds() - cpuBefore
+        #expect(idleCPU < 0.15, "\(idleCPU) CPU-seconds in 0.3 s with \(streamCount) idle streams")
+
+        // All streams are open and idle; plain requests are answered promptly.
+        var latencies: [Double] = []
+        let plain = try RawConnection(port: server.port)
+        for _ in 0..<100 {
+            let started = Date()
+            guard plain.sendAll("GET /plain HTTP/1.1\r\nHost: a\r\n\r\n"), plain.readResponse()?.text == "ok" else { break }
+            latencies.append(Date().timeIntervalSince(started))
+        }
+        #expect(latencies.count == 100)
+        latencies.sort()
+        let p99 = latencies.isEmpty ? .infinity : latencies[min(latencies.count - 1, latencies.count * 99 / 100)]
+        #expect(p99 < 0.1, "p99 \(p99 * 1000) ms with \(streamCount) open streams")
+        print("streams: \(streamCount) open on 2 workers; plain requests p50 \(latencies.isEmpty ? 0 : latencies[latencies.count / 2] * 1000) ms, "
+              + "p99 \(p99 * 1000) ms; idle CPU \(idleCPU) s per 0.3 s; RSS +\(Int(rssPerStream)) B per stream "
+              + "(client and server in this process); threads added: \(addedThreads)")
+        #expect(addedThreads <= 0, "open streams added \(addedThreads) threads")
+
+        // Every stream still delivers its next chunk and its end.
+        for writer in writers.get {
+            writer.write(Array("bye".utf8))
+            writer.finish()
+        }
+        var finished = 0
+        for stream in streams where stream.readChunk() == Array("bye".utf8) && stream.readChunk() == [] { finished += 1 }
+        #expect(finished == streamCount)
+        writers.set([])
+        expectNoLeaks(server)
+    }
+
+    @Test func clientDisconnectMidStreamFiresOnCancelPromptly() throws {
+        let cancelledAt = Shared<Date?>(nil)
+        let writeAfterCancel = Shared<Bool?>(nil)
+        let server = try startServer { _, writer in
+            writer.onCancel {
+                cancelledAt.set(Date())
+                writeAfterCancel.set(writer.write(Array("late".utf8)))
+            }
+            writer.startStream(status: 200, headers: [])
+            writer.write(Array("first".utf8))
+            return .deferred
+        }
+        defer { server.stop() }
+
+        let connection = try RawConnection(port: server.port)
+        #expect(connection.sendAll("GET /stream HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(connection.readHead()?.status == 200)
+        #expect(connection.readChunk() == Array("first".utf8))
+        // The stream is now suspended waiting for its producer; the client hangs up.
+        usleep(50_000)
+        let closedAt = Date()
+        connection.disconnect()
+        #expect(waitUntil(timeout: 2) { cancelledAt.get != nil })
+        if let cancelled = cancelledAt.get {
+            #expect(cancelled.timeIntervalSince(closedAt) < 0.5, "onCancel after \(cancelled.timeIntervalSince(closedAt)) s")
+        }
+        #expect(writeAfterCancel.get == false)
+        expectNoLeaks(server)
+    }
+
+    @Test func clientDisconnectBeforeADeferredAnswerFiresOnCancel() throws {
+        let cancelled = Shared(false)
+        let server = try startServer { _, writer in
+            writer.onCancel { cancelled.set(true) }
+            return .deferred  // never answered
+        }
+        defer { server.stop() }
+
+        let connection = try RawConnection(port: server.port)
+        #expect(connection.sendAll("GET /never HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(waitUntil(timeout: 2) { server.liveRequestContexts == 1 })
+        usleep(50_000)
+        connection.disconnect()
+        #expect(waitUntil(timeout: 1) { cancelled.get })
+        expectNoLeaks(server)
+    }
+
+    @Test func backPressureStopsThenResumesTheProducer() throws {
+        var config = loopbackConfig()
+        config.streamHighWaterBytes = 64 << 10
+        config.streamLowWaterBytes = 16 << 10
+        let writableFired = DispatchSemaphore(value: 0)
+        let refusedAfter = Shared(-1)
+        let totalWritten = Shared(0)
+        let server = try startServer(config) { _, writer in
+            writer.onWritable { writableFired.signal() }
+            writer.startStream(status: 200, headers: [])
+            onAnotherThread {
+                let block = [UInt8](repeating: UInt8(ascii: "x"), count: 16 << 10)
+                var written = 0
+                // The client is not reading: sooner or later the socket and then our buffer fill.
+                while written < 256 << 20 {
+                    let accepted = writer.write(block)
+                    written += block.count
+                    if !accepted { break }
+                }
+                refusedAfter.set(written)
+                // Resume once the client has drained the buffer below the low-water mark.
+                if writableFired.wait(timeout: .now() + 5) == .success {
+                    writer.write(Array("END".utf8))
+                    written += 3
+                }
+                totalWritten.set(written)
+                writer.finish()
+            }
+            return .deferred
+        }
+        defer { server.stop() }
+
+        let connection = try RawConnection(port: server.port, timeout: 10, receiveBuffer: 16 << 10)
+        #expect(connection.sendAll("GET /big HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(waitUntil(timeout: 5) { refusedAfter.get > 0 })
+        let refused = refusedAfter.get
+        #expect(refused > 0 && refused < 256 << 20, "write never returned false (\(refused) bytes)")
+        #expect(connection.readHead()?.status == 200)
+        let body = try #require(connection.readChunkedBody())
+        #expect(body.count == totalWritten.get)
+        #expect(body.suffix(3) == Array("END".utf8))
+        #expect(body.dropLast(3).allSatisfy { $0 == UInt8(ascii: "x") })
+        expectNoLeaks(server)
+    }
+
+    @Test func invalidStreamStatusBecomes500AndCancelsTheProducer() throws {
+        let cancelled = Shared(false)
+        let server = try startServer { _, writer in
+            writer.onCancel { cancelled.set(true) }
+            writer.startStream(status: 200, headers: [(name: "x-bad", value: "a\r\nb")])
+            return .deferred
+        }
+        defer { server.stop() }
+        let connection = try RawConnection(port: server.port)
+        #expect(connection.sendAll("GET / HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(connection.readResponse()?.status == 500)
+        #expect(cancelled.get)
+        expectNoLeaks(server)
+    }
+
+    @Test func stopWithOpenStreamsDoesNotHangAndCancelsThem() throws {
+        var config = loopbackConfig()
+        config.maxConnectionsPerIP = 0
+        let cancellations = Counter()
+        let server = try startServer(config) { request, writer in
+            writer.onCancel { _ = cancellations.next() }
+            if request.path == "/deferred" { return .deferred }
+            writer.startStream(status: 200, headers: [])
+            if request.path == "/busy" {
+                // Keeps the connection busy sending to a client that never reads.
+                onAnotherThread {
+                    let block = [UInt8](repeating: 0x61, count: 64 << 10)
+                    for _ in 0..<1000 where writer.write(block) {}
+                }
+            } else {
+                writer.write(Array("hi".utf8))
+            }
+            return .deferred
+        }
+        let connections = try (0..<10).map { index in
+            let connection = try RawConnection(port: server.port, timeout: 3, receiveBuffer: 8 << 10)
+            let path = index == 0 ? "/deferred" : index == 1 ? "/busy" : "/stream"
+            _ = connection.sendAll("GET \(path) HTTP/1.1\r\nHost: a\r\n\r\n")
+            return connection
+        }
+        #expect(waitUntil(timeout: 2) { server.liveRequestContexts == 10 })
+        usleep(100_000)
+        let started = Date()
+        server.stop()
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(elapsed < 2, "stop took \(elapsed) s")
+        #expect(cancellations.current == 10)
+        for connection in connections { _ = connection.waitForClose() }
+        expectNoLeaks(server)
+    }
+
+    // MARK: Body limits
+
+    @Test func bodyLimitIsChosenPerRoute() throws {
+        var config = loopbackConfig()
+        config.bodyLimit = { _, path in
+            path == "/v1/messages" || path == "/v1/messages/count_tokens" ? 32_000_000 : 65_536
+        }
+        let server = try startServer(config) { request in
+            HTTPResponse(status: 200, body: Array("\(request.body.count)".utf8))
+        }
+        defer { server.stop() }
+
+        let big = try RawConnection(port: server.port, timeout: 10)
+        let twentyMB = 20_000_000
+        #expect(big.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: \(twentyMB)\r\n\r\n"))
+        #expect(big.sendAll([UInt8](repeating: 0x7b, count: twentyMB)))
+        let accepted = try #require(big.readResponse())
+        #expect(accepted.status == 200)
+        #expect(accepted.text == "\(twentyMB)")
+
+        // Refused from the declared length alone, before any body byte is sent.
+        let small = try RawConnection(port: server.port)
+        #expect(small.sendAll("POST /v1/oauth/token HTTP/1.1\r\nHost: a\r\nContent-Length: 65537\r\n\r\n"))
+        let refused = try #require(small.readResponse())
+        #expect(refused.status == 413)
+        #expect(small.waitForClose() == .closed)
+
+        // The query does not change the route; 32 MB + 1 is refused on the big route too.
+        let over = try RawConnection(port: server.port)
+        #expect(over.sendAll("POST /v1/messages/count_tokens?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 32000001\r\n\r\n"))
+        #expect(over.readResponse()?.status == 413)
+
+        // Chunked uploads are held to the route's limit as they grow.
+        let chunked = try RawConnection(port: server.port)
+        let chunk = String(repeating: "b", count: 40_000)
+        let body = "9c40\r\n\(chunk)\r\n9c40\r\n\(chunk)\r\n0\r\n\r\n"
+        _ = chunked.sendAll("POST /v1/oauth/token HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+        #expect(chunked.readResponse()?.status == 413)
+        expectNoLeaks(server)
+    }
+
+    @Test func globalBodyBudgetAnswersTheOverloadedResponseAndIsReleased() throws {
+        var config = loopbackConfig()
+        config.maxBodyBytes = 10_000_000
+        config.maxBufferedBodyBytes = 1_000_000
+        config.overloadedResponse = { path in
+            .json(529, #"{"type":"error","error":{"type":"overloaded_error","message":"busy: \#(path)"}}"#)
+        }
+        let server = try startServer(config) { request in
+            HTTPResponse(status: 200, body: Array("\(request.body.count)".utf8))
+        }
+        defer { server.stop() }
+
+        // A slow upload holds 800 kB of the 1 MB budget.
+        let slow = try RawConnection(port: server.port)
+        #expect(slow.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 800000\r\n\r\n"))
+        #expect(slow.sendAll([UInt8](repeating: 0x61, count: 400_000)))
+        #expect(waitUntil(timeout: 2) { server.bufferedBodyBytes == 800_000 })
+
+        // Another 300 kB does not fit: the configured answer, without reading the body.
+        let refused = try RawConnection(port: server.port)
+        #expect(refused.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 300000\r\n\r\n"))
+        let overloaded = try #require(refused.readResponse())
+        #expect(overloaded.status == 529)
+        #expect(overloaded.text == #"{"type":"error","error":{"type":"overloaded_error","message":"busy: /v1/messages"}}"#)
+
+        // A chunked upload that grows past what is left is refused once it ends.
+        let chunked = try RawConnection(port: server.port)
+        let piece = String(repeating: "c", count: 150_000)
+        _ = chunked.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            + "249f0\r\n\(piece)\r\n249f0\r\n\(piece)\r\n0\r\n\r\n")
+        #expect(chunked.readResponse()?.status == 529)
+
+        // The slow upload completes; its reservation is released and the next request fits.
+        #expect(slow.sendAll([UInt8](repeating: 0x61, count: 400_000)))
+        #expect(slow.readResponse()?.text == "800000")
+        #expect(waitUntil(timeout: 2) { server.bufferedBodyBytes == 0 })
+        let after = try RawConnection(port: server.port)
+        #expect(after.sendAll(post(bodySize: 300_000, path: "/v1/messages")))
+        #expect(after.readResponse()?.text == "300000")
+
+        // A request that dies mid-body gives its reservation back too.
+        let dying = try RawConnection(port: server.port)
+        #expect(dying.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 900000\r\n\r\nabc"))
+        #expect(waitUntil(timeout: 2) { server.bufferedBodyBytes == 900_000 })
+        dying.disconnect()
+        expectNoLeaks(server)
+    }
+}
+}
