@@ -1,0 +1,146 @@
+import COpenSSL
+import Foundation
+
+/// AES-256-GCM for secrets at rest (the workspaces' upstream API keys), under a master key that
+/// every instance of a deployment reads from the same file. Each value is bound to what it
+/// belongs to through the associated data, so a ciphertext copied to another row does not open.
+///
+/// Sealed format: version 0x01 ‖ 12-byte random nonce ‖ ciphertext ‖ 16-byte tag.
+public struct SecretBox: Sendable {
+    public static let keyLength = 32
+    static let version: UInt8 = 1
+    static let nonceLength = 12
+    static let tagLength = 16
+
+    private let key: [UInt8]
+
+    public init(key: [UInt8]) throws {
+        guard key.count == Self.keyLength else { throw CryptoError("a secrets key is \(Self.keyLength) bytes, got \(key.count)") }
+        self.key = key
+    }
+
+    public func seal(_ plaintext: [UInt8], associatedData: [UInt8]) throws -> [UInt8] {
+        let nonce = secureRandomBytes(Self.nonceLength)
+        var output = [UInt8](repeating: 0, count: plaintext.count + 16)
+        var tag = [UInt8](repeating: 0, count: Self.tagLength)
+        let written = try withCipher(encrypt: true, nonce: nonce) { context in
+            try update(context, associatedData, output: nil)
+            let count = try update(context, plaintext, output: &output)
+            var final: Int32 = 0
+            let ok = output.withUnsafeMutableBufferPointer { EVP_EncryptFinal_ex(context, $0.baseAddress! + count, &final) }
+            guard ok == 1 else { throw CryptoError.openSSL("EVP_EncryptFinal_ex") }
+            guard EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_GCM_GET_TAG, Int32(Self.tagLength), &tag) == 1 else {
+                throw CryptoError.openSSL("EVP_CTRL_GCM_GET_TAG")
+            }
+            return count + Int(final)
+        }
+        return [Self.version] + nonce + output[0..<written] + tag
+    }
+
+    /// The plaintext, or an error when the value was altered, sealed under another key, or sealed
+    /// with other associated data.
+    public func open(_ sealed: [UInt8], associatedData: [UInt8]) throws -> [UInt8] {
+        guard sealed.count >= 1 + Self.nonceLength + Self.tagLength, sealed[0] == Self.version else {
+            throw CryptoError("sealed secret is malformed")
+        }
+        let nonce = Array(sealed[1...Self.nonceLength])
+        let body = Array(sealed[(1 + Self.nonceLength)..<(sealed.count - Self.tagLength)])
+        var tag = Array(sealed[(sealed.count - Self.tagLength)...])
+        var output = [UInt8](repeating: 0, count: body.count + 16)
+        let written = try withCipher(encrypt: false, nonce: nonce) { context in
+            try update(context, associatedData, output: nil)
+            let count = try update(context, body, output: &output)
+            guard EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_GCM_SET_TAG, Int32(Self.tagLength), &tag) == 1 else {
+                throw CryptoError.openSSL("EVP_CTRL_GCM_SET_TAG")
+            }
+            var final: Int32 = 0
+            let ok = output.withUnsafeMutableBufferPointer { EVP_DecryptFinal_ex(context, $0.baseAddress! + count, &final) }
+            ERR_clear_error()
+            guard ok == 1 else { throw CryptoError("sealed secret does not open: wrong key, altered, or bound to something else") }
+            return count + Int(final)
+        }
+        return Array(output[0..<written])
+    }
+
+    private func withCipher<T>(encrypt: Bool, nonce: [UInt8], _ body: (OpaquePointer) throws -> T) throws -> T {
+        guard let context = EVP_CIPHER_CTX_new() else { throw CryptoError.openSSL("EVP_CIPHER_CTX_new") }
+        defer { EVP_CIPHER_CTX_free(context) }
+        let initialised = key.withUnsafeBufferPointer { key in
+            nonce.withUnsafeBufferPointer { nonce in
+                encrypt ? EVP_EncryptInit_ex(context, EVP_aes_256_gcm(), nil, key.baseAddress, nonce.baseAddress)
+                        : EVP_DecryptInit_ex(context, EVP_aes_256_gcm(), nil, key.baseAddress, nonce.baseAddress)
+            }
+        }
+        guard initialised == 1 else { throw CryptoError.openSSL("EVP_aes_256_gcm init") }
+        return try body(context)
+    }
+
+    /// Feeds `input`; with `output` nil it is associated data. Returns the bytes written.
+    @discardableResult
+    private func update(_ context: OpaquePointer, _ input: [UInt8], output: UnsafeMutablePointer<[UInt8]>?) throws -> Int {
+        guard !input.isEmpty else { return 0 }
+        var written: Int32 = 0
+        let ok: Int32 = input.withUnsafeBufferPointer { input in
+            if let output {
+                return output.pointee.withUnsafeMutableBufferPointer {
+                    EVP_CipherUpdate(context, $0.baseAddress, &written, input.baseAddress, Int32(input.count))
+                }
+            }
+            return EVP_CipherUpdate(context, nil, &written, input.baseAddress, Int32(input.count))
+        }
+        guard ok == 1 else { throw CryptoError.openSSL("EVP_CipherUpdate") }
+        return Int(written)
+    }
+}
+
+/// The deployment's master key for secrets at rest: a file of 32 random bytes, mode 0600.
+/// (A 64-character hex or 44-character base64 text file, e.g. from `openssl rand -hex 32`, is
+/// accepted too, with surrounding white space trimmed.)
+public enum SecretsKeyFile {
+    public static func load(_ path: String) throws -> SecretBox {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw CryptoError("cannot read the secrets key file \(path) (attestctl init creates it)")
+        }
+        let bytes = [UInt8](data)
+        if bytes.count == SecretBox.keyLength { return try SecretBox(key: bytes) }
+        let text = String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        if text.count == 64, let hex = decodeHex(text) { return try SecretBox(key: hex) }
+        if let decoded = Data(base64Encoded: text), decoded.count == SecretBox.keyLength { return try SecretBox(key: [UInt8](decoded)) }
+        throw CryptoError("the secrets key file \(path) does not hold a 32-byte key (32 raw bytes, 64 hex characters or base64)")
+    }
+
+    /// Creates the file with 32 random bytes, mode 0600, only if it does not exist yet.
+    /// Returns false when it already existed (nothing is changed then).
+    @discardableResult
+    public static func createIfAbsent(_ path: String) throws -> Bool {
+        let fd = Foundation.open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        if fd < 0 {
+            if errno == EEXIST { return false }
+            throw CryptoError("cannot create the secrets key file \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { close(fd) }
+        let key = secureRandomBytes(SecretBox.keyLength)
+        let written = key.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        guard written == key.count, fsync(fd) == 0 else {
+            unlink(path)
+            throw CryptoError("cannot write the secrets key file \(path): \(String(cString: strerror(errno)))")
+        }
+        return true
+    }
+
+    private static func decodeHex(_ text: String) -> [UInt8]? {
+        var out: [UInt8] = []
+        var high: UInt8?
+        for character in text.utf8 {
+            let value: UInt8
+            switch character {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): value = character - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): value = character - UInt8(ascii: "a") + 10
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): value = character - UInt8(ascii: "A") + 10
+            default: return nil
+            }
+            if let h = high { out.append(h << 4 | value); high = nil } else { high = value }
+        }
+        return high == nil ? out : nil
+    }
+}
