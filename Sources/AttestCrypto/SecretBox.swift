@@ -97,6 +97,18 @@ public struct SecretBox: Sendable {
 /// (A 64-character hex or 44-character base64 text file, e.g. from `openssl rand -hex 32`, is
 /// accepted too, with surrounding white space trimmed.)
 public enum SecretsKeyFile {
+    public static let fileName = "attestd.key"
+
+    /// Where the key file is when no option names it: `ATTESTD_SECRETS_KEY_FILE`, else `attestd.key`
+    /// beside a SQLite database file (so `./attestd.key` beside the default `./attestd.sqlite`),
+    /// else (a database URL) `./attestd.key`.
+    public static func defaultPath(database: String, environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
+        if let path = environment["ATTESTD_SECRETS_KEY_FILE"], !path.isEmpty { return path }
+        guard !database.contains("://") else { return "./" + fileName }
+        let directory = (database as NSString).deletingLastPathComponent
+        return directory.isEmpty ? "./" + fileName : (directory as NSString).appendingPathComponent(fileName)
+    }
+
     public static func load(_ path: String) throws -> SecretBox {
         guard let data = FileManager.default.contents(atPath: path) else {
             throw CryptoError("cannot read the secrets key file \(path) (attestctl init creates it)")

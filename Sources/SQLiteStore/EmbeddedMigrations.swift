@@ -93,5 +93,17 @@ CREATE INDEX audit_log_client ON audit_log (client_id, at);
 -- requests already in flight): minting revokes older ones, found through this index.
 CREATE INDEX tokens_live_by_device ON tokens (key_id, client_id, issued_at) WHERE revoked_at IS NULL;
 """#),
+        ("0003_workspace_upstream_keys.sql", #"""
+-- Each workspace's own key for the upstream Messages API (usage is billed to the workspace).
+-- Only the AES-256-GCM sealed value is stored, bound to its workspace by the associated data;
+-- last4 lets operators tell keys apart without revealing them.
+CREATE TABLE workspace_upstream_keys (
+    workspace_id INTEGER PRIMARY KEY REFERENCES workspaces(id),
+    sealed_key   BLOB NOT NULL,
+    last4        TEXT NOT NULL CHECK (length(last4) <= 4),
+    set_at       REAL NOT NULL,
+    set_by       TEXT NOT NULL
+);
+"""#),
     ]
 }

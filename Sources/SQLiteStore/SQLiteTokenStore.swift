@@ -66,6 +66,24 @@ public final class SQLiteTokenStore: TokenStore {
                                [.int(workspaceID), .text(email), .text(role.rawValue), .real(time.timeIntervalSince1970)]) }
     }
 
+    public func setUpstreamKey(workspaceID: Int64, _ key: SealedUpstreamKey) throws {
+        _ = try write { try $0.run("""
+            INSERT INTO workspace_upstream_keys (workspace_id, sealed_key, last4, set_at, set_by) VALUES (?, ?, ?, ?, ?)
+            ON CONFLICT (workspace_id) DO UPDATE SET sealed_key = excluded.sealed_key, last4 = excluded.last4,
+              set_at = excluded.set_at, set_by = excluded.set_by
+            """, [.int(workspaceID), .blob(key.sealed), .text(key.last4), .real(key.setAt.timeIntervalSince1970), .text(key.setBy)]) }
+    }
+
+    public func upstreamKey(workspaceID: Int64) throws -> SealedUpstreamKey? {
+        try read { try $0.first("SELECT sealed_key, last4, set_at, set_by FROM workspace_upstream_keys WHERE workspace_id = ?",
+                                [.int(workspaceID)]) { Self.sealedKey($0, from: 0) } }
+    }
+
+    private static func sealedKey(_ row: SQLiteConnection.Row, from column: Int32) -> SealedUpstreamKey {
+        SealedUpstreamKey(sealed: row.blob(column), last4: row.text(column + 1), setAt: Date(timeIntervalSince1970: row.real(column + 2)),
+                          setBy: row.text(column + 3))
+    }
+
     // MARK: Integrations
 
     public func createIntegration(_ integration: Integration) throws {
@@ -274,14 +292,17 @@ public final class SQLiteTokenStore: TokenStore {
     public func liveToken(hash: [UInt8], at time: Date) throws -> TokenGrant? {
         try read { db in
             try db.first("""
-                SELECT t.client_id, w.name, t.issued_at, t.expires_at, t.token_hash FROM tokens t
+                SELECT t.client_id, w.name, t.issued_at, t.expires_at, t.token_hash, w.id,
+                       k.sealed_key, k.last4, k.set_at, k.set_by FROM tokens t
                 JOIN integrations i ON i.client_id = t.client_id JOIN workspaces w ON w.id = t.workspace_id
+                LEFT JOIN workspace_upstream_keys k ON k.workspace_id = t.workspace_id
                 WHERE t.token_hash = ? AND t.revoked_at IS NULL AND t.expires_at > ? AND i.revoked_at IS NULL
                 """, [.blob(hash), .real(time.timeIntervalSince1970)]) { row -> TokenGrant? in
                     // The index lookup found it; confirm in constant time all the same.
                     guard constantTimeEquals(row.blob(4), hash) else { return nil }
-                    return TokenGrant(clientID: row.text(0), workspaceName: row.text(1), issuedAt: Date(timeIntervalSince1970: row.real(2)),
-                                      expiresAt: Date(timeIntervalSince1970: row.real(3)))
+                    return TokenGrant(clientID: row.text(0), workspaceID: row.int(5), workspaceName: row.text(1),
+                                      issuedAt: Date(timeIntervalSince1970: row.real(2)), expiresAt: Date(timeIntervalSince1970: row.real(3)),
+                                      upstreamKey: row.isNull(6) ? nil : Self.sealedKey(row, from: 6))
                 } ?? nil
         }
     }

@@ -63,6 +63,25 @@ public final class AdminService: Sendable {
         return workspace
     }
 
+    /// Sets the workspace's key for the upstream Messages API, sealed under the deployment's
+    /// secrets key and bound to the workspace. Owners and the primary owner only; audited with the
+    /// key's last four characters, never the key.
+    public func setUpstreamKey(actor: String, workspace name: String, key: String, secrets: SecretBox) throws {
+        let key = try Validate.upstreamKey(key)
+        let workspace = try existingWorkspace(name)
+        _ = try requireRole(actor, in: workspace, "set the upstream key") { $0 == .primaryOwner || $0 == .owner }
+        let sealed = try secrets.seal(Array(key.utf8), associatedData: SealedUpstreamKey.associatedData(workspaceID: workspace.id))
+        let last4 = String(key.suffix(4))
+        try store.setUpstreamKey(workspaceID: workspace.id, SealedUpstreamKey(sealed: sealed, last4: last4, setAt: now(), setBy: actor))
+        try audit(actor: actor, "workspace.upstream_key_set", detail: "\(workspace.name): key ending in \(last4)")
+    }
+
+    /// A workspace and what may be shown of its upstream key (whether set, when, by whom, last 4).
+    public func workspaceDetails(_ name: String) throws -> (workspace: Workspace, upstreamKey: SealedUpstreamKey?) {
+        let workspace = try existingWorkspace(name)
+        return (workspace, try store.upstreamKey(workspaceID: workspace.id))
+    }
+
     // MARK: Integrations
 
     public func createIntegration(actor: String, workspace workspaceName: String = defaultWorkspace, name: String, teamID: String,
@@ -175,6 +194,16 @@ public enum Validate {
             guard seen.insert(id.lowercased()).inserted else { throw AdminError("bundle ID '\(id)' is given twice") }
         }
         return ids
+    }
+
+    /// An upstream API key: printable ASCII without spaces, 8 to 256 characters, white space
+    /// around it trimmed (key files usually end with a newline).
+    public static func upstreamKey(_ text: String) throws -> String {
+        let key = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard (8...256).contains(key.utf8.count), key.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7f }) else {
+            throw AdminError("the upstream key must be 8 to 256 printable ASCII characters without spaces")
+        }
+        return key
     }
 
     public static func environments(_ text: String) throws -> Set<AttestationEnvironment> {

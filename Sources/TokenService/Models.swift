@@ -96,14 +96,42 @@ public struct TokenRecord: Sendable, Equatable {
 /// A live token as the Messages API check sees it.
 public struct TokenGrant: Sendable, Equatable {
     public let clientID: String
+    public let workspaceID: Int64
     public let workspaceName: String
     public let issuedAt: Date
     public let expiresAt: Date
-    public init(clientID: String, workspaceName: String, issuedAt: Date, expiresAt: Date) {
+    /// The workspace's sealed upstream key, read in the same query (the relay opens it, cached).
+    public let upstreamKey: SealedUpstreamKey?
+
+    public init(clientID: String, workspaceID: Int64 = 0, workspaceName: String, issuedAt: Date, expiresAt: Date,
+                upstreamKey: SealedUpstreamKey? = nil) {
         self.clientID = clientID
+        self.workspaceID = workspaceID
         self.workspaceName = workspaceName
         self.issuedAt = issuedAt
         self.expiresAt = expiresAt
+        self.upstreamKey = upstreamKey
+    }
+}
+
+/// A workspace's upstream API key as stored: sealed (AES-256-GCM, bound to the workspace), with
+/// its last four characters and when and by whom it was set. The key itself is never stored.
+public struct SealedUpstreamKey: Sendable, Equatable {
+    public let sealed: [UInt8]
+    public let last4: String
+    public let setAt: Date
+    public let setBy: String
+
+    public init(sealed: [UInt8], last4: String, setAt: Date, setBy: String) {
+        self.sealed = sealed
+        self.last4 = last4
+        self.setAt = setAt
+        self.setBy = setBy
+    }
+
+    /// The associated data a workspace's key is sealed with: a copy in another workspace's row does not open.
+    public static func associatedData(workspaceID: Int64) -> [UInt8] {
+        Array("attestd/upstream-key/v1/workspace/\(workspaceID)".utf8)
     }
 }
 

@@ -10,6 +10,9 @@ public protocol TokenStore: AnyObject, Sendable {
     func role(of email: String, in workspaceID: Int64) throws -> Role?
     func primaryOwner(workspaceID: Int64) throws -> String?
     func addMember(email: String, role: Role, workspaceID: Int64, at: Date) throws
+    /// Sets (or replaces) the workspace's sealed upstream key.
+    func setUpstreamKey(workspaceID: Int64, _ key: SealedUpstreamKey) throws
+    func upstreamKey(workspaceID: Int64) throws -> SealedUpstreamKey?
 
     // Integrations
     func createIntegration(_ integration: Integration) throws
@@ -40,7 +43,8 @@ public protocol TokenStore: AnyObject, Sendable {
     /// used up all the same), stores the token and the next challenge.
     func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
                         nextChallenge: IssuedChallenge, at: Date) throws -> CommitResult
-    /// The grant behind a token hash if it is live: unexpired, unrevoked, integration not revoked.
+    /// The grant behind a token hash if it is live: unexpired, unrevoked, integration not revoked;
+    /// with the workspace's sealed upstream key, in the same query.
     func liveToken(hash: [UInt8], at: Date) throws -> TokenGrant?
 
     // Audit

@@ -1,4 +1,5 @@
 import AppAttest
+import AttestCrypto
 import CommandLineSupport
 import Foundation
 import SQLiteStore
@@ -12,13 +13,18 @@ enum AdminCommands {
     usage: attestctl init --owner EMAIL
            attestctl members add --actor EMAIL --email EMAIL --role owner|admin|developer|user [--workspace NAME]
            attestctl workspaces create --actor EMAIL --name NAME
+           attestctl workspaces show NAME [--json]
+           attestctl workspaces set-upstream-key --actor EMAIL --workspace NAME --key-file FILE
+             (owner or primary owner; the key is stored sealed with AES-256-GCM under the secrets key file,
+              never printed: show tells only whether one is set, when, by whom, and its last 4 characters)
            attestctl integrations create --actor EMAIL [--workspace NAME] --name NAME --team-id TEAMID
              --bundle-id ID [--bundle-id ID]… [--environments development,production] [--json]
            attestctl integrations list [--workspace NAME] [--json]
            attestctl integrations show CLIENT_ID [--json]
            attestctl integrations revoke CLIENT_ID --actor EMAIL --yes
            attestctl audit [--client-id CLIENT_ID] [--limit N] [--json]
-         every command takes --db PATH (default: $ATTESTD_DB, else ./attestd.sqlite)
+         every command takes --db PATH (default: $ATTESTD_DB, else ./attestd.sqlite) and --secrets-key-file FILE
+         (default: $ATTESTD_SECRETS_KEY_FILE, else attestd.key beside the database; init creates it, 32 random bytes, 0600)
     """
 
     static func run(_ command: String, _ argv: [String]) throws -> Int32 {
@@ -31,6 +37,8 @@ enum AdminCommands {
             case ("init", _): try initialize(argv)
             case ("members", "add"): try addMember(Array(argv.dropFirst()))
             case ("workspaces", "create"): try createWorkspace(Array(argv.dropFirst()))
+            case ("workspaces", "show"): try showWorkspace(Array(argv.dropFirst()))
+            case ("workspaces", "set-upstream-key"): try setUpstreamKey(Array(argv.dropFirst()))
             case ("integrations", "create"): try createIntegration(Array(argv.dropFirst()))
             case ("integrations", "list"): try listIntegrations(Array(argv.dropFirst()))
             case ("integrations", "show"): try showIntegration(Array(argv.dropFirst()))
@@ -51,6 +59,10 @@ enum AdminCommands {
         let arguments = try parse(argv, options: ["owner"])
         let owner = try arguments.required("owner")
         let (service, store) = try open(arguments)
+        let keyFile = try secretsKeyPath(arguments)
+        if try SecretsKeyFile.createIfAbsent(keyFile) {
+            print("created the secrets key \(keyFile) (32 random bytes, mode 0600): every attestd of this deployment reads it")
+        }
         switch try service.initialize(owner: owner) {
         case .created:
             print("initialised \(store.path): workspace \(AdminService.defaultWorkspace), primary owner \(try Validate.email(owner))")
@@ -77,6 +89,39 @@ enum AdminCommands {
         let (service, _) = try open(arguments)
         let workspace = try service.createWorkspace(actor: actor, name: name)
         print("created workspace \(workspace.name); primary owner \(actor)")
+    }
+
+    static func showWorkspace(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: [], flags: ["json"], positional: 1)
+        let (service, _) = try open(arguments)
+        let (workspace, key) = try service.workspaceDetails(arguments.positional[0])
+        var upstream: [String: Any] = ["set": key != nil]
+        if let key {
+            upstream["set_at"] = iso8601(key.setAt)
+            upstream["set_by"] = key.setBy
+            upstream["last4"] = key.last4
+        }
+        if arguments.has("json") {
+            printJSON(["workspace": workspace.name, "upstream_key": upstream])
+        } else if let key {
+            print("workspace \(workspace.name): upstream key set \(iso8601(key.setAt)) by \(key.setBy), ending in \(key.last4)")
+        } else {
+            print("workspace \(workspace.name): no upstream key (attestd uses --upstream-key-file, if given)")
+        }
+    }
+
+    static func setUpstreamKey(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "workspace", "key-file"])
+        let actor = try Validate.email(try arguments.required("actor"))
+        let workspace = try arguments.required("workspace")
+        let keyPath = try arguments.required("key-file")
+        guard let data = FileManager.default.contents(atPath: keyPath) else { throw UsageError("--key-file: cannot read \(keyPath)") }
+        let (service, _) = try open(arguments)
+        let secrets: SecretBox
+        do { secrets = try SecretsKeyFile.load(try secretsKeyPath(arguments)) } catch { throw UsageError("\(error)") }
+        try service.setUpstreamKey(actor: actor, workspace: workspace, key: String(decoding: data, as: UTF8.self), secrets: secrets)
+        let (_, key) = try service.workspaceDetails(workspace)
+        print("set the upstream key of \(workspace), ending in \(key?.last4 ?? "?")")
     }
 
     static func createIntegration(_ argv: [String]) throws {
@@ -159,7 +204,7 @@ enum AdminCommands {
 
     /// Parses with `--db` allowed everywhere and an exact number of positional arguments.
     static func parse(_ argv: [String], options: Set<String>, flags: Set<String> = [], positional: Int = 0) throws -> Arguments {
-        let arguments = try Arguments(argv, options: options.union(["db"]), flags: flags)
+        let arguments = try Arguments(argv, options: options.union(["db", "secrets-key-file"]), flags: flags)
         guard arguments.positional.count == positional else {
             throw UsageError(positional == 0 ? "unexpected argument \(arguments.positional[0])"
                                              : "expected \(positional) argument(s), got \(arguments.positional.count)")
@@ -169,10 +214,17 @@ enum AdminCommands {
 
     /// Opening creates and migrates the database, so it happens only after the arguments are known to be good.
     static func open(_ arguments: Arguments) throws -> (AdminService, SQLiteTokenStore) {
-        let environment = ProcessInfo.processInfo.environment["ATTESTD_DB"].flatMap { $0.isEmpty ? nil : $0 }
-        let path = try arguments.value("db") ?? environment ?? "./attestd.sqlite"
-        let store = try SQLiteTokenStore(path: path, readers: 1)
+        let store = try SQLiteTokenStore(path: try databasePath(arguments), readers: 1)
         return (AdminService(store: store), store)
+    }
+
+    static func databasePath(_ arguments: Arguments) throws -> String {
+        let environment = ProcessInfo.processInfo.environment["ATTESTD_DB"].flatMap { $0.isEmpty ? nil : $0 }
+        return try arguments.value("db") ?? environment ?? "./attestd.sqlite"
+    }
+
+    static func secretsKeyPath(_ arguments: Arguments) throws -> String {
+        try arguments.value("secrets-key-file") ?? SecretsKeyFile.defaultPath(database: try databasePath(arguments))
     }
 
     /// What `integrations create --json` prints.

@@ -4,16 +4,19 @@ import Foundation
 /// attestctl: the operator's tool — administration of the service database and offline
 /// verification. It links no test authority (simulation and benchmarks live in `attest-sim`).
 let usage = """
-usage: attestctl [--db PATH] <command> …
-  init | members add | workspaces create   set up the organisation
+usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
+  init | members add                       set up the organisation
+  workspaces create|show|set-upstream-key  workspaces and their upstream API keys
   integrations create|list|show|revoke     manage app integrations
   audit [--client-id CLID] [--limit N]     newest audit events
   verify attestation|assertion …           verify an App Attest object offline
-every command answers --help; --db PATH (default: $ATTESTD_DB, else ./attestd.sqlite) may come before or after it
+every command answers --help; --db PATH (default: $ATTESTD_DB, else ./attestd.sqlite) and
+--secrets-key-file FILE (default: $ATTESTD_SECRETS_KEY_FILE, else attestd.key beside the database)
+may come before or after it
 """
 
 runTool("attestctl") {
-    let argv = try hoistGlobalOptions(Array(CommandLine.arguments.dropFirst()), options: ["db"])
+    let argv = try hoistGlobalOptions(Array(CommandLine.arguments.dropFirst()), options: ["db", "secrets-key-file"])
     let rest = Array(argv.dropFirst())
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)

@@ -1,3 +1,4 @@
+import AttestCrypto
 import Foundation
 import SQLiteStore
 import Testing
@@ -92,6 +93,85 @@ import TokenService
     }
 
     // MARK: init
+
+    // MARK: Workspaces' upstream keys
+
+    static let madeUpKey = "test-upstream-key-not-real-0123456789-wxyz"
+
+    func writeKeyFile(_ key: String, name: String = "upstream.key") throws -> String {
+        let path = dir.appendingPathComponent(name).path
+        try Data("  \(key)\n".utf8).write(to: URL(fileURLWithPath: path))
+        return path
+    }
+
+    @Test func initCreatesTheSecretsKeyBesideTheDatabaseOnce() throws {
+        try organisation()
+        let keyPath = dir.appendingPathComponent("attestd.key").path
+        let attributes = try FileManager.default.attributesOfItem(atPath: keyPath)
+        #expect((attributes[.posixPermissions] as? NSNumber)?.intValue == 0o600)
+        #expect((attributes[.size] as? NSNumber)?.intValue == 32)
+        let before = try Data(contentsOf: URL(fileURLWithPath: keyPath))
+        try ok(["init", "--owner", "owner@example.com"])
+        #expect(try Data(contentsOf: URL(fileURLWithPath: keyPath)) == before, "init never replaces an existing key")
+        // An explicit --secrets-key-file (before the command, as a global option) is honoured.
+        let other = dir.appendingPathComponent("other.key").path
+        #expect(try run(["--secrets-key-file", other, "init", "--owner", "owner@example.com"]).status == 0)
+        #expect(FileManager.default.fileExists(atPath: other))
+    }
+
+    @Test func ownersSetTheUpstreamKeyWhichIsNeverShownNorStoredInClear() throws {
+        try organisation()
+        let keyFile = try writeKeyFile(Self.madeUpKey)
+        // Admins manage integrations but not the workspace's billing key: refused, nothing changed.
+        let refused = try run(["workspaces", "set-upstream-key", "--actor", "admin@example.com", "--workspace", "default", "--key-file", keyFile])
+        #expect(refused.status == 2)
+        #expect(refused.stderr.contains("may not set the upstream key"))
+        #expect(try json(try run(["workspaces", "show", "default", "--json"]))["upstream_key"] as? [String: Bool] == ["set": false])
+
+        let set = try ok(["workspaces", "set-upstream-key", "--actor", "owner@example.com", "--workspace", "default", "--key-file", keyFile])
+        #expect(set.stdout.contains("wxyz") && !set.stdout.contains(Self.madeUpKey))
+        let shown = try json(try run(["workspaces", "show", "default", "--json"]))
+        let upstream = try #require(shown["upstream_key"] as? [String: Any])
+        #expect(upstream["set"] as? Bool == true && upstream["last4"] as? String == "wxyz" && upstream["set_by"] as? String == "owner@example.com")
+        let text = try ok(["workspaces", "show", "default"]).stdout
+        #expect(text.contains("ending in wxyz") && !text.contains(Self.madeUpKey))
+        // Audited, without the key.
+        let audit = try ok(["audit", "--json"]).stdout
+        #expect(audit.contains("workspace.upstream_key_set") && !audit.contains(Self.madeUpKey))
+        // Nowhere in the database files in clear; the stored value opens with the key file and
+        // this workspace's binding only.
+        var files = Data()
+        for suffix in ["", "-wal", "-shm"] { files.append((try? Data(contentsOf: URL(fileURLWithPath: db + suffix))) ?? Data()) }
+        #expect(files.range(of: Data(Self.madeUpKey.utf8)) == nil)
+        let stored = try #require(try store().upstreamKey(workspaceID: 1))
+        let secrets = try SecretsKeyFile.load(dir.appendingPathComponent("attestd.key").path)
+        #expect(try secrets.open(stored.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: 1)) == Array(Self.madeUpKey.utf8))
+    }
+
+    @Test func aSealedKeyCopiedToAnotherWorkspaceOrOpenedWithAnotherKeyFileDoesNotOpen() throws {
+        try organisation()
+        try ok(["workspaces", "create", "--actor", "owner@example.com", "--name", "second"])
+        try ok(["workspaces", "set-upstream-key", "--actor", "owner@example.com", "--workspace", "default",
+                "--key-file", try writeKeyFile(Self.madeUpKey)])
+        let store = try store()
+        let first = try #require(try store.upstreamKey(workspaceID: 1))
+        let second = try #require(try store.workspace(named: "second"))
+        // Copy the row's ciphertext into the other workspace, as an attacker with database access could.
+        try store.setUpstreamKey(workspaceID: second.id, first)
+        let secrets = try SecretsKeyFile.load(dir.appendingPathComponent("attestd.key").path)
+        let copied = try #require(try store.upstreamKey(workspaceID: second.id))
+        #expect(throws: CryptoError.self) { try secrets.open(copied.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: second.id)) }
+        // Another deployment's key file does not open it either.
+        let otherKeyFile = dir.appendingPathComponent("other.key").path
+        try SecretsKeyFile.createIfAbsent(otherKeyFile)
+        #expect(throws: CryptoError.self) {
+            try SecretsKeyFile.load(otherKeyFile).open(first.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: 1))
+        }
+        // A malformed key file is refused before anything is stored.
+        let bad = try run(["workspaces", "set-upstream-key", "--actor", "owner@example.com", "--workspace", "second",
+                           "--key-file", try writeKeyFile("short", name: "bad.key")])
+        #expect(bad.status == 2)
+    }
 
     @Test func globalOptionsMayComeBeforeTheCommand() throws {
         // As with git and kubectl: `attestctl --db PATH init …` and `--db=PATH` both work.
