@@ -15,6 +15,7 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
 
         // Verification core.
         .target(name: "CBOR"),
@@ -28,6 +29,8 @@ let package = Package(
         .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto"]),
         .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "CSQLite"]),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
+        // Client for the upstream Messages API: libcurl multi on one event thread.
+        .target(name: "UpstreamClient", dependencies: ["CCurl"], swiftSettings: [.swiftLanguageMode(.v6)]),
         // The service's HTTP API: routes from HTTP requests to the token service and back.
         .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto"]),
 
