@@ -41,6 +41,13 @@ let package = Package(
         .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto"]),
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "TestAuthority", "AttestClient", "SimulatedDevice", "CBOR"]),
 
+        // Test support, never linked into the shipped binaries: a stub of the upstream Messages
+        // API on raw sockets, and the same as a stand-alone executable for scripts and benchmarks.
+        .target(name: "UpstreamStub", dependencies: ["COpenSSL"], path: "Tests/Support/UpstreamStub",
+                swiftSettings: [.swiftLanguageMode(.v6)]),
+        .executableTarget(name: "upstream-stub", dependencies: ["UpstreamStub"], path: "Tests/Support/upstream-stub",
+                          swiftSettings: [.swiftLanguageMode(.v6)]),
+
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR"]),
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto"]),
