@@ -55,6 +55,8 @@ let package = Package(
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
+        .testTarget(name: "UpstreamClientTests", dependencies: ["UpstreamClient", "UpstreamStub"],
+                    swiftSettings: [.swiftLanguageMode(.v6)]),
     ],
     swiftLanguageModes: [.v5]
 )
