@@ -16,6 +16,7 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
 
         // The wire protocol alone (paths, client-data hashes, encodings, JSON shapes): no
         // dependencies, so it builds for iOS along with the client module.
@@ -33,8 +34,11 @@ let package = Package(
         .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire"]),
         .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CSQLite"]),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
-        // The service's HTTP API: routes from HTTP requests to the token service and back.
-        .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto", "AttestWire"]),
+        // Client for the upstream Messages API: libcurl multi on one event thread.
+        .target(name: "UpstreamClient", dependencies: ["CCurl"]),
+        // The service's HTTP API: routes from HTTP requests to the token service and back, and the
+        // Messages API relay.
+        .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto", "AttestWire", "UpstreamClient"]),
 
         // Device side: the client module (Foundation and the wire module only; SHA-256 from
         // CryptoKit on Apple platforms, from AttestCrypto on Linux), and a simulated device on the
@@ -57,15 +61,21 @@ let package = Package(
         .executableTarget(name: "attest-sim", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "TestAuthority", "AttestClient",
                                                              "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport"]),
 
+        // Test support, never linked into the shipped binaries: a stub of the upstream Messages
+        // API on raw sockets, and the same as a stand-alone executable for scripts and benchmarks.
+        .target(name: "UpstreamStub", dependencies: ["COpenSSL"], path: "Tests/Support/UpstreamStub"),
+        .executableTarget(name: "upstream-stub", dependencies: ["UpstreamStub"], path: "Tests/Support/upstream-stub"),
+
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR", "AttestWire"]),
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire"]),
         .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
-                                                         "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient"]),
+                                                         "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "AttestWire"]),
         .testTarget(name: "AttestWireTests", dependencies: ["AttestWire"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer"]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
+        .testTarget(name: "UpstreamClientTests", dependencies: ["UpstreamClient", "UpstreamStub"]),
     ]
 )

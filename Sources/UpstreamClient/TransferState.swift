@@ -1,0 +1,268 @@
+import CCurl
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One transfer on the event thread: its curl easy handle, request body, response head and
+/// flow-control state. curl's callbacks find it through an unretained pointer; the loop's
+/// tables keep it alive until `release()`.
+final class TransferState {
+    let handle: UpstreamTransfer
+    let delegate: any UpstreamDelegate
+    let easy: UnsafeMutableRawPointer
+    /// Method, path and headers (the body lives in `body`).
+    private let request: UpstreamRequest
+    /// The request body, until a response arrives (curl may rewind it before, never after).
+    private var body: [UInt8]
+    private var bodyOffset = 0
+    private var headerList: UnsafeMutablePointer<curl_slist>?
+    private let errorBuffer: UnsafeMutablePointer<CChar>
+
+    private var status = 0
+    private var headers: [(name: String, value: String)] = []
+    private var headDelivered = false
+    /// The delegate asked to stop delivery (the loop reads it to exempt the transfer from the
+    /// idle time-out and to honour `resume`).
+    var paused = false
+    var lastActivity: UInt64
+
+    init(handle: UpstreamTransfer, request: UpstreamRequest, delegate: any UpstreamDelegate, easy: UnsafeMutableRawPointer) {
+        self.handle = handle
+        var head = request
+        head.body = []
+        self.request = head
+        self.body = request.body
+        self.delegate = delegate
+        self.easy = easy
+        errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
+        errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
+        lastActivity = monotonicNanoseconds()
+    }
+
+    /// Frees the curl handle; the transfer must already be out of the multi handle.
+    func release() {
+        curl_easy_cleanup(easy)
+        if let list = headerList { curl_slist_free_all(list) }
+        headerList = nil
+        errorBuffer.deallocate()
+    }
+
+    /// Sets every option; returns why the request cannot be sent, if it cannot.
+    func configure(_ settings: LoopSettings) -> String? {
+        let method = request.method
+        guard !method.isEmpty, method.utf8.allSatisfy(isTokenByte) else { return "invalid method \(method)" }
+        guard request.path.hasPrefix("/"), !request.path.utf8.contains(where: { $0 <= 0x20 || $0 == 0x7F }) else {
+            return "invalid path: it must start with / and hold no space or control character"
+        }
+
+        var lines: [String] = []
+        var has = (accept: false, expect: false, contentType: false)
+        for (name, value) in request.headers {
+            guard !name.isEmpty, name.utf8.allSatisfy(isTokenByte) else { return "invalid header name \(name)" }
+            guard !value.utf8.contains(where: { $0 == 0x0D || $0 == 0x0A || $0 == 0x00 }) else {
+                return "header \(name) holds CR, LF or NUL"
+            }
+            switch name.lowercased() {
+            case "content-length", "transfer-encoding": continue  // curl frames the body
+            case "accept": has.accept = true
+            case "expect": has.expect = true
+            case "content-type": has.contentType = true
+            default: break
+            }
+            // "Name:" would tell curl to remove its own header; "Name;" sends an empty value.
+            lines.append(value.isEmpty ? "\(name);" : "\(name): \(value)")
+        }
+        // Headers curl adds by itself unless told not to: none of them was asked for.
+        if !has.accept { lines.append("Accept:") }
+        if !has.expect { lines.append("Expect:") }
+        if !has.contentType { lines.append("Content-Type:") }
+        for line in lines {
+            guard let list = curl_slist_append(headerList, line) else { return "out of memory" }
+            headerList = list
+        }
+
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        var ok = true
+        func set(_ code: CURLcode) { if code != CURLE_OK { ok = false } }
+        set(attest_curl_easy_setopt_string(easy, CURLOPT_URL, settings.baseURL + request.path))
+        set(attest_curl_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, errorBuffer))
+        set(attest_curl_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
+        // Only the configured URL: no proxy from the environment, no redirects, no other protocol.
+        set(attest_curl_easy_setopt_string(easy, CURLOPT_PROXY, ""))
+        set(attest_curl_easy_setopt_string(easy, CURLOPT_PROTOCOLS_STR, "http,https"))
+        set(attest_curl_easy_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0))
+        set(attest_curl_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, settings.connectTimeoutMilliseconds))
+        set(attest_curl_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1))
+        set(attest_curl_easy_setopt_long(easy, CURLOPT_HTTP_VERSION,
+                                         settings.allowHTTP2 ? attest_CURL_HTTP_VERSION_2TLS : attest_CURL_HTTP_VERSION_1_1))
+        if settings.isTLS && settings.allowHTTP2 {
+            // Wait for a connection being set up to say whether it multiplexes, rather than
+            // opening a second one.
+            set(attest_curl_easy_setopt_long(easy, CURLOPT_PIPEWAIT, 1))
+        }
+        if let bundle = settings.caBundle {
+            set(bundle.withUnsafeBytes { attest_curl_easy_setopt_blob_copy(easy, CURLOPT_CAINFO_BLOB, $0.baseAddress, $0.count) })
+        }
+        set(attest_curl_easy_setopt_slist(easy, CURLOPT_HTTPHEADER, headerList))
+        set(attest_curl_easy_setopt_write_function(easy, CURLOPT_HEADERFUNCTION, headerCallback))
+        set(attest_curl_easy_setopt_pointer(easy, CURLOPT_HEADERDATA, me))
+        set(attest_curl_easy_setopt_write_function(easy, CURLOPT_WRITEFUNCTION, writeCallback))
+        set(attest_curl_easy_setopt_pointer(easy, CURLOPT_WRITEDATA, me))
+
+        switch method {
+        case "GET" where body.isEmpty:
+            set(attest_curl_easy_setopt_long(easy, CURLOPT_HTTPGET, 1))
+        case "HEAD":
+            set(attest_curl_easy_setopt_long(easy, CURLOPT_NOBODY, 1))
+        default:
+            // The body streams from the request's own array (no copy); the seek callback lets
+            // curl send it again when a reused connection turns out to be dead.
+            set(attest_curl_easy_setopt_long(easy, CURLOPT_POST, 1))
+            set(attest_curl_easy_setopt_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(body.count)))
+            set(attest_curl_easy_setopt_read_function(easy, readCallback))
+            set(attest_curl_easy_setopt_pointer(easy, CURLOPT_READDATA, me))
+            set(attest_curl_easy_setopt_seek_function(easy, seekCallback))
+            set(attest_curl_easy_setopt_pointer(easy, CURLOPT_SEEKDATA, me))
+            if method != "POST" { set(attest_curl_easy_setopt_string(easy, CURLOPT_CUSTOMREQUEST, method)) }
+        }
+        return ok ? nil : "curl refused an option"
+    }
+
+    // MARK: Callbacks (on the event thread, inside curl)
+
+    fileprivate func didReceiveHeaderLine(_ bytes: UnsafeRawBufferPointer) {
+        lastActivity = monotonicNanoseconds()
+        guard !headDelivered else { return }  // trailers
+        var line = Substring(String(decoding: bytes, as: UTF8.self))
+        while let last = line.last, last.isNewline { line.removeLast() }
+        if line.hasPrefix("HTTP/") {
+            // A new response head (after a 1xx, a fresh one starts).
+            let parts = line.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: true)
+            status = parts.count >= 2 ? Int(parts[1].prefix(3)) ?? 0 : 0
+            headers = []
+        } else if line.isEmpty {
+            if status >= 200 { deliverHeadIfNeeded() }
+        } else if let first = line.first, first == " " || first == "\t", !headers.isEmpty {
+            // Obsolete line folding: a continuation of the previous value.
+            headers[headers.count - 1].value += " " + line.trimmingWhitespace()
+        } else if let colon = line.firstIndex(of: ":") {
+            headers.append((name: line[..<colon].trimmingWhitespace().lowercased(),
+                            value: line[line.index(after: colon)...].trimmingWhitespace()))
+        }
+    }
+
+    func deliverHeadIfNeeded() {
+        guard !headDelivered, !handle.cancelRequested.load(ordering: .relaxed) else { return }
+        headDelivered = true
+        if bodyOffset == body.count { body = [] }  // a 32 MB upload need not live as long as its stream
+        if status == 0 {
+            var code = 0
+            attest_curl_easy_getinfo_long(easy, CURLINFO_RESPONSE_CODE, &code)
+            status = code
+        }
+        let delivered = headers
+        headers = []
+        delegate.upstreamDidReceiveHead(status: status, headers: delivered)
+    }
+
+    fileprivate func didReceiveBody(_ chunk: UnsafeRawBufferPointer) {
+        lastActivity = monotonicNanoseconds()
+        // Cancelled on another thread: swallow until the loop removes the handle.
+        guard !handle.cancelRequested.load(ordering: .relaxed) else { return }
+        deliverHeadIfNeeded()
+        if !delegate.upstreamDidReceive(chunk) {
+            paused = true
+            curl_easy_pause(easy, attest_CURLPAUSE_RECV)
+        }
+    }
+
+    fileprivate func readBody(into buffer: UnsafeMutableRawBufferPointer) -> Int {
+        lastActivity = monotonicNanoseconds()
+        let count = min(buffer.count, body.count - bodyOffset)
+        guard count > 0 else { return 0 }
+        body.withUnsafeBytes { body in
+            buffer.baseAddress!.copyMemory(from: body.baseAddress! + bodyOffset, byteCount: count)
+        }
+        bodyOffset += count
+        return count
+    }
+
+    fileprivate func seekBody(to offset: Int) -> Bool {
+        guard offset >= 0, offset <= body.count else { return false }
+        bodyOffset = offset
+        return true
+    }
+
+    // MARK: Errors
+
+    func error(for code: CURLcode) -> UpstreamError {
+        let message = String(cString: errorBuffer)
+        let detail = message.isEmpty ? String(cString: curl_easy_strerror(code)) : message
+        return UpstreamError(kind: Self.kind(of: code), detail: detail, curlCode: Int(code.rawValue))
+    }
+
+    static func kind(of code: CURLcode) -> UpstreamError.Kind {
+        switch code {
+        case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY, CURLE_COULDNT_CONNECT:
+            return .connect
+        case CURLE_OPERATION_TIMEDOUT:
+            // No total timeout is set, so this is the connect timeout.
+            return .timeout
+        case CURLE_SSL_CONNECT_ERROR, CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER,
+             CURLE_SSL_CACERT_BADFILE, CURLE_SSL_ISSUER_ERROR, CURLE_SSL_PINNEDPUBKEYNOTMATCH,
+             CURLE_SSL_INVALIDCERTSTATUS, CURLE_SSL_CRL_BADFILE, CURLE_SSL_ENGINE_NOTFOUND,
+             CURLE_SSL_ENGINE_SETFAILED, CURLE_SSL_ENGINE_INITFAILED, CURLE_USE_SSL_FAILED:
+            return .tls
+        case CURLE_RECV_ERROR, CURLE_SEND_ERROR, CURLE_GOT_NOTHING, CURLE_PARTIAL_FILE, CURLE_HTTP2,
+             CURLE_HTTP2_STREAM, CURLE_HTTP3:
+            return .reset
+        default:
+            return .other
+        }
+    }
+}
+
+/// RFC 9110 token characters (method and header names).
+private func isTokenByte(_ byte: UInt8) -> Bool {
+    switch byte {
+    case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+        return true
+    default:
+        return "!#$%&'*+-.^_`|~".utf8.contains(byte)
+    }
+}
+
+extension Substring {
+    fileprivate func trimmingWhitespace() -> String {
+        var slice = self[...]
+        while let first = slice.first, first == " " || first == "\t" { slice.removeFirst() }
+        while let last = slice.last, last == " " || last == "\t" { slice.removeLast() }
+        return String(slice)
+    }
+}
+
+private let headerCallback: curl_write_callback = { buffer, size, count, context in
+    let length = size * count
+    Unmanaged<TransferState>.fromOpaque(context!).takeUnretainedValue()
+        .didReceiveHeaderLine(UnsafeRawBufferPointer(start: buffer, count: length))
+    return length
+}
+
+private let writeCallback: curl_write_callback = { buffer, size, count, context in
+    let length = size * count
+    Unmanaged<TransferState>.fromOpaque(context!).takeUnretainedValue()
+        .didReceiveBody(UnsafeRawBufferPointer(start: buffer, count: length))
+    return length
+}
+
+private let readCallback: curl_read_callback = { buffer, size, count, context in
+    guard let buffer else { return attest_CURL_READFUNC_ABORT }
+    return Unmanaged<TransferState>.fromOpaque(context!).takeUnretainedValue()
+        .readBody(into: UnsafeMutableRawBufferPointer(start: buffer, count: size * count))
+}
+
+private let seekCallback: curl_seek_callback = { context, offset, origin in
+    guard origin == SEEK_SET else { return CURL_SEEKFUNC_CANTSEEK }
+    return Unmanaged<TransferState>.fromOpaque(context!).takeUnretainedValue().seekBody(to: Int(offset))
+        ? CURL_SEEKFUNC_OK : CURL_SEEKFUNC_FAIL
+}

@@ -1,0 +1,54 @@
+import Foundation
+
+/// A throwaway CA and a server certificate for 127.0.0.1 and localhost, made with the
+/// `openssl` command line tool in a temporary directory (no private key is committed).
+public struct StubCertificates: Sendable {
+    public let directory: String
+    /// The CA certificate to trust (PEM).
+    public let caPath: String
+    /// Server certificate followed by nothing else (the CA is the direct issuer), and its key.
+    public let certificatePath: String
+    public let keyPath: String
+
+    public var tlsFiles: UpstreamStubConfiguration.TLSFiles {
+        .init(certificateChainPath: certificatePath, privateKeyPath: keyPath)
+    }
+
+    /// Generates the pair; throws with openssl's output when it fails.
+    public static func generate() throws -> StubCertificates {
+        let directory = FileManager.default.temporaryDirectory
+            .appendingPathComponent("upstream-stub-tls-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        func path(_ name: String) -> String { directory + "/" + name }
+        try "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+            .write(toFile: path("server.ext"), atomically: true, encoding: .utf8)
+        try run(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-keyout", path("ca.key"), "-out", path("ca.pem"), "-days", "2", "-subj", "/CN=Upstream stub test CA",
+                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+        try run(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-keyout", path("server.key"), "-out", path("server.csr"), "-subj", "/CN=127.0.0.1"])
+        try run(["x509", "-req", "-in", path("server.csr"), "-CA", path("ca.pem"), "-CAkey", path("ca.key"),
+                 "-CAcreateserial", "-out", path("server.pem"), "-days", "2", "-extfile", path("server.ext")])
+        return StubCertificates(directory: directory, caPath: path("ca.pem"), certificatePath: path("server.pem"),
+                                keyPath: path("server.key"))
+    }
+
+    public func remove() {
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    private static func run(_ arguments: [String]) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["openssl"] + arguments
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw StubError("openssl \(arguments.prefix(2).joined(separator: " ")) failed: \(text)")
+        }
+    }
+}
