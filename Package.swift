@@ -54,7 +54,8 @@ let package = Package(
         .target(name: "HTTPClient"),
         .target(name: "CommandLineSupport", dependencies: ["AttestWire"]),
 
-        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto", "AttestWire"]),
+        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto",
+                                                          "AttestWire", "UpstreamClient"]),
         // The operator's tool: administration and offline verification. No test authority.
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "AttestCrypto", "AttestWire", "CommandLineSupport"]),
         // The developer's tool: simulated devices, load generation, verification benchmarks.

@@ -12,11 +12,14 @@ public final class ServiceRouter: Sendable {
     let metrics: Metrics
     /// SHA-256 of the introspection key; the key itself is never kept.
     let introspectionKeyHash: [UInt8]?
+    /// The Messages API relay; without one, `/v1/messages` answers 503 after the token check.
+    let relay: MessagesRelay?
 
-    public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil) {
+    public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil) {
         self.service = service
         self.logger = logger
         self.metrics = service.metrics
+        self.relay = relay
         introspectionKeyHash = introspectionKey.map { sha256(Array($0.utf8)) }
         metrics.describe("attestd_http_requests_total", "HTTP requests, by route and status.")
         metrics.describe("attestd_rejections_total", "Refused device requests, by endpoint and exact reason.")
@@ -61,6 +64,15 @@ public final class ServiceRouter: Sendable {
     /// Any other `/v1/…` path: an app token is refused with 403, a bad one with 401.
     static let otherAPI = Route(path: "/v1/other", methods: [], endpoint: nil) { try $0.otherAPI($1, $2) }
 
+    /// The server's entry point: relayed Messages API calls answer later (their reply streams from
+    /// the upstream client's thread); everything else answers at once.
+    public func handle(_ request: HTTPRequest, _ writer: HTTPResponseWriter) -> HTTPHandlerResult {
+        if let relay, request.method == "POST", MessagesRelay.relayedPaths.contains(request.path) {
+            return relayMessages(request, writer, relay)
+        }
+        return .response(handle(request))
+    }
+
     public func handle(_ request: HTTPRequest) -> HTTPResponse {
         let start = DispatchTime.now().uptimeNanoseconds
         let requestID = Self.newRequestID()
@@ -85,19 +97,12 @@ public final class ServiceRouter: Sendable {
             outcome = Outcome(response: .json(500, OAuthErrorResponse(.serverError).json), reason: .internalError)
         }
         outcome.response.headers.append(("request-id", requestID))
-        let milliseconds = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6
-        metrics.increment("attestd_http_requests_total", labels: [("route", routeName), ("status", String(outcome.response.status))])
         // The one place rejections are counted.
         if let reason = outcome.reason, let endpoint = route?.endpoint {
             metrics.increment("attestd_rejections_total", labels: [("endpoint", endpoint), ("reason", reason.rawValue)])
         }
-        var fields: [(String, Any)] = [("method", String(request.method.prefix(16))), ("route", routeName),
-                                       ("status", outcome.response.status), ("ms", Double(Int(milliseconds * 100)) / 100),
-                                       ("remote", request.remoteAddress), ("request_id", requestID)]
-        if let clientID = outcome.clientID { fields.append(("client_id", String(clientID.prefix(64)))) }
-        if let reason = outcome.reason { fields.append(("reason", reason.rawValue)) }
-        if let detail = outcome.detail { fields.append(("detail", String(detail.prefix(200)))) }
-        logger.info("request", fields)
+        logRequest(request, route: routeName, status: outcome.response.status, requestID: requestID, start: start,
+                   clientID: outcome.clientID, reason: outcome.reason, detail: outcome.detail)
         return outcome.response
     }
 
@@ -210,6 +215,71 @@ public final class ServiceRouter: Sendable {
         guard let grant = try authenticated(request) else { return Outcome(response: Self.unauthenticated(requestID), reason: .tokenRejected) }
         return Outcome(response: Self.apiError(403, "permission_error", "this access token authorizes the Messages API only", requestID: requestID),
                        clientID: grant.clientID, reason: .outOfScope)
+    }
+
+    // MARK: The Messages API relay
+
+    func relayMessages(_ request: HTTPRequest, _ writer: HTTPResponseWriter, _ relay: MessagesRelay) -> HTTPHandlerResult {
+        let start = DispatchTime.now().uptimeNanoseconds
+        let requestID = Self.newRequestID()
+        let route = request.path
+        func answer(_ outcome: Outcome) -> HTTPHandlerResult {
+            var response = outcome.response
+            response.headers.append(("request-id", requestID))
+            logRequest(request, route: route, status: response.status, requestID: requestID, start: start, clientID: outcome.clientID,
+                       reason: outcome.reason, detail: outcome.detail)
+            return .response(response)
+        }
+        let grant: TokenGrant
+        do {
+            guard let live = try authenticated(request) else { return answer(Outcome(response: Self.unauthenticated(requestID), reason: .tokenRejected)) }
+            grant = live
+        } catch {
+            logger.error("internal_error", [("route", route), ("request_id", requestID), ("error", String(describing: error))])
+            return answer(Outcome(response: Self.apiError(503, "api_error", "the service is temporarily unavailable", requestID: requestID),
+                                  reason: .internalError))
+        }
+        let key: String
+        do {
+            key = try relay.key(for: grant)
+        } catch {
+            switch error {
+            case .none:
+                return answer(Outcome(response: Self.apiError(503, "api_error", """
+                no upstream API key is configured for this workspace: an operator sets one with                 `attestctl workspaces set-upstream-key`, or starts attestd with --upstream-key-file
+                """, requestID: requestID), clientID: grant.clientID, reason: .noUpstream))
+            case .unopenable(let why):
+                logger.error("upstream_key_unavailable", [("request_id", requestID), ("workspace", grant.workspaceName), ("error", why)])
+                return answer(Outcome(response: Self.apiError(503, "api_error", "the upstream API key of this workspace is unavailable",
+                                                              requestID: requestID), clientID: grant.clientID, reason: .noUpstream, detail: why))
+            }
+        }
+
+        let clientID = grant.clientID
+        let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start) { [self] status, error, bytes in
+            metrics.increment("attestd_upstream_requests_total", labels: [("status", error.map { $0.kind == .cancelled ? "cancelled" : "error" } ?? String(status))])
+            logRequest(request, route: route, status: status, requestID: requestID, start: start, clientID: clientID,
+                       reason: nil, detail: error.map { "upstream \($0)" }, bytes: bytes)
+        }
+        let transfer = relay.upstream.start(MessagesRelay.upstreamRequest(request, key: key), delegate: exchange)
+        writer.onWritable { transfer.resume() }
+        writer.onCancel { transfer.cancel() }
+        return .deferred
+    }
+
+    /// The access log line and the request counter, for answers given now and relayed ones alike.
+    func logRequest(_ request: HTTPRequest, route: String, status: Int, requestID: String, start: UInt64, clientID: String?,
+                    reason: RejectionReason?, detail: String?, bytes: Int? = nil) {
+        let milliseconds = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6
+        metrics.increment("attestd_http_requests_total", labels: [("route", route), ("status", String(status))])
+        var fields: [(String, Any)] = [("method", String(request.method.prefix(16))), ("route", route),
+                                       ("status", status), ("ms", Double(Int(milliseconds * 100)) / 100),
+                                       ("remote", request.remoteAddress), ("request_id", requestID)]
+        if let clientID { fields.append(("client_id", String(clientID.prefix(64)))) }
+        if let reason { fields.append(("reason", reason.rawValue)) }
+        if let detail { fields.append(("detail", String(detail.prefix(300)))) }
+        if let bytes { fields.append(("bytes", bytes)) }
+        logger.info("request", fields)
     }
 
     // MARK: Introspection (RFC 7662)

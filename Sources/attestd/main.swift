@@ -6,14 +6,23 @@ import HTTPServer
 import ServiceRoutes
 import SQLiteStore
 import TokenService
+import UpstreamClient
 
 /// attestd: the App Attest token service. `attestd serve [options]`.
 let usage = """
 usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [--token-ttl SECONDS]
                      [--mint-limit PER_MINUTE] [--registration-quota PER_HOUR] [--challenge-limit PER_MINUTE]
                      [--introspection-key-file FILE] [--threads N] [--synchronous full|normal]
+                     [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
 defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
           --registration-quota 1000 --challenge-limit 600 --threads 4 --synchronous full (0 disables a limit)
+          --upstream-url https://api.anthropic.com --secrets-key-file $ATTESTD_SECRETS_KEY_FILE, else attestd.key
+          beside the database
+--upstream-url: where POST /v1/messages and /v1/messages/count_tokens are relayed, with the
+          workspace's own key (attestctl workspaces set-upstream-key), sealed in the database under
+          --secrets-key-file (the same file on every instance). --upstream-key-file: the key for
+          workspaces without one (whitespace around it trimmed). With neither, /v1/messages answers 503.
+--upstream-ca-file: extra trusted roots for the upstream (a local TLS upstream in tests); system roots otherwise.
 --token-ttl is 300 to 86400 seconds: the published client refreshes 60 s before expiry, so a
           shorter token would be refreshed on almost every call and soon hit the mint limit.
 """
@@ -27,6 +36,10 @@ struct ServeOptions {
     var introspectionKeyFile: String?
     var threads = 4
     var synchronous = "FULL"
+    var upstreamURL = "https://api.anthropic.com"
+    var upstreamCAFile: String?
+    var upstreamKeyFile: String?
+    var secretsKeyFile: String?
 
     init(_ arguments: [String]) throws {
         var i = 0
@@ -56,6 +69,16 @@ struct ServeOptions {
             case "--registration-quota": exchange.registrationQuotaPerHour = try number("--registration-quota", 0...100_000_000)
             case "--challenge-limit": exchange.challengeLimitPerMinute = try number("--challenge-limit", 0...100_000_000)
             case "--introspection-key-file": introspectionKeyFile = try value()
+            case "--upstream-url":
+                let text = try value()
+                guard let url = URL(string: text), ["http", "https"].contains(url.scheme?.lowercased() ?? ""), url.host != nil,
+                      url.query == nil, url.path.isEmpty || url.path == "/" else {
+                    throw StartupError("--upstream-url takes http(s)://host[:port], e.g. https://api.anthropic.com, got \(text)")
+                }
+                upstreamURL = text.hasSuffix("/") ? String(text.dropLast()) : text
+            case "--upstream-ca-file": upstreamCAFile = try value()
+            case "--upstream-key-file": upstreamKeyFile = try value()
+            case "--secrets-key-file": secretsKeyFile = try value()
             case "--threads": threads = try number("--threads", 1...256)
             case "--synchronous":
                 let mode = try value().uppercased()
@@ -74,6 +97,33 @@ struct StartupError: Error, CustomStringConvertible {
 }
 
 let logger = Logger()
+
+/// The relay's upstream, its default key and the secrets key that opens the workspaces' own keys.
+func relayConfiguration(_ options: ServeOptions) throws -> RelayConfiguration {
+    var upstream = UpstreamConfiguration(baseURL: options.upstreamURL)
+    if let caFile = options.upstreamCAFile {
+        guard FileManager.default.isReadableFile(atPath: caFile) else { throw StartupError("--upstream-ca-file: cannot read \(caFile)") }
+        upstream.caFile = caFile
+    }
+    var defaultKey: String?
+    if let file = options.upstreamKeyFile {
+        guard let data = FileManager.default.contents(atPath: file) else { throw StartupError("--upstream-key-file: cannot read \(file)") }
+        do { defaultKey = try Validate.upstreamKey(String(decoding: data, as: UTF8.self)) } catch {
+            throw StartupError("--upstream-key-file \(file): \(error)")
+        }
+    }
+    let secretsPath = options.secretsKeyFile ?? SecretsKeyFile.defaultPath(database: options.db)
+    var secrets: SecretBox?
+    if FileManager.default.fileExists(atPath: secretsPath) {
+        do { secrets = try SecretsKeyFile.load(secretsPath) } catch { throw StartupError("\(error)") }
+    } else if options.secretsKeyFile != nil {
+        throw StartupError("--secrets-key-file: cannot read \(secretsPath)")
+    } else {
+        logger.warning("no_secrets_key", [("file", secretsPath),
+                                          ("note", "workspaces' own upstream keys cannot be opened; attestctl init creates this file")])
+    }
+    return RelayConfiguration(upstream: upstream, defaultKey: defaultKey, secrets: secrets)
+}
 
 func serve(_ options: ServeOptions) throws -> Never {
     var anchors: [Certificate] = []
@@ -100,16 +150,24 @@ func serve(_ options: ServeOptions) throws -> Never {
     let store = try SQLiteTokenStore(path: options.db, synchronous: options.synchronous)
     let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
     let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
-    let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey)
+    let relay = try MessagesRelay(try relayConfiguration(options))
+    let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay)
 
     var configuration = HTTPServerConfiguration()
     configuration.host = options.host
     configuration.port = options.port
     configuration.threads = options.threads
-    let server = HTTPServer(configuration: configuration) { router.handle($0) }
+    // Image input arrives as base64 in a Messages request: 32 MB there, 64 KiB everywhere else.
+    configuration.bodyLimit = { _, path in MessagesRelay.relayedPaths.contains(path) ? MessagesRelay.maxBodyBytes : 65_536 }
+    // Over the global cap on request bytes held in memory: the API's "overloaded", so clients back off.
+    configuration.overloadedResponse = { _ in
+        .json(529, APIErrorResponse(type: "overloaded_error", message: "the service is overloaded; retry shortly").json,
+              headers: [("retry-after", "1")])
+    }
+    let server = HTTPServer(configuration: configuration) { router.handle($0, $1) }
     try server.start()
     logger.info("listening", [("address", "\(options.host.contains(":") ? "[\(options.host)]" : options.host):\(server.port)"),
-                              ("db", options.db), ("threads", options.threads), ("token_ttl", Int(options.exchange.tokenTTL)),
+                              ("db", options.db), ("upstream", options.upstreamURL), ("threads", options.threads), ("token_ttl", Int(options.exchange.tokenTTL)),
                               ("mint_limit_per_minute", options.exchange.mintLimitPerMinute),
                               ("registration_quota_per_hour", options.exchange.registrationQuotaPerHour)])
 
@@ -133,6 +191,7 @@ func serve(_ options: ServeOptions) throws -> Never {
         source.setEventHandler {
             logger.info("stopping", [("signal", Int(signalNumber))])
             server.stop()
+            relay.shutdown()
             audit.close()
             exit(0)
         }

@@ -45,6 +45,17 @@ final class ServerProcess: @unchecked Sendable {
 
     var baseURL: URL { URL(string: "http://127.0.0.1:\(port)")! }
 
+    /// Whether the log shows `text` within `timeout` (it arrives through a pipe, a little after
+    /// the response that it describes).
+    func waitForLog(containing text: String, timeout: TimeInterval = 3) async -> Bool {
+        let deadline = Date() + timeout
+        while Date() < deadline {
+            if log.contains(text) { return true }
+            try? await Task.sleep(nanoseconds: 10_000_000)
+        }
+        return log.contains(text)
+    }
+
     private func listeningPort() -> UInt16? {
         for line in log.split(separator: "\n") where line.contains(#""event":"listening""#) {
             guard let data = line.data(using: .utf8), let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
