@@ -87,6 +87,7 @@ public func readBytesArgument(_ value: String, name: String) throws -> [UInt8] {
 public func printJSON(_ object: [String: Any]) {
     let data = try! JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
     print(String(decoding: data, as: UTF8.self))
+    fflush(nil)   // in order with anything written to the descriptor directly (streamed text)
 }
 
 public func parseISO8601(_ text: String) -> Date? {

@@ -13,15 +13,19 @@ import Synchronization
 /// its state directory, authenticating exactly as an app would through `AppAttestClient`.
 enum SimulateDeviceCommand {
     static let usage = """
-        usage: attest-sim simulate-device --base-url URL --client-id CLID --state-dir DIR [--app-id TEAMID.bundle] [--messages]
+        usage: attest-sim simulate-device --base-url URL --client-id CLID --state-dir DIR [--app-id TEAMID.bundle]
+                 [--messages [--prompt TEXT] [--model ID] [--max-tokens N] [--stream]]
           One simulated install kept in DIR: prints {"client_id","key_id","token_expires_at","source"}
           (source: registered, refreshed or cached), never the token. --app-id is needed on the first
-          run and remembered in DIR/app-id. --messages then sends one POST /v1/messages with the token
-          and prints {"messages_status": N}. On failure: {"error": "<AttestClientError case>", "detail": …}, exit 1.
+          run and remembered in DIR/app-id. --messages then sends one Messages API request through the
+          service with the token (default prompt "Say hello.", model \(defaultModel)), prints the reply's
+          text (with --stream: as it arrives) and then {"messages_status": N, …}. On failure:
+          {"error": "<AttestClientError case>", "detail": …}, exit 1.
         """
 
     static func run(_ argv: [String]) throws -> Int32 {
-        let arguments = try Arguments(argv, options: ["base-url", "client-id", "state-dir", "app-id"], flags: ["messages", "help"])
+        let arguments = try Arguments(argv, options: ["base-url", "client-id", "state-dir", "app-id", "prompt", "model", "max-tokens"],
+                                      flags: ["messages", "stream", "help"])
         if arguments.has("help") { print(usage); return 0 }
         guard arguments.positional.isEmpty else { throw UsageError("unexpected argument \(arguments.positional[0])\n\(usage)") }
         let baseURL = try parseBaseURL(try arguments.required("base-url"), option: "base-url")
@@ -66,6 +70,9 @@ enum SimulateDeviceCommand {
         let transport = URLSessionTransport(session: URLSession(configuration: configuration))
         let client = AppAttestClient(clientID: clientID, baseURL: baseURL, attester: attester, store: store, transport: transport)
         let sendMessage = arguments.has("messages")
+        let message = MessageRequest(prompt: try arguments.value("prompt") ?? "Say hello.", model: try arguments.value("model") ?? defaultModel,
+                                     maxTokens: try arguments.integer("max-tokens", default: 256, range: 1...64_000)!,
+                                     stream: arguments.has("stream"))
 
         return try waitFor {
             let source: AuthenticationSource
@@ -87,14 +94,15 @@ enum SimulateDeviceCommand {
             do {
                 // As the published client does: a 401 drops that token and retries once with a
                 // fresh one (which, for a revoked integration, fails with attestationFailed).
-                var status = 0
+                var reply = MessageReply(status: 0)
                 for attempt in 0..<2 {
                     let token = try await client.currentToken()
-                    status = try await postMessage(token: token, baseURL: baseURL, transport: transport)
-                    guard status == 401, attempt == 0 else { break }
+                    reply = try await MessagesCall.send(message, token: token, baseURL: baseURL)
+                    guard reply.status == 401, attempt == 0 else { break }
                     await client.invalidateToken(usedToken: token)
                 }
-                printJSON(["messages_status": status])
+                if reply.printedText { print("") }
+                printJSON(reply.summary)
                 return 0
             } catch {
                 printJSON(["error": errorName(error), "detail": errorDetail(error)])
@@ -103,15 +111,7 @@ enum SimulateDeviceCommand {
         }
     }
 
-    /// One small Messages API request with the token; returns the HTTP status.
-    static func postMessage(token: String, baseURL: URL, transport: URLSessionTransport) async throws -> Int {
-        var request = URLRequest(url: baseURL.appendingPathComponent("v1/messages"))
-        request.httpMethod = "POST"
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
-        request.httpBody = Data(#"{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#.utf8)
-        return try await transport.send(request).1.statusCode
-    }
+    static let defaultModel = "claude-sonnet-4-5"
 
     // MARK: Helpers shared with `load`
 

@@ -102,6 +102,28 @@ import Glibc
         #expect(fixture.stub.requests.last?.path == "/v1/messages/count_tokens")
     }
 
+    @Test func aSimulatedDeviceSendsAndStreamsMessagesThroughTheService() async throws {
+        let fixture = try await Fixture()
+        defer { fixture.stop() }
+        let state = fixture.directory.appendingPathComponent("device").path
+        let base = ["simulate-device", "--base-url", fixture.server.baseURL.absoluteString, "--client-id", fixture.clientA,
+                    "--state-dir", state, "--app-id", "ABCDE12345.com.example.app", "--messages", "--prompt", "Hi there", "--model", "claude-test"]
+        let (status, output) = try ServerProcess.attestSim(base)
+        #expect(status == 0)
+        #expect(output.contains(StubReply.text(deltaCount: 5)), "the reply's text is printed: \(output)")
+        #expect(output.contains(#""messages_status":200"#))
+        let record = try #require(fixture.stub.requests.last)
+        #expect(String(decoding: record.body ?? [], as: UTF8.self).contains("Hi there"))
+        #expect(record.model == "claude-test" && !record.stream)
+
+        let (streamStatus, streamed) = try ServerProcess.attestSim(base + ["--stream"])
+        #expect(streamStatus == 0)
+        #expect(streamed.contains(StubReply.text(deltaCount: 5)))
+        #expect(streamed.contains(#""stop_reason":"end_turn""#) || streamed.contains(#""messages_status":200"#))
+        #expect(fixture.stub.requests.last?.stream == true)
+        #expect(!streamed.contains(Self.keyA) && !streamed.contains("aat_"))
+    }
+
     @Test func twoWorkspacesReachTheUpstreamWithTheirOwnKeys() async throws {
         let fixture = try await Fixture()
         defer { fixture.stop() }
