@@ -2,7 +2,7 @@
 # make test  — install missing system packages, build, run every test
 SHELL := /bin/bash
 SWIFT ?= swift
-DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev pkg-config openssl sqlite3
+DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev libpq-dev postgresql pkg-config openssl sqlite3
 DB ?= attestd.sqlite
 ARGS ?=
 
@@ -24,7 +24,7 @@ deps:
 	  fi; \
 	fi
 
-# Migrations/*.sql are embedded into the binaries; the script rewrites the Swift file only on change.
+# Migrations/<dialect>/*.sql are embedded into the binaries; the script rewrites the Swift file only on change.
 migrations:
 	@scripts/embed-migrations.sh
 

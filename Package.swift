@@ -15,6 +15,7 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
+        .systemLibrary(name: "CPostgres", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
 
         // Verification core.
         .target(name: "CBOR"),
@@ -27,6 +28,9 @@ let package = Package(
         // Service.
         .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto"]),
         .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "CSQLite"]),
+        // `TokenStore` on PostgreSQL through libpq, for several attestd instances on one database.
+        .target(name: "PostgresStore", dependencies: ["TokenService", "AttestCrypto", "CPostgres"],
+                swiftSettings: [.swiftLanguageMode(.v6)]),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
         // The service's HTTP API: routes from HTTP requests to the token service and back.
         .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto"]),
