@@ -49,6 +49,9 @@ let package = Package(
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
+        // One store suite over both backends, against a throwaway PostgreSQL cluster it starts itself.
+        .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "TokenService", "AttestCrypto"],
+                    swiftSettings: [.swiftLanguageMode(.v6)]),
     ],
     swiftLanguageModes: [.v5]
 )
