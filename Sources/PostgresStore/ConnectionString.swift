@@ -13,7 +13,11 @@ public struct PostgresConnectionString: Sendable, CustomStringConvertible, Equat
 
     /// The connection string with every password (`user:PASSWORD@` in a URL, `password=` and
     /// `sslpassword=` in a URL's query or in `key=value` form) replaced by `***`.
-    public var redactedDescription: String { Self.redact(raw).text }
+    public var redactedDescription: String {
+        let (text, secrets) = Self.redact(raw)
+        // The password repeated anywhere else in the string (another parameter) is masked too.
+        return scrub(text, secrets: secrets.filter { $0.count >= 3 }.sorted { $0.count > $1.count })
+    }
     public var description: String { redactedDescription }
 
     /// True for what libpq reads as a connection string rather than a file path: a
