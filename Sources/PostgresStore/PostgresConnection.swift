@@ -243,10 +243,12 @@ public final class PostgresConnection: @unchecked Sendable {
         var failure: PostgresError?
         while true {
             while PQisBusy(conn) == 1 {
-                try wait(for: Int16(POLLIN))
-                guard PQconsumeInput(conn) == 1 else {
+                do {
+                    try wait(for: Int16(POLLIN))
+                    guard PQconsumeInput(conn) == 1 else { throw closing(.connectionLost) }
+                } catch {
                     if let kept { PQclear(kept) }
-                    throw closing(.connectionLost)
+                    throw error
                 }
             }
             guard let result = PQgetResult(conn) else { break }

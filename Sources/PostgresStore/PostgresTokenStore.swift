@@ -29,6 +29,9 @@ public final class PostgresTokenStore: TokenStore {
     /// Round trips to the server so far (for measurement: one per exchange).
     public var roundTrips: Int { pool.counters.roundTrips }
 
+    /// Closes the idle connections (they reopen on demand); for tools about to exit.
+    public func close() { pool.closeIdleConnections() }
+
     private func run<T>(_ body: (PostgresConnection) throws -> T) throws -> T { try pool.withConnection(body) }
 
     private static func seconds(_ date: Date) -> PostgresValue { .double(date.timeIntervalSince1970) }
