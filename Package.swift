@@ -49,8 +49,11 @@ let package = Package(
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
+        // A throwaway PostgreSQL cluster (initdb + pg_ctl) for any test target that needs a real server.
+        .target(name: "PostgresTestSupport", dependencies: ["PostgresStore"], path: "Tests/Support/PostgresCluster",
+                swiftSettings: [.swiftLanguageMode(.v6)]),
         // One store suite over both backends, against a throwaway PostgreSQL cluster it starts itself.
-        .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "TokenService", "AttestCrypto"],
+        .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "PostgresTestSupport", "TokenService", "AttestCrypto"],
                     swiftSettings: [.swiftLanguageMode(.v6)]),
     ],
     swiftLanguageModes: [.v5]

@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import PostgresStore
+import PostgresTestSupport
 import Synchronization
 import Testing
 import TokenService

@@ -1,6 +1,7 @@
 import AppAttest
 import Foundation
 import PostgresStore
+import PostgresTestSupport
 import SQLiteStore
 import Testing
 import TokenService

@@ -3,6 +3,7 @@ import AttestCrypto
 import Dispatch
 import Foundation
 import PostgresStore
+import PostgresTestSupport
 import SQLiteStore
 import Synchronization
 import TokenService

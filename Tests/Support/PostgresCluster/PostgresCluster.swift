@@ -7,22 +7,24 @@ import Synchronization
 /// process and stopped at exit; tests that stop the server start a private one. When the server
 /// cannot start, `shared.get()` throws and every test using it fails with the reason: no test
 /// skips silently.
-final class PostgresCluster: Sendable {
-    static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-    static let script = packageRoot.appendingPathComponent("scripts/pg-test-cluster.sh").path
-    static let role = "attest"
-    static let password = "attest-test-password"
+public final class PostgresCluster: Sendable {
+    /// Tests/Support/PostgresCluster/PostgresCluster.swift → the package root.
+    public static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent()
+    public static let script = packageRoot.appendingPathComponent("scripts/pg-test-cluster.sh").path
+    public static let role = "attest"
+    public static let password = "attest-test-password"
 
-    let directory: String
-    let port: Int
+    public let directory: String
+    public let port: Int
 
     /// Started on first use, stopped by an `atexit` handler.
-    static let shared: Result<PostgresCluster, ClusterError> = {
+    public static let shared: Result<PostgresCluster, ClusterError> = {
         do { return .success(try PostgresCluster.start()) } catch { return .failure(error as? ClusterError ?? ClusterError("\(error)")) }
     }()
 
     /// Starts a new cluster (initdb, start, role `attest` owning database `attest`).
-    static func start() throws(ClusterError) -> PostgresCluster {
+    public static func start() throws(ClusterError) -> PostgresCluster {
         registerExitHandler()
         removeLeftovers()
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("attest-pg-\(UUID().uuidString.prefix(8))").path
@@ -47,38 +49,38 @@ final class PostgresCluster: Sendable {
     }
 
     /// A URL for `database` over TCP, as the `attest` role with its password.
-    func url(_ database: String = "attest", password: String? = PostgresCluster.password, port: Int? = nil) -> String {
+    public func url(_ database: String = "attest", password: String? = PostgresCluster.password, port: Int? = nil) -> String {
         "postgresql://\(Self.role)\(password.map { ":\($0)" } ?? "")@127.0.0.1:\(port ?? self.port)/\(database)"
     }
 
     /// key=value form over the Unix socket in the cluster's directory (trust authentication).
-    func socket(_ database: String = "attest", user: String = PostgresCluster.role) -> String {
+    public func socket(_ database: String = "attest", user: String = PostgresCluster.role) -> String {
         "host=\(directory) port=\(port) user=\(user) dbname=\(database)"
     }
 
     private static let databaseCounter = Atomic<Int>(0)
 
     /// A new, empty database owned by the non-superuser role `attest`.
-    func createDatabase() throws -> String {
+    public func createDatabase() throws -> String {
         let name = "t\(getpid())_\(Self.databaseCounter.add(1, ordering: .relaxed).newValue)"
         try superuser { try $0.execute("CREATE DATABASE \(name) OWNER \(Self.role)") }
         return name
     }
 
     /// Runs `body` on a superuser connection to the `postgres` database (the socket, trust).
-    func superuser<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+    public func superuser<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
         let connection = try PostgresConnection(PostgresConnectionString(socket("postgres", user: "postgres")), deadline: .after(seconds: 30))
         defer { connection.close() }
         return try body(connection)
     }
 
     /// Stops the server and keeps its data: a database outage.
-    func halt() throws { _ = try Self.run([Self.script, "halt", directory]) }
+    public func halt() throws { _ = try Self.run([Self.script, "halt", directory]) }
     /// Starts it again after `halt`.
-    func resume() throws { _ = try Self.run([Self.script, "start", directory]) }
+    public func resume() throws { _ = try Self.run([Self.script, "start", directory]) }
 
     /// Stops the server and deletes the directory.
-    func stop() {
+    public func stop() {
         _ = try? Self.run([Self.script, "stop", directory])
         Self.running.withLock { $0.removeAll { $0 == directory } }
     }
@@ -113,7 +115,7 @@ final class PostgresCluster: Sendable {
     /// posix_spawn and waitpid rather than Foundation's Process: pg_ctl leaves a daemon behind,
     /// and Process has been seen never to report such a child's exit here.
     @discardableResult
-    static func run(_ arguments: [String]) throws(ClusterError) -> String {
+    public static func run(_ arguments: [String]) throws(ClusterError) -> String {
         let output = FileManager.default.temporaryDirectory.appendingPathComponent("pg-cluster-\(UUID().uuidString).log").path
         defer { unlink(output) }
         var actions = posix_spawn_file_actions_t()
@@ -149,7 +151,7 @@ final class PostgresCluster: Sendable {
     }
 }
 
-struct ClusterError: Error, CustomStringConvertible {
-    let description: String
+public struct ClusterError: Error, CustomStringConvertible, Sendable {
+    public let description: String
     init(_ description: String) { self.description = "PostgreSQL test cluster: " + description }
 }
