@@ -1,6 +1,7 @@
 import AppAttest
 import Foundation
 import PostgresStore
+import Synchronization
 import PostgresTestSupport
 import SQLiteStore
 import Testing
@@ -200,20 +201,56 @@ struct StoreBehaviourTests {
 
     /// 64 requests carrying the same assertion counter (a replay, or a cloned key) at once:
     /// the database lets exactly one through, whether they share the challenge or carry none.
+    /// On PostgreSQL a blocker holds the device row until all 64 statements are inside the
+    /// database waiting on locks, so they truly overlap (on two cores they would otherwise mostly
+    /// run one after another); the limits are raised so that the waits are not cut short.
     @Test(arguments: Backend.allCases, [true, false])
     func sixtyFourConcurrentAdvancesWithTheSameCounterCommitOnce(_ backend: Backend, sharingTheChallenge: Bool) throws {
-        let f = try StoreFixture(backend, poolSize: 64)
+        let f = try StoreFixture(backend, configuration: PostgresConfiguration(poolSize: 64, callTimeout: 30, statementTimeoutMilliseconds: 20_000,
+                                                                                lockTimeoutMilliseconds: 20_000))
         let store = f.store
         let app = try f.integration()
         let (device, _, challenge) = try f.registered(app)
         let tokens = (0..<64).map { _ in F.token(app, keyID: device.keyID) }
         let t0 = self.t0
+
+        var releaser: Thread?
+        let released = Mutex<Result<Int, any Error>?>(nil)
+        if backend == .postgres {
+            _ = try concurrently(64) { _ in try store.workspace(named: "default") }   // 64 sessions ready
+            let cluster = try PostgresCluster.shared.get(), database = try #require(f.database)
+            let blocker = try PostgresConnection(PostgresConnectionString(cluster.socket(database, user: "postgres")), deadline: .after(seconds: 60))
+            let monitor = try PostgresConnection(PostgresConnectionString(cluster.socket(database, user: "postgres")), deadline: .after(seconds: 60))
+            try blocker.execute("BEGIN")
+            try blocker.query("SELECT 1 FROM devices WHERE key_id = $1 FOR UPDATE", [.bytes(device.keyID)])
+            releaser = Thread {
+                released.withLock { $0 = Result {
+                    // Wait (at most 20 s) until the 64 exchanges are all blocked inside the database.
+                    var waiting = 0
+                    for _ in 0..<400 where waiting < 64 {
+                        waiting = Int(try monitor.query("""
+                            SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+                            """).first { try $0.int(0) } ?? 0)
+                        usleep(50_000)
+                    }
+                    try blocker.execute("COMMIT")
+                    return waiting
+                } }
+            }
+            releaser?.start()
+        }
         let results = try concurrently(64) { index in
             try store.advanceCounter(clientID: app.clientID, keyID: device.keyID, from: 0, to: 1, token: tokens[index],
                                      redeeming: sharingTheChallenge ? challenge.bytes : nil, nextChallenge: F.challenge(), at: t0)
         }
+        if releaser != nil {
+            let overlapping = try #require(released.withLock { $0 }).get()
+            #expect(overlapping == 64, "only \(overlapping) exchanges were waiting at once")
+        }
         let outcomes = try results.map { try $0.get() }
         #expect(outcomes.filter { $0 == .committed }.count == 1)
+        // Sharing the challenge, the losers find it redeemed (locked, then re-read); without one,
+        // the counter's compare-and-set refuses them.
         #expect(outcomes.filter { $0 != .committed }.allSatisfy { $0 == (sharingTheChallenge ? .challengeGone : .conflict) })
         #expect(try store.device(clientID: app.clientID, keyID: device.keyID)?.counter == 1)
         #expect(try tokens.filter { try store.liveToken(hash: $0.tokenHash, at: t0) != nil }.count == 1)

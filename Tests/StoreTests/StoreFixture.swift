@@ -22,7 +22,7 @@ final class StoreFixture: Sendable {
     let directory: URL?
     let database: String?
 
-    init(_ backend: Backend, poolSize: Int = 8) throws {
+    init(_ backend: Backend, poolSize: Int = 8, configuration: PostgresConfiguration? = nil) throws {
         self.backend = backend
         switch backend {
         case .sqlite:
@@ -37,7 +37,7 @@ final class StoreFixture: Sendable {
             self.database = database
             directory = nil
             store = try PostgresTokenStore(connectionString: PostgresConnectionString(cluster.url(database)),
-                                           configuration: PostgresConfiguration(poolSize: poolSize))
+                                           configuration: configuration ?? PostgresConfiguration(poolSize: poolSize))
         }
     }
 
