@@ -155,8 +155,15 @@ struct PostgresStoreTests {
         let f = try StoreFixture(.postgres, poolSize: 1)
         let store = try #require(f.store as? PostgresTokenStore)
         let pid = try store.pool.withConnection { try $0.query("SELECT pg_backend_pid()::int8").first { try $0.int(0) } }
-        try cluster().superuser { db in _ = try db.query("SELECT pg_terminate_backend($1::int4)", [.int(try #require(pid))]) }
-        usleep(100_000)
+        try cluster().superuser { db in
+            _ = try db.query("SELECT pg_terminate_backend($1::int4)", [.int(try #require(pid))])
+            // Until the backend has exited (its FATAL message and EOF are then on our socket).
+            for _ in 0..<100 {
+                guard try db.query("SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int4", [.int(try #require(pid))]).first({ try $0.int(0) }) == 1
+                else { break }
+                usleep(50_000)
+            }
+        }
         // The idle session is readable (its FATAL message, then EOF): the next call opens a new one.
         #expect(try store.workspace(named: "default") != nil)
         let newPID = try store.pool.withConnection { try $0.query("SELECT pg_backend_pid()::int8").first { try $0.int(0) } }
