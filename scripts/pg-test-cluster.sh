@@ -31,6 +31,13 @@ as_owner() {
 
 server_stop() {  # server_stop MODE
   if [[ -f "$dir/data/postmaster.pid" ]]; then
+    # A test may have frozen the server (SIGSTOP) and died before thawing it: a stopped
+    # process acts on no other signal, so continue the postmaster and its children first.
+    pid=$(head -1 "$dir/data/postmaster.pid" 2>/dev/null || true)
+    if [[ -n "$pid" ]]; then
+      kill -CONT "$pid" 2>/dev/null || true
+      pkill -CONT -P "$pid" 2>/dev/null || true
+    fi
     if ! as_owner "$pgbin/pg_ctl" -D "$dir/data" -m "$1" -w -t 20 stop >/dev/null 2>&1; then
       # Still there after pg_ctl: end the postmaster named in its pid file (ours, in DIR).
       pid=$(head -1 "$dir/data/postmaster.pid" 2>/dev/null || true)
