@@ -17,6 +17,7 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+        .systemLibrary(name: "CPostgres", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
 
         // The wire protocol alone (paths, client-data hashes, encodings, JSON shapes): no
         // dependencies, so it builds for iOS along with the client module.
@@ -33,6 +34,8 @@ let package = Package(
         // Service.
         .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire"]),
         .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CSQLite"]),
+        // `TokenStore` on PostgreSQL through libpq, for several attestd instances on one database.
+        .target(name: "PostgresStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CPostgres"]),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
         // Client for the upstream Messages API: libcurl multi on one event thread.
         .target(name: "UpstreamClient", dependencies: ["CCurl"]),
@@ -66,6 +69,8 @@ let package = Package(
         // API on raw sockets, and the same as a stand-alone executable for scripts and benchmarks.
         .target(name: "UpstreamStub", dependencies: ["COpenSSL"], path: "Tests/Support/UpstreamStub"),
         .executableTarget(name: "upstream-stub", dependencies: ["UpstreamStub"], path: "Tests/Support/upstream-stub"),
+        // A throwaway PostgreSQL cluster that the tests start and stop themselves.
+        .target(name: "PostgresTestSupport", dependencies: ["PostgresStore"], path: "Tests/Support/PostgresCluster"),
 
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR", "AttestWire"]),
@@ -78,5 +83,7 @@ let package = Package(
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer"]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
         .testTarget(name: "UpstreamClientTests", dependencies: ["UpstreamClient", "UpstreamStub"]),
+        .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "PostgresTestSupport", "TokenService", "AttestCrypto",
+                                                       "AttestWire"]),
     ]
 )

@@ -2,7 +2,7 @@ import AttestWire
 import AttestCrypto
 import Foundation
 
-/// A migration file, by its name (`0001_initial.sql`) and SQL.
+/// A migration file of `Migrations/sqlite/`, by its name (`0001_initial.sql`) and SQL.
 public struct Migration: Sendable {
     public let name: String
     public let sql: String
@@ -46,7 +46,7 @@ enum Migrator {
                     throw MigrationError(description: "database has migration \(record.name) which this binary does not know: it was written by a newer version")
                 }
                 guard migration.checksum == record.checksum else {
-                    throw MigrationError(description: "migration \(migration.name) was applied with checksum \(record.checksum.prefix(12))… but the file now has \(migration.checksum.prefix(12))…: refusing to start on a schema that differs from Migrations/")
+                    throw MigrationError(description: "migration \(migration.name) was applied with checksum \(record.checksum.prefix(12))… but the file now has \(migration.checksum.prefix(12))…: refusing to start on a schema that differs from Migrations/sqlite/")
                 }
             }
             for migration in migrations.sorted(by: { $0.version < $1.version }) where applied[migration.version] == nil {

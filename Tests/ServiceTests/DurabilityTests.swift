@@ -152,7 +152,7 @@ import TokenService
     }
 
     @Test func embeddedMigrationsMatchTheFilesInMigrations() throws {
-        let folder = ServerProcess.packageRoot.appendingPathComponent("Migrations")
+        let folder = ServerProcess.packageRoot.appendingPathComponent("Migrations/sqlite")
         let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }.sorted()
         #expect(files == Migration.embedded.map(\.name), "run scripts/embed-migrations.sh")
         for migration in Migration.embedded {
