@@ -14,6 +14,7 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--mint-limit PER_MINUTE] [--registration-quota PER_HOUR] [--challenge-limit PER_MINUTE]
                      [--introspection-key-file FILE] [--threads N] [--synchronous full|normal]
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
+                     [--max-connections N] [--max-connections-per-ip N]
 defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
           --registration-quota 1000 --challenge-limit 600 --threads 4 --synchronous full (0 disables a limit)
           --upstream-url https://api.anthropic.com --secrets-key-file $ATTESTD_SECRETS_KEY_FILE, else attestd.key
@@ -23,6 +24,9 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
           --secrets-key-file (the same file on every instance). --upstream-key-file: the key for
           workspaces without one (whitespace around it trimmed). With neither, /v1/messages answers 503.
 --upstream-ca-file: extra trusted roots for the upstream (a local TLS upstream in tests); system roots otherwise.
+--max-connections (default 10000): open streams hold a connection each (epoll keeps idle ones cheap),
+          so 1,000 streams plus exchanges fit with room; --max-connections-per-ip (default 64, 0 = none):
+          one address cannot take every slot; raise it behind a proxy that connects from one address.
 --token-ttl is 300 to 86400 seconds: the published client refreshes 60 s before expiry, so a
           shorter token would be refreshed on almost every call and soon hit the mint limit.
 """
@@ -40,6 +44,8 @@ struct ServeOptions {
     var upstreamCAFile: String?
     var upstreamKeyFile: String?
     var secretsKeyFile: String?
+    var maxConnections = HTTPServerConfiguration().maxConnections
+    var maxConnectionsPerIP = HTTPServerConfiguration().maxConnectionsPerIP
 
     init(_ arguments: [String]) throws {
         var i = 0
@@ -79,6 +85,8 @@ struct ServeOptions {
             case "--upstream-ca-file": upstreamCAFile = try value()
             case "--upstream-key-file": upstreamKeyFile = try value()
             case "--secrets-key-file": secretsKeyFile = try value()
+            case "--max-connections": maxConnections = try number("--max-connections", 16...1_000_000)
+            case "--max-connections-per-ip": maxConnectionsPerIP = try number("--max-connections-per-ip", 0...1_000_000)
             case "--threads": threads = try number("--threads", 1...256)
             case "--synchronous":
                 let mode = try value().uppercased()
@@ -157,6 +165,8 @@ func serve(_ options: ServeOptions) throws -> Never {
     configuration.host = options.host
     configuration.port = options.port
     configuration.threads = options.threads
+    configuration.maxConnections = options.maxConnections
+    configuration.maxConnectionsPerIP = options.maxConnectionsPerIP
     // Image input arrives as base64 in a Messages request: 32 MB there, 64 KiB everywhere else.
     configuration.bodyLimit = { _, path in MessagesRelay.relayedPaths.contains(path) ? MessagesRelay.maxBodyBytes : 65_536 }
     // Over the global cap on request bytes held in memory: the API's "overloaded", so clients back off.
