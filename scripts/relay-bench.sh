@@ -97,12 +97,13 @@ wrk.headers["authorization"] = "Bearer $token"
 EOF
 
 run() {  # run NAME URL → "rps p50_ms p99_ms"
-  wrk -t2 -c"$connections" -d"${seconds}s" --latency -s "$work/post.lua" "$2" 2>&1 | python3 -c '
+  wrk -t2 -c"$connections" -d"${seconds}s" --latency -s "$work/post.lua" "$2" 2>&1 | tee "$work/wrk-$1.txt" | python3 -c '
 import re, sys
 text = sys.stdin.read()
 def ms(v):
-    n, u = float(re.match(r"[\d.]+", v).group()), re.search(r"[a-z]+", v).group()
-    return n * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000}[u]
+    m = re.fullmatch(r"([\d.]+)([a-z]*)", v)
+    if not m: sys.exit("relay-bench: cannot read wrk output:\n" + text)
+    return float(m.group(1)) * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000, "": 1000}[m.group(2)]
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
 p50 = ms(re.search(r"50%\s+(\S+)", text).group(1)); p99 = ms(re.search(r"99%\s+(\S+)", text).group(1))
 non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)

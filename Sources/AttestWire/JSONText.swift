@@ -5,6 +5,7 @@ public enum JSONText {
     /// nested `[(String, Any)]`, `[String]`, or nil / anything else as `null`.
     public static func object(_ fields: [(String, Any)]) -> String {
         var out = "{"
+        out.reserveCapacity(fields.count * 24)
         for (index, field) in fields.enumerated() {
             if index > 0 { out += "," }
             out += string(field.0)
@@ -32,6 +33,10 @@ public enum JSONText {
 
     /// A JSON string literal: quotes, backslashes and control characters escaped.
     public static func string(_ text: String) -> String {
+        // Nearly every string needs no escaping: check the bytes once and copy it whole.
+        if !text.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+            return "\"" + text + "\""
+        }
         let hex: [Character] = Array("0123456789abcdef")
         var out = "\""
         out.reserveCapacity(text.utf8.count + 2)

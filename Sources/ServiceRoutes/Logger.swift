@@ -7,15 +7,81 @@ import Synchronization
 public final class Logger: Sendable {
     /// The writer, reached only under the lock so that lines never interleave.
     private let write: Mutex<@Sendable (String) -> Void>
+    /// With a writer thread: the lines waiting for it.
+    private let queue: LineQueue?
+
+    /// Lines waiting for the writer thread, and its wake-up.
+    private final class LineQueue: Sendable {
+        let lines = Mutex<[String]>([])
+        let wake = DispatchSemaphore(value: 0)
+        let maxPending: Int
+        init(maxPending: Int) { self.maxPending = maxPending }
+    }
 
     public init(write: @escaping @Sendable (String) -> Void = { line in FileHandle.standardError.write(Data((line + "\n").utf8)) }) {
         self.write = Mutex(write)
+        queue = nil
+    }
+
+    /// Lines to standard error from a writer thread of their own: the request path (and the relay's
+    /// one upstream thread) only formats and queues, and a burst costs one write() per batch. A
+    /// queue past `maxPending` lines is written by the caller, so memory stays bounded and no line
+    /// is dropped. A line queued when the process is killed outright may be lost.
+    public static func standardErrorWithWriterThread(maxPending: Int = 10_000) -> Logger {
+        Logger(descriptor: 2, maxPending: maxPending)
+    }
+
+    private init(descriptor: Int32, maxPending: Int) {
+        let writeAll: @Sendable (String) -> Void = { text in
+            var text = text
+            text.withUTF8 { bytes in
+                var offset = 0
+                while offset < bytes.count {
+                    let written = Foundation.write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
+                    if written < 0 { if errno == EINTR { continue }; return }
+                    offset += written
+                }
+            }
+        }
+        let writeLine: @Sendable (String) -> Void = { line in writeAll(line + "\n") }
+        write = Mutex(writeLine)
+        let queue = LineQueue(maxPending: maxPending)
+        self.queue = queue
+        let thread = Thread {
+            while true {
+                queue.wake.wait()
+                let lines = queue.lines.withLock { lines -> [String] in defer { lines.removeAll(keepingCapacity: true) }; return lines }
+                guard !lines.isEmpty else { continue }
+                writeAll(lines.joined(separator: "\n") + "\n")
+            }
+        }
+        thread.name = "log-writer"
+        thread.start()
     }
 
     public func log(_ level: String, _ event: String, _ fields: [(String, Any)] = []) {
         let timestamp = Logger.timestamp()
         let line = JSONText.object([("ts", timestamp), ("level", level), ("event", event)] + fields)
+        if let queue {
+            let queued = queue.lines.withLock { lines -> Int? in
+                guard lines.count < queue.maxPending else { return nil }
+                lines.append(line)
+                return lines.count
+            }
+            if let queued {
+                if queued == 1 { queue.wake.signal() }
+                return
+            }
+        }
         write.withLock { $0(line) }
+    }
+
+    /// Waits until the writer thread has written what is queued (shutdown), at most `timeout`.
+    public func drain(timeout: TimeInterval = 1) {
+        guard let queue else { return }
+        let deadline = Date() + timeout
+        while Date() < deadline, queue.lines.withLock({ !$0.isEmpty }) { usleep(1000) }
+        usleep(1000)
     }
 
     /// UTC ISO 8601 with milliseconds, formatted by hand: DateFormatter goes through ICU and

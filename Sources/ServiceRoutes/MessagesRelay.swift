@@ -13,11 +13,15 @@ public struct RelayConfiguration: Sendable {
     public var defaultKey: String?
     /// Opens the workspaces' sealed keys (`--secrets-key-file`); nil when the file is absent.
     public var secrets: SecretBox?
+    /// Upstream event threads (each one libcurl multi handle), taken in turn by new requests:
+    /// one thread's share of the work bounds the relay's throughput on a multi-core machine.
+    public var upstreamThreads: Int
 
-    public init(upstream: UpstreamConfiguration, defaultKey: String? = nil, secrets: SecretBox? = nil) {
+    public init(upstream: UpstreamConfiguration, defaultKey: String? = nil, secrets: SecretBox? = nil, upstreamThreads: Int = 2) {
         self.upstream = upstream
         self.defaultKey = defaultKey
         self.secrets = secrets
+        self.upstreamThreads = max(1, upstreamThreads)
     }
 }
 
@@ -33,7 +37,8 @@ public final class MessagesRelay: Sendable {
     /// Request headers passed through to the upstream (besides the key and the version).
     static let forwardedRequestHeaders: Set<String> = ["anthropic-beta", "content-type", "accept", "user-agent"]
 
-    let upstream: UpstreamClient
+    let upstreams: [UpstreamClient]
+    private let nextUpstream = Atomic<Int>(0)
     let defaultKey: String?
     let secrets: SecretBox?
     /// Opened workspace keys, by workspace, with the sealed bytes they came from: a key set again
@@ -41,14 +46,20 @@ public final class MessagesRelay: Sendable {
     private let openedKeys = Mutex<[Int64: (sealed: [UInt8], key: String)]>([:])
 
     public init(_ configuration: RelayConfiguration) throws {
-        upstream = try UpstreamClient(configuration.upstream)
+        upstreams = try (0..<configuration.upstreamThreads).map { _ in try UpstreamClient(configuration.upstream) }
         defaultKey = configuration.defaultKey
         secrets = configuration.secrets
     }
 
-    public func shutdown() { upstream.shutdown() }
+    public func shutdown() { upstreams.forEach { $0.shutdown() } }
 
-    public var activeTransfers: Int { upstream.activeTransfers }
+    public var activeTransfers: Int { upstreams.reduce(0) { $0 + $1.activeTransfers } }
+
+    /// Starts a transfer on the next upstream thread in turn.
+    func start(_ request: UpstreamRequest, delegate: any UpstreamDelegate) -> UpstreamTransfer {
+        let turn = nextUpstream.wrappingAdd(1, ordering: .relaxed).oldValue
+        return upstreams[Int(UInt(bitPattern: turn) % UInt(upstreams.count))].start(request, delegate: delegate)
+    }
 
     /// Why a request could not be relayed before anything was sent upstream.
     enum KeyProblem: Error {
@@ -97,13 +108,18 @@ public final class MessagesRelay: Sendable {
         }
     }
 
+    static let fixedHopByHop: Set<String> = ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+                                             "proxy-authenticate", "proxy-authorization"]
+
     /// Header names a `Connection` header declares hop-by-hop (RFC 9110 §7.6.1), plus the fixed ones.
     static func connectionTokens(_ headers: [(name: String, value: String)]) -> Set<String> {
-        var names: Set<String> = ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
-                                  "proxy-authenticate", "proxy-authorization"]
+        var names = fixedHopByHop
         for header in headers where header.name == "connection" {
             for token in header.value.split(separator: ",") {
-                names.insert(token.trimmingCharacters(in: .whitespaces).lowercased())
+                var name = Substring(token)
+                while name.first == " " || name.first == "\t" { name.removeFirst() }
+                while name.last == " " || name.last == "\t" { name.removeLast() }
+                names.insert(name.lowercased())
             }
         }
         return names
@@ -119,7 +135,12 @@ final class RelayedExchange: UpstreamDelegate {
         var isEventStream = false
         var firstByteAt: UInt64?
         var bytes = 0
+        /// A JSON reply is held until complete and answered in one piece (one wake-up of the HTTP
+        /// server instead of three); past `maxHeldReply` it is streamed like an SSE reply.
+        var held: (headers: [(name: String, value: String)], body: [UInt8])?
     }
+
+    static let maxHeldReply = 1 << 20
 
     let writer: HTTPResponseWriter
     let requestID: String
@@ -144,24 +165,46 @@ final class RelayedExchange: UpstreamDelegate {
             $0.headSent = true
             $0.status = status
             $0.isEventStream = isEventStream
+            if !isEventStream { $0.held = (forwarded, []) }
         }
-        writer.startStream(status: status, headers: forwarded)
+        // Streams go out at once, chunk by chunk; a JSON reply waits for its last byte.
+        if isEventStream { writer.startStream(status: status, headers: forwarded) }
     }
 
     func upstreamDidReceive(_ chunk: UnsafeRawBufferPointer) -> Bool {
-        state.withLock {
-            if $0.firstByteAt == nil { $0.firstByteAt = DispatchTime.now().uptimeNanoseconds }
-            $0.bytes += chunk.count
+        let overflow: (status: Int, headers: [(name: String, value: String)], body: [UInt8])? = state.withLock { state in
+            if state.firstByteAt == nil { state.firstByteAt = DispatchTime.now().uptimeNanoseconds }
+            state.bytes += chunk.count
+            guard var held = state.held else { return nil }
+            held.body.append(contentsOf: chunk)
+            guard held.body.count > Self.maxHeldReply else {
+                state.held = held
+                return nil
+            }
+            state.held = nil
+            return (state.status, held.headers, held.body)
         }
+        if let overflow {
+            writer.startStream(status: overflow.status, headers: overflow.headers)
+            return writer.write(overflow.body)
+        }
+        if state.withLock({ $0.held != nil }) { return true }
         // False: the client is slow (over the high-water mark; `onWritable` resumes) or gone
         // (`onCancel` cancels the transfer).
         return writer.write(chunk)
     }
 
     func upstreamDidFinish(_ error: UpstreamError?) {
-        let (headSent, status, isEventStream, bytes) = state.withLock { ($0.headSent, $0.status, $0.isEventStream, $0.bytes) }
+        let (headSent, status, isEventStream, bytes, held) = state.withLock { state in
+            defer { state.held = nil }
+            return (state.headSent, state.status, state.isEventStream, state.bytes, state.held)
+        }
         guard let error else {
-            writer.finish()
+            if let held {
+                writer.respond(HTTPResponse(status: status, headers: held.headers, body: held.body))
+            } else {
+                writer.finish()
+            }
             finished(status, nil, bytes)
             return
         }
@@ -169,7 +212,7 @@ final class RelayedExchange: UpstreamDelegate {
             finished(headSent ? status : 499, error, bytes)
             return
         }
-        if !headSent {
+        if !headSent || held != nil {
             // Nothing sent yet: an answer in the Messages API's error shape; the cause goes to the log.
             let timedOut = error.kind == .timeout || error.kind == .idleTimeout
             let status = timedOut ? 504 : 502

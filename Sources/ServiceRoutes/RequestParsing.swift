@@ -56,7 +56,13 @@ enum RequestParsing {
 
     /// The token of an `Authorization: Bearer …` header.
     static func bearer(_ header: String?) -> String? {
-        guard let header, header.count > 7, header.prefix(7).lowercased() == "bearer " else { return nil }
-        return header.dropFirst(7).trimmingCharacters(in: .whitespaces)
+        guard let header else { return nil }
+        let bytes = header.utf8
+        guard bytes.count > 7, bytes.prefix(7).map({ $0 | 0x20 }).elementsEqual("bearer ".utf8) else { return nil }
+        // Byte-wise: Foundation's trimmingCharacters went through NSString on every request.
+        var token = Substring(header).dropFirst(7)
+        while token.first == " " || token.first == "\t" { token.removeFirst() }
+        while token.last == " " || token.last == "\t" { token.removeLast() }
+        return token.isEmpty ? nil : String(token)
     }
 }

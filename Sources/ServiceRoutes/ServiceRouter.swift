@@ -261,7 +261,7 @@ public final class ServiceRouter: Sendable {
             logRequest(request, route: route, status: status, requestID: requestID, start: start, clientID: clientID,
                        reason: nil, detail: error.map { "upstream \($0)" }, bytes: bytes)
         }
-        let transfer = relay.upstream.start(MessagesRelay.upstreamRequest(request, key: key), delegate: exchange)
+        let transfer = relay.start(MessagesRelay.upstreamRequest(request, key: key), delegate: exchange)
         writer.onWritable { transfer.resume() }
         writer.onCancel { transfer.cancel() }
         return .deferred

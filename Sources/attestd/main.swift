@@ -104,7 +104,8 @@ struct StartupError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-let logger = Logger()
+// Lines are written by a thread of their own, so the request path only formats and queues.
+let logger = Logger.standardErrorWithWriterThread()
 
 /// The relay's upstream, its default key and the secrets key that opens the workspaces' own keys.
 func relayConfiguration(_ options: ServeOptions) throws -> RelayConfiguration {
@@ -203,6 +204,7 @@ func serve(_ options: ServeOptions) throws -> Never {
             server.stop()
             relay.shutdown()
             audit.close()
+            logger.drain()
             exit(0)
         }
         source.resume()
@@ -220,5 +222,6 @@ do {
     try serve(try ServeOptions(Array(arguments.dropFirst())))
 } catch {
     logger.error("startup_failed", [("error", String(describing: error))])
+    logger.drain()
     exit(2)
 }
