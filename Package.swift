@@ -36,6 +36,8 @@ let package = Package(
         .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CSQLite"]),
         // `TokenStore` on PostgreSQL through libpq, for several attestd instances on one database.
         .target(name: "PostgresStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CPostgres"]),
+        // The store a --db value names: PostgreSQL for a connection URL, SQLite for a path.
+        .target(name: "Stores", dependencies: ["TokenService", "SQLiteStore", "PostgresStore"]),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
         // Client for the upstream Messages API: libcurl multi on one event thread.
         .target(name: "UpstreamClient", dependencies: ["CCurl"]),
@@ -57,10 +59,10 @@ let package = Package(
         .target(name: "HTTPClient"),
         .target(name: "CommandLineSupport", dependencies: ["AttestWire"]),
 
-        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto",
+        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "Stores", "HTTPServer", "AppAttest", "AttestCrypto",
                                                           "AttestWire", "UpstreamClient"]),
         // The operator's tool: administration and offline verification. No test authority.
-        .executableTarget(name: "attestctl", dependencies: ["TokenService", "SQLiteStore", "AppAttest", "AttestCrypto", "AttestWire", "CommandLineSupport"]),
+        .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CommandLineSupport"]),
         // The developer's tool: simulated devices, load generation, verification benchmarks.
         .executableTarget(name: "attest-sim", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "TestAuthority", "AttestClient",
                                                              "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport"]),

@@ -1,6 +1,7 @@
+import TokenService
 /// A PostgreSQL failure: what kind, the server's SQLSTATE when it sent one, and a message that
 /// never carries a password (the connection string appears only redacted).
-public struct PostgresError: Error, CustomStringConvertible, Sendable {
+public struct PostgresError: StoreAvailabilityError, Error, CustomStringConvertible, Sendable {
     public enum Kind: String, Sendable {
         /// Could not connect (refused, authentication, bad connection string, TLS).
         case connect

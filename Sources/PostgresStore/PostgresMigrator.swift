@@ -1,6 +1,7 @@
 import AttestWire
 import AttestCrypto
 import Foundation
+import TokenService
 
 /// A migration file of `Migrations/postgres/`, by its name (`0001_initial.sql`) and SQL.
 public struct PostgresMigration: Sendable {
@@ -26,14 +27,6 @@ public struct PostgresMigration: Sendable {
 
 public struct PostgresMigrationError: Error, CustomStringConvertible, Sendable {
     public let description: String
-}
-
-/// What a store does with the schema when it opens.
-public enum MigrationMode: Sendable {
-    /// Apply missing migrations (the default, and `attestctl migrate`).
-    case apply
-    /// Only check: refuse a database that lacks a migration, or differs (`attestd serve --no-migrate`).
-    case verify
 }
 
 /// Applies numbered migrations in order, each exactly once, recording a checksum; refuses a

@@ -260,7 +260,7 @@ public final class PostgresTokenStore: TokenStore {
     /// Parameters: $1 client ID, $2 key ID, $3 now, $4 challenge to redeem (NULL: none),
     /// $5… the exchange's own, then `firstTokenParameter`… token hash, client ID, workspace ID,
     /// key ID, issued, expires, next challenge, its expiry.
-    private static func exchangeSQL(done: String, firstTokenParameter p: Int) -> String {
+    private static func exchangeSQL(done: String, firstTokenParameter p: Int, grant: String) -> String {
         """
         WITH ch AS (
             SELECT 1 FROM challenges
@@ -269,8 +269,8 @@ public final class PostgresTokenStore: TokenStore {
         ), done AS (
             \(done)
         ), token AS (
-            INSERT INTO tokens (token_hash, client_id, workspace_id, key_id, issued_at, expires_at)
-            SELECT $\(p), $\(p + 1), $\(p + 2), $\(p + 3), $\(p + 4), $\(p + 5) WHERE EXISTS (SELECT 1 FROM done)
+            INSERT INTO tokens (token_hash, client_id, workspace_id, key_id, issued_at, expires_at, grant_type)
+            SELECT $\(p), $\(p + 1), $\(p + 2), $\(p + 3), $\(p + 4), $\(p + 5), '\(grant)' WHERE EXISTS (SELECT 1 FROM done)
         ), pruned AS (
             -- A device keeps the new token and the newest of its others (requests in flight).
             UPDATE tokens SET revoked_at = $3
@@ -296,7 +296,7 @@ public final class PostgresTokenStore: TokenStore {
               AND EXISTS (SELECT 1 FROM integrations WHERE client_id = $1 AND revoked_at IS NULL)
             ON CONFLICT (key_id) DO NOTHING
             RETURNING 1
-        """, firstTokenParameter: 10)
+        """, firstTokenParameter: 10, grant: "registration")
 
     private static let advanceSQL = exchangeSQL(done: """
         UPDATE devices SET sign_counter = $5
@@ -304,7 +304,7 @@ public final class PostgresTokenStore: TokenStore {
               AND ($4::bytea IS NULL OR EXISTS (SELECT 1 FROM ch))
               AND EXISTS (SELECT 1 FROM integrations WHERE client_id = $1 AND revoked_at IS NULL)
             RETURNING 1
-        """, firstTokenParameter: 7)
+        """, firstTokenParameter: 7, grant: "assertion")
 
     private static func tokenValues(_ token: TokenRecord, _ next: IssuedChallenge) -> [PostgresValue] {
         [.bytes(token.tokenHash), .text(token.clientID), .int(token.workspaceID), .bytes(token.keyID), seconds(token.issuedAt),
@@ -347,6 +347,43 @@ public final class PostgresTokenStore: TokenStore {
                                       issuedAt: try Self.date(row, 2), expiresAt: try Self.date(row, 3),
                                       upstreamKey: row.isNull(6) ? nil : try Self.sealedKey(row, from: 6))
                 } ?? nil
+        }
+    }
+
+    // MARK: Rate limits
+
+    private static func window(_ row: PostgresRow) throws -> WindowCount {
+        WindowCount(count: Int(try row.int(0)), oldest: row.isNull(1) ? nil : try date(row, 1))
+    }
+
+    public func mintsSince(clientID: String, keyID: [UInt8], since: Date) throws -> WindowCount {
+        try run { db in
+            try db.query("SELECT count(*), min(issued_at) FROM tokens WHERE key_id = $1 AND client_id = $2 AND issued_at > $3 AND grant_type = 'assertion'",
+                         [.bytes(keyID), .text(clientID), Self.seconds(since)]).first(Self.window)!
+        }
+    }
+
+    public func registrationsSince(clientID: String, since: Date) throws -> WindowCount {
+        try run { db in
+            try db.query("SELECT count(*), min(registered_at) FROM devices WHERE client_id = $1 AND registered_at > $2",
+                         [.text(clientID), Self.seconds(since)]).first(Self.window)!
+        }
+    }
+
+    /// One statement: the insert and the count of what was there before it, plus this one.
+    public func recordChallengeRequest(caller: String, at time: Date, since: Date) throws -> WindowCount {
+        try run { db in
+            try db.query("""
+                WITH recorded AS (INSERT INTO challenge_requests (caller, at) VALUES ($1, $2) RETURNING at)
+                SELECT count(*) + 1, least(min(c.at), (SELECT at FROM recorded)) FROM challenge_requests c WHERE c.caller = $1 AND c.at > $3
+                """, [.text(caller), Self.seconds(time), Self.seconds(since)]).first(Self.window)!
+        }
+    }
+
+    public func purgeChallengeRequests(before: Date) throws -> Int {
+        try run { db in
+            try db.query("WITH d AS (DELETE FROM challenge_requests WHERE at <= $1 RETURNING 1) SELECT count(*) FROM d",
+                         [Self.seconds(before)]).first { Int(try $0.int(0)) } ?? 0
         }
     }
 

@@ -1,6 +1,7 @@
 import AttestWire
 import AttestCrypto
 import Foundation
+import TokenService
 
 /// A migration file of `Migrations/sqlite/`, by its name (`0001_initial.sql`) and SQL.
 public struct Migration: Sendable {
@@ -30,7 +31,7 @@ public struct MigrationError: Error, CustomStringConvertible, Sendable {
 /// Applies numbered migrations in order, each exactly once, recording a checksum; refuses a
 /// database whose applied migrations differ from the files, or that is newer than the binary.
 enum Migrator {
-    static func migrate(_ connection: SQLiteConnection, _ migrations: [Migration]) throws {
+    static func migrate(_ connection: SQLiteConnection, _ migrations: [Migration], mode: MigrationMode = .apply) throws {
         try connection.execute("""
             CREATE TABLE IF NOT EXISTS schema_migrations (
                 version INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at REAL NOT NULL)
@@ -50,6 +51,9 @@ enum Migrator {
                 }
             }
             for migration in migrations.sorted(by: { $0.version < $1.version }) where applied[migration.version] == nil {
+                guard mode == .apply else {
+                    throw MigrationError(description: "migration \(migration.name) is not applied and --no-migrate was given: run attestctl migrate first")
+                }
                 do { try connection.execute(migration.sql) } catch {
                     throw MigrationError(description: "migration \(migration.name) failed: \(error)")
                 }

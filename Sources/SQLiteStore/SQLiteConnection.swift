@@ -1,12 +1,18 @@
 import CSQLite
 import Foundation
+import TokenService
 
 /// A SQLite error with the database's own message.
-public struct SQLiteError: Error, CustomStringConvertible, Sendable {
+public struct SQLiteError: StoreAvailabilityError, CustomStringConvertible, Sendable {
     public let code: Int32
     public let message: String
     public var description: String { "SQLite error \(code): \(message)" }
     public var isConstraintViolation: Bool { code & 0xff == SQLITE_CONSTRAINT }
+    /// Busy or locked past the busy timeout (another process holds the write lock), or the disk
+    /// is full or failing: the service answers 503 and tries again on the next request.
+    public var isUnavailable: Bool {
+        [SQLITE_BUSY, SQLITE_LOCKED, SQLITE_FULL, SQLITE_IOERR, SQLITE_CANTOPEN, SQLITE_READONLY].contains(code & 0xff)
+    }
 }
 
 /// Values bound to statement parameters.
@@ -54,7 +60,9 @@ final class SQLiteConnection {
         }
         db = handle
         sqlite3_extended_result_codes(db, 1)
-        sqlite3_busy_timeout(db, 5000)
+        // Short: a write lock held elsewhere (attestctl, another attestd) makes requests wait at
+        // most this long and then answer 503, within the 2 s a client should wait for an answer.
+        sqlite3_busy_timeout(db, 1500)
         try execute("PRAGMA journal_mode = WAL")
         try execute("PRAGMA foreign_keys = ON")
         try execute("PRAGMA synchronous = \(synchronous)")

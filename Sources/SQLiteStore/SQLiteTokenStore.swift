@@ -17,10 +17,10 @@ public final class SQLiteTokenStore: TokenStore {
     /// - Parameter synchronous: `FULL` (default) makes every acknowledged commit survive power loss,
     ///   `NORMAL` only process crashes.
     public init(path: String, readers readerCount: Int = 4, synchronous: String = "FULL",
-                migrations: [Migration] = Migration.embedded) throws {
+                migrations: [Migration] = Migration.embedded, mode: MigrationMode = .apply) throws {
         self.path = path
         let connection = try SQLiteConnection(path: path, synchronous: synchronous)
-        try Migrator.migrate(connection, migrations)
+        try Migrator.migrate(connection, migrations, mode: mode)
         writer = LockedSQLiteConnection(connection)
         readers = try (0..<max(1, readerCount)).map { _ in LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous)) }
     }
@@ -232,11 +232,11 @@ public final class SQLiteTokenStore: TokenStore {
 
     /// Stores a new token and revokes the device's older live tokens but the newest one before it
     /// (kept for requests already in flight), in the caller's transaction.
-    private static func insertToken(_ db: SQLiteConnection, _ token: TokenRecord) throws {
+    private static func insertToken(_ db: SQLiteConnection, _ token: TokenRecord, grant: String) throws {
         try db.run("""
-            INSERT INTO tokens (token_hash, client_id, workspace_id, key_id, issued_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)
+            INSERT INTO tokens (token_hash, client_id, workspace_id, key_id, issued_at, expires_at, grant_type) VALUES (?, ?, ?, ?, ?, ?, ?)
             """, [.blob(token.tokenHash), .text(token.clientID), .int(token.workspaceID), .blob(token.keyID),
-                  .real(token.issuedAt.timeIntervalSince1970), .real(token.expiresAt.timeIntervalSince1970)])
+                  .real(token.issuedAt.timeIntervalSince1970), .real(token.expiresAt.timeIntervalSince1970), .text(grant)])
         // The new token stays, with the newest of the others (ties: any one of them).
         try db.run("""
             UPDATE tokens SET revoked_at = ? WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash != ?
@@ -262,7 +262,7 @@ public final class SQLiteTokenStore: TokenStore {
                           .text(device.environment.rawValue), .text(device.appID), .blob(receipt), .real(time.timeIntervalSince1970),
                           .text(device.clientID)])
                 guard inserted == 1 else { return .conflict }   // committed all the same: the challenge stays used
-                try Self.insertToken(db, firstToken)
+                try Self.insertToken(db, firstToken, grant: "registration")
                 try Self.storeChallenge(db, clientID: device.clientID, keyID: device.keyID, nextChallenge)
                 return .committed
             }
@@ -282,7 +282,7 @@ public final class SQLiteTokenStore: TokenStore {
                       AND EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
                     """, [.int(Int64(to)), .blob(keyID), .text(clientID), .int(Int64(from)), .text(clientID)])
                 guard changed == 1 else { return .conflict }   // committed all the same: the challenge stays used
-                try Self.insertToken(db, token)
+                try Self.insertToken(db, token, grant: "assertion")
                 try Self.storeChallenge(db, clientID: clientID, keyID: keyID, nextChallenge)
                 return .committed
             }
@@ -305,6 +305,36 @@ public final class SQLiteTokenStore: TokenStore {
                                       upstreamKey: row.isNull(6) ? nil : Self.sealedKey(row, from: 6))
                 } ?? nil
         }
+    }
+
+    // MARK: Rate limits
+
+    private static func window(_ row: SQLiteConnection.Row) -> WindowCount {
+        WindowCount(count: Int(row.int(0)), oldest: row.isNull(1) ? nil : Date(timeIntervalSince1970: row.real(1)))
+    }
+
+    public func mintsSince(clientID: String, keyID: [UInt8], since: Date) throws -> WindowCount {
+        try read { try $0.first("SELECT count(*), min(issued_at) FROM tokens WHERE key_id = ? AND client_id = ? AND issued_at > ? AND grant_type = 'assertion'",
+                                [.blob(keyID), .text(clientID), .real(since.timeIntervalSince1970)], Self.window) }!
+    }
+
+    public func registrationsSince(clientID: String, since: Date) throws -> WindowCount {
+        try read { try $0.first("SELECT count(*), min(registered_at) FROM devices WHERE client_id = ? AND registered_at > ?",
+                                [.text(clientID), .real(since.timeIntervalSince1970)], Self.window) }!
+    }
+
+    public func recordChallengeRequest(caller: String, at time: Date, since: Date) throws -> WindowCount {
+        try write { db in
+            try db.transaction {
+                try db.run("INSERT INTO challenge_requests (caller, at) VALUES (?, ?)", [.text(caller), .real(time.timeIntervalSince1970)])
+                return try db.first("SELECT count(*), min(at) FROM challenge_requests WHERE caller = ? AND at > ?",
+                                    [.text(caller), .real(since.timeIntervalSince1970)], Self.window)!
+            }
+        }
+    }
+
+    public func purgeChallengeRequests(before: Date) throws -> Int {
+        try write { try $0.run("DELETE FROM challenge_requests WHERE at <= ?", [.real(before.timeIntervalSince1970)]) }
     }
 
     // MARK: Audit

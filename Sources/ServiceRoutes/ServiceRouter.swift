@@ -91,8 +91,16 @@ public final class ServiceRouter: Sendable {
             } else {
                 outcome = Outcome(response: .json(404, #"{"error":"not_found"}"#))
             }
+        } catch let error as StoreAvailabilityError where error.isUnavailable {
+            // The database is busy, locked or gone: 503 at once (nothing was half-done: every
+            // write is one transaction), and the next request tries again.
+            logger.error("store_unavailable", [("route", routeName), ("request_id", requestID), ("error", String(describing: error))])
+            let body = MessagesRelay.relayedPaths.contains(routeName)
+                ? APIErrorResponse(type: "api_error", message: "the service is temporarily unavailable", requestID: requestID).json
+                : OAuthErrorResponse(.serverError).json
+            outcome = Outcome(response: .json(503, body, headers: [("retry-after", "1")]), reason: .storeUnavailable)
         } catch {
-            // Store failures and the like: logged in full, answered with a bare 500.
+            // Anything else: logged in full, answered with a bare 500.
             logger.error("internal_error", [("route", routeName), ("request_id", requestID), ("error", String(describing: error))])
             outcome = Outcome(response: .json(500, OAuthErrorResponse(.serverError).json), reason: .internalError)
         }
@@ -235,9 +243,9 @@ public final class ServiceRouter: Sendable {
             guard let live = try authenticated(request) else { return answer(Outcome(response: Self.unauthenticated(requestID), reason: .tokenRejected)) }
             grant = live
         } catch {
-            logger.error("internal_error", [("route", route), ("request_id", requestID), ("error", String(describing: error))])
+            logger.error("store_unavailable", [("route", route), ("request_id", requestID), ("error", String(describing: error))])
             return answer(Outcome(response: Self.apiError(503, "api_error", "the service is temporarily unavailable", requestID: requestID),
-                                  reason: .internalError))
+                                  reason: .storeUnavailable))
         }
         let key: String
         do {

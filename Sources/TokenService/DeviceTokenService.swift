@@ -40,9 +40,6 @@ public final class DeviceTokenService: Sendable {
     public let metrics: Metrics
     let audit: AuditSink
     let now: @Sendable () -> Date
-    private let mintLimiter: RateLimiter
-    private let registrationLimiter: RateLimiter
-    private let challengeLimiter: RateLimiter
     private let keyCache = DeviceKeyCache()
 
     public static let tokenPrefix = "aat_"
@@ -56,9 +53,6 @@ public final class DeviceTokenService: Sendable {
         self.metrics = metrics
         self.audit = audit
         self.now = now
-        mintLimiter = RateLimiter(limit: configuration.mintLimitPerMinute, window: 60)
-        registrationLimiter = RateLimiter(limit: configuration.registrationQuotaPerHour, window: 3600)
-        challengeLimiter = RateLimiter(limit: configuration.challengeLimitPerMinute, window: 60)
         metrics.describe("attestd_tokens_issued_total", "Access tokens issued, by grant (registration or assertion).")
         metrics.describe("attestd_registrations_total", "Devices registered by a verified attestation.")
         metrics.describe("attestd_verification_seconds", "Time spent in App Attest verification, by kind.")
@@ -72,9 +66,12 @@ public final class DeviceTokenService: Sendable {
         try rejecting(clientID: clientID, keyID: keyID, action: "challenge") {
             let time = now()
             try requireKeyIDShape(keyID)
-            if let retry = challengeLimiter.acquire(caller, at: time) {
-                throw Rejection(.rateLimited(retryAfter: retry), .challengeLimit,
-                                "caller over \(configuration.challengeLimitPerMinute) challenge requests a minute")
+            if configuration.challengeLimitPerMinute > 0 {
+                let window = try store.recordChallengeRequest(caller: caller, at: time, since: time - 60)
+                if let retry = Self.overLimit(window, limit: configuration.challengeLimitPerMinute, seconds: 60, at: time) {
+                    throw Rejection(.rateLimited(retryAfter: retry), .challengeLimit,
+                                    "caller over \(configuration.challengeLimitPerMinute) challenge requests a minute")
+                }
             }
             _ = try liveIntegration(clientID)
             let fresh = IssuedChallenge(bytes: secureRandomBytes(32), expiresAt: time.addingTimeInterval(configuration.challengeTTL))
@@ -94,7 +91,9 @@ public final class DeviceTokenService: Sendable {
                 if try store.device(clientID: clientID, keyID: keyID) != nil {
                     throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID is already registered")
                 }
-                if let retry = registrationLimiter.check(integration.clientID, at: time) {
+                if configuration.registrationQuotaPerHour > 0,
+                   let retry = Self.atLimit(try store.registrationsSince(clientID: integration.clientID, since: time - 3600),
+                                            limit: configuration.registrationQuotaPerHour, seconds: 3600, at: time) {
                     throw Rejection(.rateLimited(retryAfter: retry), .registrationQuota,
                                     "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
                 }
@@ -110,7 +109,7 @@ public final class DeviceTokenService: Sendable {
                 let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
                 let next = nextChallenge(at: time)
                 switch try store.registerDevice(device, receipt: verified.receipt, firstToken: record, redeeming: challenge, nextChallenge: next, at: time) {
-                case .committed: _ = registrationLimiter.acquire(integration.clientID, at: time)
+                case .committed: break
                 case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge was redeemed concurrently")
                 case .conflict:
                     _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
@@ -136,8 +135,9 @@ public final class DeviceTokenService: Sendable {
                 guard let device = try store.device(clientID: clientID, keyID: keyID) else {
                     throw Rejection(.invalidGrant, .unknownKey, "key ID is not registered for this client")
                 }
-                let mintKey = integration.clientID + "/" + hexString(keyID)
-                if let retry = mintLimiter.check(mintKey, at: time) {
+                if configuration.mintLimitPerMinute > 0,
+                   let retry = Self.atLimit(try store.mintsSince(clientID: integration.clientID, keyID: keyID, since: time - 60),
+                                            limit: configuration.mintLimitPerMinute, seconds: 60, at: time) {
                     throw Rejection(.rateLimited(retryAfter: retry), .mintLimit,
                                     "device over \(configuration.mintLimitPerMinute) tokens a minute")
                 }
@@ -153,7 +153,7 @@ public final class DeviceTokenService: Sendable {
                 let next = nextChallenge(at: time)
                 switch try store.advanceCounter(clientID: clientID, keyID: keyID, from: device.counter, to: verified.counter,
                                                 token: record, redeeming: challenge, nextChallenge: next, at: time) {
-                case .committed: _ = mintLimiter.acquire(mintKey, at: time)
+                case .committed: break
                 case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge was redeemed concurrently")
                 case .conflict:
                     _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
@@ -200,6 +200,21 @@ public final class DeviceTokenService: Sendable {
     }
 
     // MARK: Helpers
+
+    /// Retry-after seconds when `window` already holds `limit` events (one more would exceed it):
+    /// until the oldest one leaves the rolling window. Nil when one more is allowed. Only
+    /// successes are counted (tokens minted, devices registered), so knowing a key ID or a client
+    /// ID is not enough to lock anyone out.
+    static func atLimit(_ window: WindowCount, limit: Int, seconds: TimeInterval, at time: Date) -> Int? {
+        guard window.count >= limit else { return nil }
+        let frees = (window.oldest ?? time).addingTimeInterval(seconds).timeIntervalSince(time)
+        return max(1, Int(frees.rounded(.up)))
+    }
+
+    /// As `atLimit`, for a window that already includes this request.
+    static func overLimit(_ window: WindowCount, limit: Int, seconds: TimeInterval, at time: Date) -> Int? {
+        window.count > limit ? atLimit(WindowCount(count: window.count - 1, oldest: window.oldest), limit: limit, seconds: seconds, at: time) : nil
+    }
 
     private func requireKeyIDShape(_ keyID: [UInt8]) throws {
         guard keyID.count == 32 else { throw Rejection.request("key_id is \(keyID.count) bytes, expected 32") }

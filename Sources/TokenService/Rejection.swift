@@ -15,7 +15,7 @@ public enum RejectionReason: String, Sendable, CaseIterable {
     case mintLimit, registrationQuota, challengeLimit
     // Bearer tokens and the other routes.
     case tokenRejected, outOfScope, noUpstream, methodNotAllowed, introspectionUnauthorized
-    case internalError
+    case storeUnavailable, internalError
 
     public init(_ verification: VerificationReason) {
         // The verification cases are spelled the same here.

@@ -47,10 +47,46 @@ public protocol TokenStore: AnyObject, Sendable {
     /// with the workspace's sealed upstream key, in the same query.
     func liveToken(hash: [UInt8], at: Date) throws -> TokenGrant?
 
+    // Rate limits, counted in the database so that every instance sees the same windows.
+    /// Tokens minted for the device since `since` (a rolling window).
+    func mintsSince(clientID: String, keyID: [UInt8], since: Date) throws -> WindowCount
+    /// Devices registered for the integration since `since`.
+    func registrationsSince(clientID: String, since: Date) throws -> WindowCount
+    /// Records one challenge request by `caller` at `at` and counts the caller's requests since `since`, this one included.
+    func recordChallengeRequest(caller: String, at: Date, since: Date) throws -> WindowCount
+    /// Forgets challenge requests older than `before`; returns how many.
+    func purgeChallengeRequests(before: Date) throws -> Int
+
     // Audit
     func appendAudit(_ events: [AuditEvent]) throws
+    /// The newest audit events, newest first (the CLI and tests).
+    func auditEvents(limit: Int, clientID: String?) throws -> [AuditEvent]
     /// Deletes challenges that are used or expired before `before`; returns how many.
     func purgeChallenges(before: Date) throws -> Int
+}
+
+/// Events in a rolling window: how many, and when the oldest happened (for `Retry-After`).
+public struct WindowCount: Sendable, Equatable {
+    public let count: Int
+    public let oldest: Date?
+    public init(count: Int, oldest: Date?) {
+        self.count = count
+        self.oldest = oldest
+    }
+}
+
+/// A store failure that means "not now" rather than "never": the database is busy, locked,
+/// unreachable or timed out. The service answers 503 for it, and recovers by itself.
+public protocol StoreAvailabilityError: Error {
+    var isUnavailable: Bool { get }
+}
+
+/// What a store does with the schema when it opens.
+public enum MigrationMode: Sendable {
+    /// Apply missing migrations (the default, and `attestctl migrate`).
+    case apply
+    /// Only check: refuse a database that lacks a migration, or differs (`attestd serve --no-migrate`).
+    case verify
 }
 
 /// The outcome of a write that redeems a challenge.

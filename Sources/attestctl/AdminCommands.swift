@@ -2,7 +2,7 @@ import AppAttest
 import AttestCrypto
 import CommandLineSupport
 import Foundation
-import SQLiteStore
+import Stores
 import TokenService
 
 /// `attestctl init|members|workspaces|integrations|audit`: administration on the service database.
@@ -11,6 +11,7 @@ import TokenService
 enum AdminCommands {
     static let usage = """
     usage: attestctl init --owner EMAIL
+           attestctl migrate   (apply the schema's migrations; attestd serve --no-migrate only checks them)
            attestctl members add --actor EMAIL --email EMAIL --role owner|admin|developer|user [--workspace NAME]
            attestctl workspaces create --actor EMAIL --name NAME
            attestctl workspaces show NAME [--json]
@@ -23,7 +24,7 @@ enum AdminCommands {
            attestctl integrations show CLIENT_ID [--json]
            attestctl integrations revoke CLIENT_ID --actor EMAIL --yes
            attestctl audit [--client-id CLIENT_ID] [--limit N] [--json]
-         every command takes --db PATH (default: $ATTESTD_DB, else ./attestd.sqlite) and --secrets-key-file FILE
+         every command takes --db PATH|URL (a SQLite file or a postgresql:// URL; default: $ATTESTD_DB, else ./attestd.sqlite) and --secrets-key-file FILE
          (default: $ATTESTD_SECRETS_KEY_FILE, else attestd.key beside the database; init creates it, 32 random bytes, 0600)
     """
 
@@ -35,6 +36,7 @@ enum AdminCommands {
         do {
             switch (command, argv.first) {
             case ("init", _): try initialize(argv)
+            case ("migrate", _): try migrate(argv)
             case ("members", "add"): try addMember(Array(argv.dropFirst()))
             case ("workspaces", "create"): try createWorkspace(Array(argv.dropFirst()))
             case ("workspaces", "show"): try showWorkspace(Array(argv.dropFirst()))
@@ -58,17 +60,25 @@ enum AdminCommands {
     static func initialize(_ argv: [String]) throws {
         let arguments = try parse(argv, options: ["owner"])
         let owner = try arguments.required("owner")
-        let (service, store) = try open(arguments)
+        let (service, _) = try open(arguments)
         let keyFile = try secretsKeyPath(arguments)
         if try SecretsKeyFile.createIfAbsent(keyFile) {
             print("created the secrets key \(keyFile) (32 random bytes, mode 0600): every attestd of this deployment reads it")
         }
         switch try service.initialize(owner: owner) {
         case .created:
-            print("initialised \(store.path): workspace \(AdminService.defaultWorkspace), primary owner \(try Validate.email(owner))")
+            print("initialised \(Stores.redacted(try databasePath(arguments))): workspace \(AdminService.defaultWorkspace), primary owner \(try Validate.email(owner))")
         case .unchanged(let existing):
-            print("already initialised \(store.path): primary owner \(existing); nothing changed")
+            print("already initialised \(Stores.redacted(try databasePath(arguments))): primary owner \(existing); nothing changed")
         }
+    }
+
+    /// Applies the schema's migrations, for operators who do not let services alter schemas
+    /// (`attestd serve --no-migrate` then only checks them).
+    static func migrate(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: [])
+        _ = try open(arguments, mode: .apply)
+        print("migrated \(Stores.redacted(try databasePath(arguments))): the schema is current")
     }
 
     static func addMember(_ argv: [String]) throws {
@@ -176,7 +186,7 @@ enum AdminCommands {
         }
         let (service, _) = try open(arguments)
         let liveTokens = try service.counts(clientID).liveTokens
-        // SQLiteTokenStore commits synchronously, so the revocation is on disk once this returns.
+        // Both stores commit before returning, so the revocation is durable once this returns.
         try service.revokeIntegration(actor: actor, clientID: clientID)
         print("revoked \(clientID) permanently (\(liveTokens) live tokens revoked)")
     }
@@ -213,8 +223,8 @@ enum AdminCommands {
     }
 
     /// Opening creates and migrates the database, so it happens only after the arguments are known to be good.
-    static func open(_ arguments: Arguments) throws -> (AdminService, SQLiteTokenStore) {
-        let store = try SQLiteTokenStore(path: try databasePath(arguments), readers: 1)
+    static func open(_ arguments: Arguments, mode: MigrationMode = .apply) throws -> (AdminService, TokenStore) {
+        let store = try Stores.open(try databasePath(arguments), connections: 1, mode: mode)
         return (AdminService(store: store), store)
     }
 

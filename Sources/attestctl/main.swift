@@ -6,11 +6,12 @@ import Foundation
 let usage = """
 usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   init | members add                       set up the organisation
+  migrate                                  apply the schema's migrations (SQLite or PostgreSQL)
   workspaces create|show|set-upstream-key  workspaces and their upstream API keys
   integrations create|list|show|revoke     manage app integrations
   audit [--client-id CLID] [--limit N]     newest audit events
   verify attestation|assertion …           verify an App Attest object offline
-every command answers --help; --db PATH (default: $ATTESTD_DB, else ./attestd.sqlite) and
+every command answers --help; --db PATH|URL (a SQLite file or a postgresql:// URL; default: $ATTESTD_DB, else ./attestd.sqlite) and
 --secrets-key-file FILE (default: $ATTESTD_SECRETS_KEY_FILE, else attestd.key beside the database)
 may come before or after it
 """
@@ -20,7 +21,7 @@ runTool("attestctl") {
     let rest = Array(argv.dropFirst())
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
-    case "init", "members", "workspaces", "integrations", "audit": return try AdminCommands.run(argv[0], rest)
+    case "init", "migrate", "members", "workspaces", "integrations", "audit": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     default: throw UsageError(usage)
     }

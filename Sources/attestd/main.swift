@@ -4,7 +4,7 @@ import AttestCrypto
 import Foundation
 import HTTPServer
 import ServiceRoutes
-import SQLiteStore
+import Stores
 import TokenService
 import UpstreamClient
 
@@ -14,7 +14,10 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--mint-limit PER_MINUTE] [--registration-quota PER_HOUR] [--challenge-limit PER_MINUTE]
                      [--introspection-key-file FILE] [--threads N] [--synchronous full|normal]
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
-                     [--max-connections N] [--max-connections-per-ip N]
+                     [--max-connections N] [--max-connections-per-ip N] [--no-migrate]
+--db is a SQLite file or a PostgreSQL URL (postgresql://user@host/db?sslmode=…, as libpq reads it, so PGPASSWORD
+          and ~/.pgpass work), default $ATTESTD_DB, else ./attestd.sqlite; --no-migrate only checks the schema
+          (apply it with attestctl migrate)
 defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
           --registration-quota 1000 --challenge-limit 600 --threads 4 --synchronous full (0 disables a limit)
           --upstream-url https://api.anthropic.com --secrets-key-file $ATTESTD_SECRETS_KEY_FILE, else attestd.key
@@ -32,7 +35,8 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
 """
 
 struct ServeOptions {
-    var db = "attestd.sqlite"
+    var db = ProcessInfo.processInfo.environment["ATTESTD_DB"].flatMap { $0.isEmpty ? nil : $0 } ?? "attestd.sqlite"
+    var migrate = true
     var host = "127.0.0.1"
     var port: UInt16 = 8080
     var trustAnchors: [String] = []
@@ -85,6 +89,7 @@ struct ServeOptions {
             case "--upstream-ca-file": upstreamCAFile = try value()
             case "--upstream-key-file": upstreamKeyFile = try value()
             case "--secrets-key-file": secretsKeyFile = try value()
+            case "--no-migrate": migrate = false
             case "--max-connections": maxConnections = try number("--max-connections", 16...1_000_000)
             case "--max-connections-per-ip": maxConnectionsPerIP = try number("--max-connections-per-ip", 0...1_000_000)
             case "--threads": threads = try number("--threads", 1...256)
@@ -156,7 +161,8 @@ func serve(_ options: ServeOptions) throws -> Never {
         introspectionKey = key
     }
 
-    let store = try SQLiteTokenStore(path: options.db, synchronous: options.synchronous)
+    let store = try Stores.open(options.db, connections: options.threads, synchronous: options.synchronous,
+                                mode: options.migrate ? .apply : .verify)
     let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
     let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
     let relay = try MessagesRelay(try relayConfiguration(options))
@@ -178,7 +184,7 @@ func serve(_ options: ServeOptions) throws -> Never {
     let server = HTTPServer(configuration: configuration) { router.handle($0, $1) }
     try server.start()
     logger.info("listening", [("address", "\(options.host.contains(":") ? "[\(options.host)]" : options.host):\(server.port)"),
-                              ("db", options.db), ("upstream", options.upstreamURL), ("threads", options.threads), ("token_ttl", Int(options.exchange.tokenTTL)),
+                              ("db", Stores.redacted(options.db)), ("upstream", options.upstreamURL), ("threads", options.threads), ("token_ttl", Int(options.exchange.tokenTTL)),
                               ("mint_limit_per_minute", options.exchange.mintLimitPerMinute),
                               ("registration_quota_per_hour", options.exchange.registrationQuotaPerHour)])
 
@@ -189,6 +195,8 @@ func serve(_ options: ServeOptions) throws -> Never {
         do {
             let purged = try store.purgeChallenges(before: Date())
             if purged > 0 { logger.info("challenges_purged", [("count", purged)]) }
+            // Challenge requests only matter for their one-minute window.
+            _ = try store.purgeChallengeRequests(before: Date() - 120)
         } catch { logger.error("purge_failed", [("error", String(describing: error))]) }
     }
     maintenance.resume()

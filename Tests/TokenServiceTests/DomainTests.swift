@@ -35,17 +35,6 @@ import TokenService
     }
 }
 
-@Suite struct RateLimiterTests {
-    @Test func fixedWindowAllowsTheLimitThenAnswersRetryAfter() {
-        let limiter = RateLimiter(limit: 3, window: 60)
-        let start = Date(timeIntervalSince1970: 1_000_000)
-        for _ in 0..<3 { #expect(limiter.acquire("k", at: start) == nil) }
-        #expect(limiter.acquire("k", at: start + 10) == 50)
-        #expect(limiter.acquire("other", at: start + 10) == nil)
-        #expect(limiter.acquire("k", at: start + 60) == nil)
-        #expect(RateLimiter(limit: 0, window: 60).acquire("k", at: start) == nil)   // 0 disables
-    }
-}
 
 @Suite struct AdminServiceTests {
     func makeAdmin() throws -> (AdminService, SQLiteTokenStore, URL) {

@@ -1,0 +1,26 @@
+import PostgresStore
+import SQLiteStore
+import TokenService
+
+/// Opens the store a `--db` value names: a `postgresql://` or `postgres://` URL (or a libpq
+/// key=value string) is PostgreSQL, anything else a SQLite file.
+public enum Stores {
+    public static func isPostgres(_ database: String) -> Bool { PostgresConnectionString.isPostgres(database) }
+
+    /// The value with any password removed, for logs and errors.
+    public static func redacted(_ database: String) -> String {
+        isPostgres(database) ? PostgresConnectionString(database).redactedDescription : database
+    }
+
+    /// - Parameters:
+    ///   - connections: PostgreSQL pool size (one per worker thread); SQLite reader connections.
+    ///   - synchronous: SQLite's `synchronous` pragma (PostgreSQL commits durably either way).
+    public static func open(_ database: String, connections: Int = 4, synchronous: String = "FULL",
+                            mode: MigrationMode = .apply) throws -> TokenStore {
+        if isPostgres(database) {
+            return try PostgresTokenStore(connectionString: PostgresConnectionString(database),
+                                          configuration: PostgresConfiguration(poolSize: max(1, connections)), mode: mode)
+        }
+        return try SQLiteTokenStore(path: database, readers: max(1, connections), synchronous: synchronous, mode: mode)
+    }
+}
