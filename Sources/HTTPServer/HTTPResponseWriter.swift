@@ -17,15 +17,18 @@ import Synchronization
 public final class HTTPResponseWriter: Sendable {
     let core: ServerCore
     let connection: ConnectionHandle
+    /// The connection's deadline bookkeeping (nil only if libmicrohttpd skipped the notification).
+    let record: ConnectionRecord?
     /// The raw request target, as the URI callback saw it.
     let target: String
     /// When the request line arrived (monotonic nanoseconds).
     let started: UInt64
     let state = Mutex(WriterState())
 
-    init(core: ServerCore, connection: ConnectionHandle, target: String) {
+    init(core: ServerCore, connection: ConnectionHandle, record: ConnectionRecord?, target: String) {
         self.core = core
         self.connection = connection
+        self.record = record
         self.target = target
         self.started = monotonicNanoseconds()
         core.counters.liveRequests.add(1, ordering: .relaxed)
@@ -78,6 +81,11 @@ public final class HTTPResponseWriter: Sendable {
         let highWater = core.configuration.streamHighWaterBytes
         return state.withLock { s in
             guard case .stream = s.answer, !s.closed, !s.cancelled, !s.producerDone else { return false }
+            if s.pending.count == s.sentOffset, !bytes.isEmpty {
+                // Bytes wait from now on; the write timeout counts while the client takes none.
+                _ = record?.streamStalledSince.compareExchange(expected: 0, desired: monotonicNanoseconds(),
+                                                               ordering: .relaxed)
+            }
             s.pending.append(contentsOf: bytes)
             resumeIfSuspended(&s)
             if s.pending.count - s.sentOffset > highWater {
@@ -161,9 +169,10 @@ public final class HTTPResponseWriter: Sendable {
 
     /// libmicrohttpd finished with the request (completion callback, connection's thread).
     func completed() {
-        let (callback, reserved) = state.withLock { s -> ((@Sendable () -> Void)?, Int) in
+        let (callback, reserved, cut) = state.withLock { s -> ((@Sendable () -> Void)?, Int, Bool) in
             s.closed = true
             var callback: (@Sendable () -> Void)?
+            let cut = (s.handlerOwnsAnswer || s.cancelled) && !s.producerDone
             if s.handlerOwnsAnswer, !s.producerDone {
                 s.cancelled = true
                 callback = s.takeCancelCallback()
@@ -171,14 +180,18 @@ public final class HTTPResponseWriter: Sendable {
             // Break reference cycles through the producer's closures, free the buffers.
             s.onCancel = nil
             s.onWritable = nil
+            s.headers = []
             s.pending = []
             s.sentOffset = 0
             s.body = []
             let reserved = s.reservedBodyBytes
             s.reservedBodyBytes = 0
-            return (callback, reserved)
+            return (callback, reserved, cut)
         }
         if reserved > 0 { core.releaseBodyBytes(reserved) }
+        record?.endRequest()
+        core.totals.requests.add(1, ordering: .relaxed)
+        if cut { core.totals.cancelled.add(1, ordering: .relaxed) }
         callback?()
     }
 
@@ -206,6 +219,8 @@ public final class HTTPResponseWriter: Sendable {
                 }
                 s.sentOffset += count
                 let left = available - count
+                // The client took bytes: what is left starts waiting now.
+                record?.streamStalledSince.store(left == 0 ? 0 : monotonicNanoseconds(), ordering: .relaxed)
                 if left == 0 {
                     s.pending.removeAll(keepingCapacity: s.pending.capacity <= 1 << 16)
                     s.sentOffset = 0
@@ -254,6 +269,7 @@ struct WriterState {
     var method = ""
     var path = ""
     var query: String?
+    var headers: [(name: String, value: String)] = []
     var body: [UInt8] = []
     var bodyLimit = 0
     var reservedBodyBytes = 0
