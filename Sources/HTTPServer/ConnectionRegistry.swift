@@ -99,6 +99,8 @@ struct RecordState {
     var reaped: HTTPReapReason?
     /// The current request's writer (cleared when the request ends).
     var writer: HTTPResponseWriter?
+    /// The server already answered a malformed Content-Length itself (see `answerMalformedContentLength`).
+    var framingAnswered = false
 }
 
 /// All open connections: deadlines, slot eviction, graceful shutdown, counters.
@@ -213,6 +215,32 @@ final class ConnectionRegistry: Sendable {
 
     var openConnections: Int { state.withLock { $0.records.count } }
 
+    /// libmicrohttpd 0.9.75 answers an invalid or overflowing Content-Length itself, from
+    /// parse_connection_headers, before the access handler runs, and its state machine then
+    /// builds the response head a second time (two status lines on the wire). Nothing of ours
+    /// runs in between except its log callback, on the connection's worker thread, so that is
+    /// where we answer instead: the one connection on this worker whose head is complete but
+    /// that has not reached the access handler gets a single 400 written to its socket, and the
+    /// socket's write side is shut down so libmicrohttpd's own (doubled) answer cannot follow.
+    func answerMalformedContentLength(worker: pthread_t) {
+        state.withLock { s in
+            for record in s.records.values where pthread_equal(record.worker, worker) != 0 {
+                let claim = record.state.withLock { r -> Bool in
+                    guard r.phase == .head, !r.framingAnswered, r.reaped == nil,
+                          attest_mhd_request_header_size(record.connection.pointer) > 0 else { return false }
+                    r.framingAnswered = true
+                    return true
+                }
+                guard claim else { continue }
+                malformedContentLengthResponse.withUnsafeBytes { bytes in
+                    _ = send(record.fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+                }
+                _ = Glibc.shutdown(record.fd, Int32(SHUT_WR))
+                totals.malformed.add(1, ordering: .relaxed)
+            }
+        }
+    }
+
     /// Counts connections by phase (for `HTTPServer.stats()`).
     func phaseCounts() -> (total: Int, waiting: Int, heads: Int, bodies: Int, handling: Int, responding: Int, streams: Int) {
         state.withLock { s in
@@ -232,6 +260,12 @@ final class ConnectionRegistry: Sendable {
     }
 }
 
+private let malformedContentLengthResponse: [UInt8] = {
+    let body = "invalid Content-Length\n"
+    return Array(("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+                  + "Content-Length: \(body.utf8.count)\r\n\r\n" + body).utf8)
+}()
+
 private func nanoseconds(_ seconds: Double) -> UInt64 {
     seconds > 0 ? UInt64(seconds * 1e9) : 0
 }
@@ -240,6 +274,7 @@ private func nanoseconds(_ seconds: Double) -> UInt64 {
 final class ServerTotals: Sendable {
     let accepted = Atomic<UInt64>(0)
     let requests = Atomic<UInt64>(0)
+    let malformed = Atomic<UInt64>(0)
     let tooLarge = Atomic<UInt64>(0)
     let overloaded = Atomic<UInt64>(0)
     let cancelled = Atomic<UInt64>(0)

@@ -88,6 +88,7 @@ public final class HTTPServer: Sendable {
         stats.bufferedBodyBytes = counters.bufferedBodyBytes.load(ordering: .relaxed)
         stats.connectionsAccepted = totals.accepted.load(ordering: .relaxed)
         stats.requestsCompleted = totals.requests.load(ordering: .relaxed)
+        stats.malformedRequests = totals.malformed.load(ordering: .relaxed)
         stats.tooLargeRequests = totals.tooLarge.load(ordering: .relaxed)
         stats.overloadedRequests = totals.overloaded.load(ordering: .relaxed)
         stats.cancelledAnswers = totals.cancelled.load(ordering: .relaxed)
@@ -296,6 +297,11 @@ private func logCallback(_ cls: UnsafeMutableRawPointer?, _ format: UnsafePointe
     var buffer = [CChar](repeating: 0, count: 512)
     _ = attest_mhd_format_log(&buffer, buffer.count, format, arguments)
     let line = trimmed(buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) })
+    // "Too large value of 'Content-Length' header." / "Failed to parse `Content-Length' header.":
+    // libmicrohttpd is about to answer with two status lines; answer once ourselves instead.
+    if line.utf8.count > 14, line.contains("Content-Length") {
+        core.registry.answerMalformedContentLength(worker: pthread_self())
+    }
     core.startupLog.withLock { lines in
         guard lines != nil, lines!.count < 32 else { return }
         lines!.append(line)
@@ -402,6 +408,17 @@ extension HTTPResponseWriter {
         let method = rawMethod.map { String(cString: $0) } ?? ""
         let (path, query) = splitTarget(target)
         let headers = requestHeaders(connection)
+        let framing = checkFraming(headers, http11: version.map { strcmp($0, "HTTP/1.1") == 0 } ?? false)
+        switch framing {
+        case .malformed:
+            core.totals.malformed.add(1, ordering: .relaxed)
+            return send(badRequest, on: connection)
+        case .unsupportedTransferEncoding:
+            core.totals.malformed.add(1, ordering: .relaxed)
+            return send(notImplemented, on: connection)
+        case .ok:
+            break
+        }
         let limit = core.bodyLimit(method: method, path: path)
         var declared: UInt64?
         // Refuse a declared oversize body before reading any of it. libmicrohttpd then skips
@@ -437,6 +454,36 @@ extension HTTPResponseWriter {
         }
         record?.enter(.body)
         return .YES
+    }
+
+    private enum Framing { case ok, malformed, unsupportedTransferEncoding }
+
+    /// What libmicrohttpd lets through but RFC 9112 does not (it answers malformed and
+    /// overflowing Content-Length values itself; see `answerMalformedContentLength`).
+    private func checkFraming(_ headers: [(name: String, value: String)], http11: Bool) -> Framing {
+        var hosts = 0, contentLengths = 0
+        var transferEncodings: [String] = []
+        for (name, value) in headers {
+            switch name {
+            case "host": hosts += 1
+            case "content-length": contentLengths += 1
+            case "transfer-encoding": transferEncodings.append(value)
+            default: if !name.utf8.allSatisfy(isTokenByte) { return .malformed }  // e.g. "bad name: x"
+            }
+        }
+        // §3.2: exactly one Host in HTTP/1.1, at most one otherwise.
+        if hosts > 1 || (http11 && hosts == 0) { return .malformed }
+        if !transferEncodings.isEmpty {
+            // Only "chunked" is implemented (libmicrohttpd would otherwise wait for the body
+            // to end with the connection); with Content-Length as well it is a smuggling attempt.
+            guard transferEncodings.count == 1, asciiCaseInsensitiveEquals(trimmed(transferEncodings[0]), "chunked") else {
+                return .unsupportedTransferEncoding
+            }
+            if contentLengths > 0 { return .malformed }
+        }
+        // libmicrohttpd reads the first Content-Length and would take the rest for the next request.
+        if contentLengths > 1 { return .malformed }
+        return .ok
     }
 
     private func bodyChunk(_ chunk: UnsafeRawBufferPointer) -> MHD_Result {
@@ -628,6 +675,14 @@ private let payloadTooLarge = HTTPResponse(
 private let internalError = HTTPResponse(
     status: 500, headers: [(name: "content-type", value: "text/plain")],
     body: Array("internal server error\n".utf8))
+
+private let badRequest = HTTPResponse(
+    status: 400, headers: [(name: "content-type", value: "text/plain"), (name: "connection", value: "close")],
+    body: Array("bad request\n".utf8))
+
+private let notImplemented = HTTPResponse(
+    status: 501, headers: [(name: "content-type", value: "text/plain"), (name: "connection", value: "close")],
+    body: Array("transfer encoding not implemented\n".utf8))
 
 private let serviceUnavailable = HTTPResponse(
     status: 503, headers: [(name: "content-type", value: "text/plain"), (name: "connection", value: "close")],

@@ -191,6 +191,8 @@ public struct HTTPServerStats: Sendable {
     /// Since the server object was created:
     public var connectionsAccepted: UInt64 = 0
     public var requestsCompleted: UInt64 = 0
+    /// Refused for their framing (400, 501).
+    public var malformedRequests: UInt64 = 0
     /// Refused with 413.
     public var tooLargeRequests: UInt64 = 0
     /// Refused with `overloadedResponse` (the body budget was spent).

@@ -6,11 +6,75 @@ import Testing
 @testable import HTTPServer
 
 extension HTTPServerTests {
-// The front door under attack (issue 10, the transport's part): deadlines, slots and counters — over real loopback sockets, with deadlines shortened.
+// The front door under attack (issue 10, the transport's part): framing, deadlines, slots
+// and counters — over real loopback sockets, with deadlines shortened.
 @Suite
 struct FrontDoorTests {
 
     // MARK: Framing
+
+    struct Malformed: CustomStringConvertible, Sendable {
+        let name: String
+        let request: String
+        let status: Int
+        /// The server must close the connection after answering.
+        let closes: Bool
+        var description: String { name }
+    }
+
+    static let malformedCases: [Malformed] = [
+        Malformed(name: "Content-Length 2^64", request: "POST /v1/oauth/token HTTP/1.1\r\nHost: a\r\nContent-Length: 18446744073709551616\r\n\r\n", status: 400, closes: true),
+        Malformed(name: "Content-Length 10^20", request: "POST /v1/oauth/token HTTP/1.1\r\nHost: a\r\nContent-Length: 100000000000000000000\r\n\r\n", status: 400, closes: true),
+        Malformed(name: "Content-Length list", request: "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3, 3\r\n\r\nabc", status: 400, closes: true),
+        Malformed(name: "Content-Length negative", request: "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", status: 400, closes: true),
+        Malformed(name: "Content-Length signed", request: "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: +3\r\n\r\nabc", status: 400, closes: true),
+        Malformed(name: "two Content-Lengths", request: "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabcde", status: 400, closes: true),
+        Malformed(name: "two equal Content-Lengths", request: "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc", status: 400, closes: true),
+        Malformed(name: "Transfer-Encoding gzip", request: "POST /v1/oauth/token HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\nabc", status: 501, closes: true),
+        Malformed(name: "Transfer-Encoding gzip, chunked", request: "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", status: 501, closes: true),
+        Malformed(name: "two Transfer-Encodings", request: "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", status: 501, closes: true),
+        Malformed(name: "chunked and Content-Length", request: "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n3\r\nabc\r\n0\r\n\r\n", status: 400, closes: true),
+        Malformed(name: "bad chunk size", request: "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", status: 400, closes: true),
+        Malformed(name: "space in a header name", request: "GET / HTTP/1.1\r\nHost: a\r\nBad Name: 1\r\n\r\n", status: 400, closes: true),
+        Malformed(name: "header line without colon", request: "GET / HTTP/1.1\r\nHost: a\r\nNoColon\r\n\r\n", status: 400, closes: true),
+        Malformed(name: "HTTP/1.1 without Host", request: "GET / HTTP/1.1\r\n\r\n", status: 400, closes: true),
+        Malformed(name: "two Hosts", request: "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", status: 400, closes: true),
+        Malformed(name: "HTTP/2.0 request line", request: "GET / HTTP/2.0\r\nHost: a\r\n\r\n", status: 505, closes: true),
+        Malformed(name: "HTTP/0.9 request line", request: "GET /\r\n\r\n", status: 400, closes: true),
+        Malformed(name: "URI over 32 KiB", request: "GET /\(String(repeating: "u", count: 40_000)) HTTP/1.1\r\nHost: a\r\n\r\n", status: 414, closes: true),
+        Malformed(name: "headers over 32 KiB", request: "GET / HTTP/1.1\r\nHost: a\r\nX: \(String(repeating: "h", count: 40_000))\r\n\r\n", status: 431, closes: true),
+        Malformed(name: "body over the limit", request: "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 65537\r\n\r\n", status: 413, closes: true),
+        Malformed(name: "HTTP/1.0 without Host", request: "GET /ok HTTP/1.0\r\n\r\n", status: 200, closes: true),
+        Malformed(name: "a valid POST", request: "POST /ok HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc", status: 200, closes: false),
+        Malformed(name: "chunked POST", request: "POST /ok HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", status: 200, closes: false),
+    ]
+
+    @Test(arguments: malformedCases)
+    func malformedRequestsGetExactlyOneAnswer(_ probe: Malformed) throws {
+        let server = try startServer { request in
+            HTTPResponse(status: 200, body: Array("\(request.method) \(request.path) \(request.body.count)".utf8))
+        }
+        defer { server.stop() }
+        let connection = try RawConnection(port: server.port, timeout: 2)
+        let started = Date()
+        _ = connection.sendAll(probe.request)
+        if probe.closes {
+            // Everything the server sends before it closes: exactly one response.
+            let bytes = connection.readToEnd()
+            #expect(connection.lastOutcome == .closed, "still open after \(Date().timeIntervalSince(started)) s")
+            #expect(Date().timeIntervalSince(started) < 1, "answered after \(Date().timeIntervalSince(started)) s")
+            let text = String(decoding: bytes, as: UTF8.self)
+            #expect(text.components(separatedBy: "HTTP/1.").count - 1 == 1, "status lines in \(text.prefix(300))")
+            #expect(text.hasPrefix("HTTP/1.1 \(probe.status) "), "got \(text.prefix(60))")
+        } else {
+            let response = try #require(connection.readResponse())
+            #expect(response.status == probe.status)
+            // The connection is still in step: a second request gets its own answer.
+            #expect(connection.sendAll("GET /after HTTP/1.1\r\nHost: a\r\n\r\n"))
+            #expect(connection.readResponse()?.text == "GET /after 0")
+        }
+        expectNoLeaks(server)
+    }
 
     @Test func pipelinedRequestsAreAnsweredInOrder() throws {
         let server = try startServer { request in HTTPResponse(status: 200, body: Array(request.path.utf8)) }
@@ -20,6 +84,20 @@ struct FrontDoorTests {
         #expect(connection.readResponse()?.text == "/one")
         #expect(connection.readResponse()?.text == "/two")
         #expect(connection.readResponse()?.text == "/three")
+        let stats = server.stats()
+        #expect(stats.malformedRequests == 0)
+    }
+
+    @Test func malformedRequestsAreCounted() throws {
+        let server = try startServer { _ in HTTPResponse(status: 200) }
+        defer { server.stop() }
+        for request in ["POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n",
+                        "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n"] {
+            let connection = try RawConnection(port: server.port)
+            _ = connection.sendAll(request)
+            _ = connection.readToEnd()
+        }
+        #expect(server.stats().malformedRequests == 2)
     }
 
     // MARK: Deadlines
