@@ -108,6 +108,7 @@ final class ConnectionRegistry: Sendable {
     private struct State {
         var records: [ObjectIdentifier: ConnectionRecord] = [:]
         var perWorker: [pthread_t: Int] = [:]
+        var draining = false
     }
 
     private let state = Mutex(State())
@@ -127,6 +128,8 @@ final class ConnectionRegistry: Sendable {
         evictDownTo = max(0, evictAbove - max(1, workerLimit / 20))
     }
 
+    var isDraining: Bool { state.withLock { $0.draining } }
+
     /// A connection was accepted (its worker thread). True when the worker is near its share of
     /// the connection limit, so the caller should wake the reaper.
     func opened(_ record: ConnectionRecord) -> Bool {
@@ -135,6 +138,7 @@ final class ConnectionRegistry: Sendable {
             s.records[ObjectIdentifier(record)] = record
             let count = (s.perWorker[record.worker] ?? 0) + 1
             s.perWorker[record.worker] = count
+            if s.draining { _ = reap(record, .shutdown) }
             return count > evictAbove
         }
     }
@@ -163,9 +167,12 @@ final class ConnectionRegistry: Sendable {
         let grace = nanoseconds(c.bodyGraceSeconds)
         let bodyDeadline = nanoseconds(c.bodyDeadlineSeconds)
         let minRate = c.minBodyBytesPerSecond
+        // While draining, a head counts as slow after a tenth of its deadline (at most 1 s).
+        let slowHead = head > 0 ? min(1_000_000_000, head / 10) : 1_000_000_000
         // Workers move their records' clocks concurrently: a time may be later than `now`.
         func age(_ since: UInt64) -> UInt64 { now > since ? now - since : 0 }
         state.withLock { s in
+            let draining = s.draining
             var live: [pthread_t: Int] = [:]
             var candidates: [pthread_t: [(rank: Int, since: UInt64, record: ConnectionRecord)]] = [:]
             for record in s.records.values {
@@ -174,13 +181,16 @@ final class ConnectionRegistry: Sendable {
                     switch r.phase {
                     case .waiting, .head:
                         let idle = r.phase == .waiting && r.requests > 0
+                        if draining, r.phase == .waiting || age(r.headSince) > slowHead {
+                            return (.shutdown, 0, 0)
+                        }
                         if head > 0, age(r.headSince) > head { return (idle ? .idleTimeout : .headTimeout, 0, 0) }
                         // Eviction order: idle keep-alives, then heads; oldest first in each.
                         return (nil, idle ? 0 : 1, r.headSince)
                     case .body:
                         let elapsed = age(r.phaseSince)
                         if bodyDeadline > 0, elapsed > bodyDeadline { return (.bodyDeadline, 0, 0) }
-                        if minRate > 0, elapsed > grace,
+                        if minRate > 0, draining || elapsed > grace,
                            Double(r.bodyBytes) < Double(minRate) * Double(elapsed) / 1e9 {
                             return (.bodyTooSlow, 0, 0)
                         }
@@ -211,6 +221,18 @@ final class ConnectionRegistry: Sendable {
                 }
             }
         }
+    }
+
+    /// Graceful shutdown begins: new connections are closed at once, idle ones now, heads older
+    /// than a tenth of the head deadline (at most 1 s) and bodies below the minimum rate (grace
+    /// period or not) at each sweep; returns the writers whose answers are still incomplete.
+    func beginDraining() -> [HTTPResponseWriter] {
+        let records = state.withLock { s -> [ConnectionRecord] in
+            s.draining = true
+            return Array(s.records.values)
+        }
+        sweep()
+        return records.compactMap { record in record.state.withLock { $0.writer } }
     }
 
     var openConnections: Int { state.withLock { $0.records.count } }

@@ -124,6 +124,24 @@ public final class HTTPResponseWriter: Sendable {
         if runNow { body() }
     }
 
+    /// `body` runs once when a graceful `HTTPServer.shutdown(grace:)` begins while this answer is
+    /// incomplete (a deferred answer not given yet, or a stream not finished): end it cleanly now
+    /// (the relay sends an SSE `error` event of type `overloaded_error` and calls `finish()`).
+    /// What is still open at the deadline is cancelled. Runs at once if the shutdown already began.
+    public func onShutdown(_ body: @escaping @Sendable () -> Void) {
+        let draining = core.registry.isDraining
+        let runNow = state.withLock { s -> Bool in
+            guard !s.closed, !s.producerDone, !s.shutdownReported else { return false }
+            if draining {
+                s.shutdownReported = true
+                return true
+            }
+            s.onShutdown = body
+            return false
+        }
+        if runNow { body() }
+    }
+
     /// `body` runs each time the unsent bytes drop to `streamLowWaterBytes` after a `write`
     /// returned false. Replaces an earlier callback.
     public func onWritable(_ body: @escaping @Sendable () -> Void) {
@@ -167,6 +185,17 @@ public final class HTTPResponseWriter: Sendable {
         callback?()
     }
 
+    /// A graceful shutdown began: runs the producer's `onShutdown` if its answer is incomplete.
+    func notifyShutdown() {
+        let callback = state.withLock { s -> (@Sendable () -> Void)? in
+            guard !s.closed, !s.producerDone, !s.shutdownReported, let callback = s.onShutdown else { return nil }
+            s.shutdownReported = true
+            s.onShutdown = nil
+            return callback
+        }
+        callback?()
+    }
+
     /// libmicrohttpd finished with the request (completion callback, connection's thread).
     func completed() {
         let (callback, reserved, cut) = state.withLock { s -> ((@Sendable () -> Void)?, Int, Bool) in
@@ -180,6 +209,7 @@ public final class HTTPResponseWriter: Sendable {
             // Break reference cycles through the producer's closures, free the buffers.
             s.onCancel = nil
             s.onWritable = nil
+            s.onShutdown = nil
             s.headers = []
             s.pending = []
             s.sentOffset = 0
@@ -298,6 +328,8 @@ struct WriterState {
     var wantsWritable = false
     var onCancel: (@Sendable () -> Void)?
     var onWritable: (@Sendable () -> Void)?
+    var onShutdown: (@Sendable () -> Void)?
+    var shutdownReported = false
 
     /// The cancel callback, at most once over the writer's life.
     /// (If none is registered yet, `onCancel` runs the one registered later at once.)

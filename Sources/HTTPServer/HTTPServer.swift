@@ -72,6 +72,27 @@ public final class HTTPServer: Sendable {
         }
     }
 
+    /// Stops gracefully, within `grace` seconds: no new connections are served (they are closed
+    /// as soon as they are accepted), idle keep-alives and slow heads or bodies are closed at
+    /// once, requests in flight are finished (answers queued from now on carry
+    /// `Connection: close`), every open stream or pending deferred answer gets its `onShutdown`
+    /// callback (so the relay can end it cleanly), and whatever is still open at the deadline is
+    /// ended as by `stop()` (its `onCancel` runs). Returns when the server has stopped.
+    ///
+    /// libmicrohttpd's own MHD_quiesce_daemon is not used to stop accepting: in 0.9.75 it removes
+    /// the listening socket from each worker's epoll set from the calling thread while the worker
+    /// may be removing it too (daemon.c, MHD_epoll: "was_quiesced" → EPOLL_CTL_DEL), and whichever
+    /// loses gets ENOENT and MHD_PANIC aborts the process.
+    public func shutdown(grace: Double) {
+        guard let core = running.withLock({ $0?.core }) else { return }
+        for writer in core.registry.beginDraining() { writer.notifyShutdown() }
+        let deadline = monotonicNanoseconds() + UInt64(max(0, grace) * 1e9)
+        while core.registry.openConnections > 0, monotonicNanoseconds() < deadline {
+            usleep(10_000)
+        }
+        stop()
+    }
+
     /// Open connections by what they are doing, and totals since this server object was created.
     public func stats() -> HTTPServerStats {
         var stats = HTTPServerStats()
@@ -615,10 +636,10 @@ extension HTTPResponseWriter {
         }
     }
 
-    /// Queues a complete response.
+    /// Queues a complete response (with `Connection: close` once a graceful shutdown began).
     private func send(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
         record?.enter(.responding)
-        return queue(response, on: connection)
+        return queue(response, on: connection, close: core.registry.isDraining)
     }
 
     /// Queues a chunked response whose body comes from `readChunk`.
@@ -634,13 +655,16 @@ extension HTTPResponseWriter {
             return failStream(on: connection)
         }
         defer { MHD_destroy_response(response) }  // MHD keeps its own reference once queued
+        let draining = core.registry.isDraining
         for (name, value) in headers {
             if asciiCaseInsensitiveEquals(name, "content-length") || asciiCaseInsensitiveEquals(name, "transfer-encoding") {
                 continue
             }
+            if draining, asciiCaseInsensitiveEquals(name, "connection") { continue }
             guard isValidHeader(name: name, value: value),
                   MHD_add_response_header(response, name, value) == .YES else { return failStream(on: connection) }
         }
+        if draining { _ = MHD_add_response_header(response, "Connection", "close") }
         record?.enter(.streaming)
         guard MHD_queue_response(connection, UInt32(status), response) == .YES else { return failStream(on: connection) }
         return .YES
@@ -689,13 +713,13 @@ private let serviceUnavailable = HTTPResponse(
     body: Array("server stopping\n".utf8))
 
 /// Queues `response`; if libmicrohttpd rejects it (bad status, bad header), queues a 500.
-private func queue(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
-    if enqueue(response, on: connection) { return .YES }
+private func queue(_ response: HTTPResponse, on connection: OpaquePointer, close: Bool) -> MHD_Result {
+    if enqueue(response, on: connection, close: close) { return .YES }
     // Returning MHD_NO makes libmicrohttpd close the connection: the last resort.
-    return enqueue(internalError, on: connection) ? .YES : .NO
+    return enqueue(internalError, on: connection, close: close) ? .YES : .NO
 }
 
-private func enqueue(_ response: HTTPResponse, on connection: OpaquePointer) -> Bool {
+private func enqueue(_ response: HTTPResponse, on connection: OpaquePointer, close: Bool) -> Bool {
     guard (100...999).contains(response.status) else { return false }
     let created = response.body.withUnsafeBytes { bytes in
         MHD_create_response_from_buffer(bytes.count, UnsafeMutableRawPointer(mutating: bytes.baseAddress),
@@ -707,9 +731,11 @@ private func enqueue(_ response: HTTPResponse, on connection: OpaquePointer) -> 
     for (name, value) in response.headers {
         // MHD derives content-length from the body; it refuses a second one.
         if asciiCaseInsensitiveEquals(name, "content-length") { continue }
+        if close, asciiCaseInsensitiveEquals(name, "connection") { continue }
         guard isValidHeader(name: name, value: value),
               MHD_add_response_header(mhdResponse, name, value) == .YES else { return false }
     }
+    if close, MHD_add_response_header(mhdResponse, "Connection", "close") != .YES { return false }
     return MHD_queue_response(connection, UInt32(response.status), mhdResponse) == .YES
 }
 

@@ -170,6 +170,8 @@ public enum HTTPReapReason: String, Sendable, CaseIterable {
     case evictedIdle
     /// …or an incomplete head.
     case evictedHead
+    /// Closed by a graceful shutdown (idle or slow, or accepted after the shutdown began).
+    case shutdown
 }
 
 /// A snapshot of the server's connections and counters, for /metrics.

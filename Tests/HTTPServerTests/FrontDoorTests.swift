@@ -6,8 +6,8 @@ import Testing
 @testable import HTTPServer
 
 extension HTTPServerTests {
-// The front door under attack (issue 10, the transport's part): framing, deadlines, slots
-// and counters — over real loopback sockets, with deadlines shortened.
+// The front door under attack (issue 10, the transport's part): framing, deadlines, slots,
+// graceful shutdown and counters — over real loopback sockets, with deadlines shortened.
 @Suite
 struct FrontDoorTests {
 
@@ -292,6 +292,109 @@ struct FrontDoorTests {
         let stats = server.stats()
         #expect((stats.reaped[.evictedHead] ?? 0) + (stats.reaped[.headTimeout] ?? 0) > 0)
         withExtendedLifetime(attackers) {}
+    }
+
+    // MARK: Graceful shutdown
+
+    @Test func gracefulShutdownFinishesWorkInFlightAndEndsTheRest() throws {
+        var config = loopbackConfig()
+        config.maxConnectionsPerIP = 0
+        config.headDeadlineSeconds = 3   // during the shutdown a head is slow after 0.3 s
+        let shutdownCalls = Counter()
+        let shutdownStarted = Shared(false)
+        let server = try startServer(config) { request, writer in
+            switch request.path {
+            case "/deferred":
+                // Answered 0.2 s into the shutdown: a request in flight.
+                onAnotherThread {
+                    while !shutdownStarted.get { usleep(5_000) }
+                    usleep(200_000)
+                    writer.respond(HTTPResponse(status: 200, body: Array("late".utf8)))
+                }
+                return .deferred
+            case "/stream":
+                writer.onShutdown {
+                    _ = shutdownCalls.next()
+                    writer.write(Array("event: error\ndata: {\"type\":\"overloaded_error\"}\n\n".utf8))
+                    writer.finish()
+                }
+                writer.startStream(status: 200, headers: [(name: "content-type", value: "text/event-stream")])
+                writer.write(Array("event: ping\n\n".utf8))
+                return .deferred
+            default:
+                return .response(HTTPResponse(status: 200, body: Array("ok".utf8)))
+            }
+        }
+        let port = server.port
+        let idle = try RawConnection(port: port, timeout: 3)
+        #expect(idle.sendAll("GET / HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(idle.readResponse()?.status == 200)
+        let slowHead = try RawConnection(port: port, timeout: 3)
+        #expect(slowHead.sendAll("GET / HTTP/1.1\r\nHost: a\r\n"))
+        let stream = try RawConnection(port: port, timeout: 3)
+        #expect(stream.sendAll("GET /stream HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(stream.readHead()?.status == 200)
+        #expect(stream.readChunk() == Array("event: ping\n\n".utf8))
+        let deferred = try RawConnection(port: port, timeout: 3)
+        #expect(deferred.sendAll("GET /deferred HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(waitUntil(timeout: 1) { server.stats().handling == 1 })
+        usleep(350_000)  // the partial head is now "slow"
+
+        let done = Shared(false)
+        let started = Date()
+        onAnotherThread {
+            shutdownStarted.set(true)
+            server.shutdown(grace: 3)
+            done.set(true)
+        }
+        // Idle and slow connections are ended at once.
+        idle.setTimeout(0.5)
+        #expect(idle.waitForClose() == .closed)
+        slowHead.setTimeout(0.5)
+        #expect(slowHead.waitForClose() == .closed)
+        #expect(Date().timeIntervalSince(started) < 0.6)
+        // The stream ends cleanly with the producer's last event.
+        #expect(stream.readChunk().map { String(decoding: $0, as: UTF8.self) }
+                == "event: error\ndata: {\"type\":\"overloaded_error\"}\n\n")
+        #expect(stream.readChunk() == [])
+        #expect(shutdownCalls.current == 1)
+        // The request in flight gets its answer, with Connection: close.
+        let answer = try #require(deferred.readResponse())
+        #expect(answer.text == "late")
+        #expect(answer.headers["connection"]?.lowercased() == "close")
+        #expect(deferred.waitForClose() == .closed)
+        // Everything finished well before the grace period.
+        #expect(waitUntil(timeout: 2) { done.get })
+        #expect(Date().timeIntervalSince(started) < 1.5, "shutdown took \(Date().timeIntervalSince(started)) s")
+        #expect(throws: (any Error).self) { _ = try RawConnection(port: port) }
+        expectNoLeaks(server)
+    }
+
+    @Test func gracefulShutdownEndsWhatIsLeftAtTheDeadline() throws {
+        let cancelled = Shared(false)
+        let server = try startServer { _, writer in
+            writer.onCancel { cancelled.set(true) }
+            writer.startStream(status: 200, headers: [])  // ignores onShutdown
+            return .deferred
+        }
+        let port = server.port
+        let stream = try RawConnection(port: server.port, timeout: 3)
+        #expect(stream.sendAll("GET /stream HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(stream.readHead()?.status == 200)
+        // New connections during the shutdown are closed unanswered.
+        let started = Date()
+        onAnotherThread(after: 0.1) {
+            if let late = try? RawConnection(port: port, timeout: 1) {
+                _ = late.sendAll("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+                if late.readResponse() != nil { Issue.record("a connection accepted during shutdown was served") }
+            }
+        }
+        server.shutdown(grace: 0.5)
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(elapsed > 0.45 && elapsed < 1.5, "shutdown took \(elapsed) s")
+        #expect(cancelled.get)
+        #expect(stream.waitForClose() == .closed)
+        expectNoLeaks(server)
     }
 
     // MARK: Counters
