@@ -75,13 +75,6 @@ attest_mhd_socket_context(struct MHD_Connection *connection)
   return (NULL == info) ? NULL : info->socket_context;
 }
 
-/* Sets this connection's idle timeout (seconds, 0 = none). Connection's own thread only. */
-static inline int
-attest_mhd_set_connection_timeout(struct MHD_Connection *connection, unsigned int seconds)
-{
-  return MHD_YES == MHD_set_connection_option(connection, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
-}
-
 /* Formats an MHD log message (MHD_LogCallback hands over a va_list). */
 static inline int
 attest_mhd_format_log(char *buffer, size_t size, const char *format, va_list ap)

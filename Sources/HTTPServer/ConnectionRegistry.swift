@@ -128,7 +128,11 @@ final class ConnectionRegistry: Sendable {
         evictDownTo = max(0, evictAbove - max(1, workerLimit / 20))
     }
 
-    var isDraining: Bool { state.withLock { $0.draining } }
+    /// Read on every response: an atomic copy of `State.draining`, so that the hot path takes no
+    /// global lock.
+    private let drainingFlag = Atomic<Bool>(false)
+
+    var isDraining: Bool { drainingFlag.load(ordering: .acquiring) }
 
     /// A connection was accepted (its worker thread). True when the worker is near its share of
     /// the connection limit, so the caller should wake the reaper.
@@ -229,6 +233,7 @@ final class ConnectionRegistry: Sendable {
     func beginDraining() -> [HTTPResponseWriter] {
         let records = state.withLock { s -> [ConnectionRecord] in
             s.draining = true
+            drainingFlag.store(true, ordering: .releasing)
             return Array(s.records.values)
         }
         sweep()

@@ -528,12 +528,14 @@ extension HTTPResponseWriter {
             var refusal: HTTPResponse?
             if total > s.bodyLimit {
                 refusal = payloadTooLarge
+                core.totals.tooLarge.add(1, ordering: .relaxed)
             } else if total > s.reservedBodyBytes {
                 let more = total - s.reservedBodyBytes
                 if core.reserveBodyBytes(more) {
                     s.reservedBodyBytes += more
                 } else {
                     refusal = core.configuration.overloadedResponse(s.path)
+                    core.totals.overloaded.add(1, ordering: .relaxed)
                 }
             }
             if let refusal {
