@@ -56,11 +56,23 @@ attest_mhd_connection_fd(struct MHD_Connection *connection)
   return (NULL == info) ? -1 : info->connect_fd;
 }
 
-/* Sets this connection's idle timeout (seconds, 0 = none). Connection's own thread only. */
-static inline int
-attest_mhd_set_connection_timeout(struct MHD_Connection *connection, unsigned int seconds)
+/* The size of the request head once it is complete, 0 before (or after the connection closed).
+ * Connection's own thread only. */
+static inline size_t
+attest_mhd_request_header_size(struct MHD_Connection *connection)
 {
-  return MHD_YES == MHD_set_connection_option(connection, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
+  const union MHD_ConnectionInfo *info =
+    MHD_get_connection_info(connection, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+  return (NULL == info) ? 0 : info->header_size;
+}
+
+/* The socket context set by the connection-notification callback, or NULL. */
+static inline void *
+attest_mhd_socket_context(struct MHD_Connection *connection)
+{
+  const union MHD_ConnectionInfo *info =
+    MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return (NULL == info) ? NULL : info->socket_context;
 }
 
 /* Formats an MHD log message (MHD_LogCallback hands over a va_list). */

@@ -4,7 +4,8 @@ import Synchronization
 import Glibc
 #endif
 
-/// One thread per running server that watches the sockets of suspended connections.
+/// One thread per running server that watches the sockets of suspended connections, and runs
+/// the server's reaper (`tick`) a few times a second.
 ///
 /// libmicrohttpd 0.9.75 takes a suspended connection out of its epoll set (daemon.c,
 /// internal_suspend_connection_) and documents that "while a connection is suspended, MHD will
@@ -24,6 +25,8 @@ final class ConnectionMonitor: Sendable {
         /// No new registrations: the server is stopping.
         var stopping = false
         var exit = false
+        /// Run `tick` as soon as possible (a worker is near its connection limit).
+        var tickNow = false
         var watched: [UInt64: HTTPResponseWriter] = [:]
     }
 
@@ -97,11 +100,24 @@ final class ConnectionMonitor: Sendable {
         }
     }
 
+    /// Runs the tick (the reaper) now rather than at the next interval.
+    func wake() {
+        let already = state.withLock { s -> Bool in
+            defer { s.tickNow = true }
+            return s.tickNow
+        }
+        if !already { signal() }
+    }
+
+    private func signal() {
+        var one: UInt64 = 1
+        _ = Glibc.write(wakeFD, &one, 8)
+    }
+
     /// Ends the thread and waits for it.
     func shutdown() {
         state.withLock { $0.exit = true }
-        var one: UInt64 = 1
-        _ = Glibc.write(wakeFD, &one, 8)
+        signal()
         if let handle = thread.withLock({ t -> pthread_t? in defer { t = nil }; return t }) {
             pthread_join(handle, nil)
         }
@@ -110,15 +126,23 @@ final class ConnectionMonitor: Sendable {
     private func run() {
         var keys = [UInt64](repeating: 0, count: 64)
         var nextTick = monotonicNanoseconds() + UInt64(tickMilliseconds) * 1_000_000
+        var lastTick: UInt64 = 0
+        var tickRequested = false
+        // A requested tick runs at once, but no sooner than 20 ms after the previous one, so a
+        // flood of new connections near the limit cannot keep this thread sweeping.
+        let minimumGap: UInt64 = 20_000_000
         while true {
             let now = monotonicNanoseconds()
-            let wait = nextTick > now ? Int32((nextTick - now) / 1_000_000) : 0
+            let due = tickRequested ? min(nextTick, lastTick + minimumGap) : nextTick
+            let wait = due > now ? Int32((due - now + 999_999) / 1_000_000) : 0
             let count = keys.withUnsafeMutableBufferPointer {
                 attest_watch_wait(epollFD, $0.baseAddress, Int32($0.count), wait)
             }
             if count < 0 { return }
             var lost: [HTTPResponseWriter] = []
             let exit = state.withLock { s -> Bool in
+                if s.tickNow { tickRequested = true }
+                s.tickNow = false
                 for index in 0..<Int(count) {
                     let key = keys[index]
                     if key == Self.wakeKey {
@@ -133,9 +157,12 @@ final class ConnectionMonitor: Sendable {
             if exit { return }
             // Outside the lock: aborting takes the writer's lock, which nests ours.
             for writer in lost { writer.abort() }
-            if monotonicNanoseconds() >= nextTick {
+            let current = monotonicNanoseconds()
+            if current >= nextTick || (tickRequested && current >= lastTick + minimumGap) {
                 tick()
-                nextTick = monotonicNanoseconds() + UInt64(tickMilliseconds) * 1_000_000
+                lastTick = monotonicNanoseconds()
+                nextTick = lastTick + UInt64(tickMilliseconds) * 1_000_000
+                tickRequested = false
             }
         }
     }

@@ -17,15 +17,18 @@ import Synchronization
 public final class HTTPResponseWriter: Sendable {
     let core: ServerCore
     let connection: ConnectionHandle
+    /// The connection's deadline bookkeeping (nil only if libmicrohttpd skipped the notification).
+    let record: ConnectionRecord?
     /// The raw request target, as the URI callback saw it.
     let target: String
     /// When the request line arrived (monotonic nanoseconds).
     let started: UInt64
     let state = Mutex(WriterState())
 
-    init(core: ServerCore, connection: ConnectionHandle, target: String) {
+    init(core: ServerCore, connection: ConnectionHandle, record: ConnectionRecord?, target: String) {
         self.core = core
         self.connection = connection
+        self.record = record
         self.target = target
         self.started = monotonicNanoseconds()
         core.counters.liveRequests.add(1, ordering: .relaxed)
@@ -78,6 +81,11 @@ public final class HTTPResponseWriter: Sendable {
         let highWater = core.configuration.streamHighWaterBytes
         return state.withLock { s in
             guard case .stream = s.answer, !s.closed, !s.cancelled, !s.producerDone else { return false }
+            if s.pending.count == s.sentOffset, !bytes.isEmpty {
+                // Bytes wait from now on; the write timeout counts while the client takes none.
+                _ = record?.streamStalledSince.compareExchange(expected: 0, desired: monotonicNanoseconds(),
+                                                               ordering: .relaxed)
+            }
             s.pending.append(contentsOf: bytes)
             resumeIfSuspended(&s)
             if s.pending.count - s.sentOffset > highWater {
@@ -111,6 +119,24 @@ public final class HTTPResponseWriter: Sendable {
             }
             if s.closed { return false }
             s.onCancel = body
+            return false
+        }
+        if runNow { body() }
+    }
+
+    /// `body` runs once when a graceful `HTTPServer.shutdown(grace:)` begins while this answer is
+    /// incomplete (a deferred answer not given yet, or a stream not finished): end it cleanly now
+    /// (the relay sends an SSE `error` event of type `overloaded_error` and calls `finish()`).
+    /// What is still open at the deadline is cancelled. Runs at once if the shutdown already began.
+    public func onShutdown(_ body: @escaping @Sendable () -> Void) {
+        let draining = core.registry.isDraining
+        let runNow = state.withLock { s -> Bool in
+            guard !s.closed, !s.producerDone, !s.shutdownReported else { return false }
+            if draining {
+                s.shutdownReported = true
+                return true
+            }
+            s.onShutdown = body
             return false
         }
         if runNow { body() }
@@ -159,11 +185,23 @@ public final class HTTPResponseWriter: Sendable {
         callback?()
     }
 
+    /// A graceful shutdown began: runs the producer's `onShutdown` if its answer is incomplete.
+    func notifyShutdown() {
+        let callback = state.withLock { s -> (@Sendable () -> Void)? in
+            guard !s.closed, !s.producerDone, !s.shutdownReported, let callback = s.onShutdown else { return nil }
+            s.shutdownReported = true
+            s.onShutdown = nil
+            return callback
+        }
+        callback?()
+    }
+
     /// libmicrohttpd finished with the request (completion callback, connection's thread).
     func completed() {
-        let (callback, reserved) = state.withLock { s -> ((@Sendable () -> Void)?, Int) in
+        let (callback, reserved, cut) = state.withLock { s -> ((@Sendable () -> Void)?, Int, Bool) in
             s.closed = true
             var callback: (@Sendable () -> Void)?
+            let cut = (s.handlerOwnsAnswer || s.cancelled) && !s.producerDone
             if s.handlerOwnsAnswer, !s.producerDone {
                 s.cancelled = true
                 callback = s.takeCancelCallback()
@@ -171,14 +209,19 @@ public final class HTTPResponseWriter: Sendable {
             // Break reference cycles through the producer's closures, free the buffers.
             s.onCancel = nil
             s.onWritable = nil
+            s.onShutdown = nil
+            s.headers = []
             s.pending = []
             s.sentOffset = 0
             s.body = []
             let reserved = s.reservedBodyBytes
             s.reservedBodyBytes = 0
-            return (callback, reserved)
+            return (callback, reserved, cut)
         }
         if reserved > 0 { core.releaseBodyBytes(reserved) }
+        record?.endRequest()
+        core.totals.requests.add(1, ordering: .relaxed)
+        if cut { core.totals.cancelled.add(1, ordering: .relaxed) }
         callback?()
     }
 
@@ -206,6 +249,8 @@ public final class HTTPResponseWriter: Sendable {
                 }
                 s.sentOffset += count
                 let left = available - count
+                // The client took bytes: what is left starts waiting now.
+                record?.streamStalledSince.store(left == 0 ? 0 : monotonicNanoseconds(), ordering: .relaxed)
                 if left == 0 {
                     s.pending.removeAll(keepingCapacity: s.pending.capacity <= 1 << 16)
                     s.sentOffset = 0
@@ -254,6 +299,7 @@ struct WriterState {
     var method = ""
     var path = ""
     var query: String?
+    var headers: [(name: String, value: String)] = []
     var body: [UInt8] = []
     var bodyLimit = 0
     var reservedBodyBytes = 0
@@ -282,6 +328,8 @@ struct WriterState {
     var wantsWritable = false
     var onCancel: (@Sendable () -> Void)?
     var onWritable: (@Sendable () -> Void)?
+    var onShutdown: (@Sendable () -> Void)?
+    var shutdownReported = false
 
     /// The cancel callback, at most once over the writer's life.
     /// (If none is registered yet, `onCancel` runs the one registered later at once.)

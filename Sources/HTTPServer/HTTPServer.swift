@@ -13,6 +13,7 @@ public final class HTTPServer: Sendable {
     private let configuration: HTTPServerConfiguration
     private let handler: @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult
     private let counters = ServerCounters()
+    private let totals = ServerTotals()
     /// Held while starting and stopping, so the two never interleave.
     private let running = Mutex<Running?>(nil)
     private let boundPort = Atomic<UInt16>(0)
@@ -71,6 +72,52 @@ public final class HTTPServer: Sendable {
         }
     }
 
+    /// Stops gracefully, within `grace` seconds: no new connections are served (they are closed
+    /// as soon as they are accepted), idle keep-alives and slow heads or bodies are closed at
+    /// once, requests in flight are finished (answers queued from now on carry
+    /// `Connection: close`), every open stream or pending deferred answer gets its `onShutdown`
+    /// callback (so the relay can end it cleanly), and whatever is still open at the deadline is
+    /// ended as by `stop()` (its `onCancel` runs). Returns when the server has stopped.
+    ///
+    /// libmicrohttpd's own MHD_quiesce_daemon is not used to stop accepting: in 0.9.75 it removes
+    /// the listening socket from each worker's epoll set from the calling thread while the worker
+    /// may be removing it too (daemon.c, MHD_epoll: "was_quiesced" → EPOLL_CTL_DEL), and whichever
+    /// loses gets ENOENT and MHD_PANIC aborts the process.
+    public func shutdown(grace: Double) {
+        guard let core = running.withLock({ $0?.core }) else { return }
+        for writer in core.registry.beginDraining() { writer.notifyShutdown() }
+        let deadline = monotonicNanoseconds() + UInt64(max(0, grace) * 1e9)
+        while core.registry.openConnections > 0, monotonicNanoseconds() < deadline {
+            usleep(10_000)
+        }
+        stop()
+    }
+
+    /// Open connections by what they are doing, and totals since this server object was created.
+    public func stats() -> HTTPServerStats {
+        var stats = HTTPServerStats()
+        if let core = running.withLock({ $0?.core }) {
+            let counts = core.registry.phaseCounts()
+            stats.openConnections = counts.total
+            stats.waitingConnections = counts.waiting
+            stats.receivingHeads = counts.heads
+            stats.receivingBodies = counts.bodies
+            stats.handling = counts.handling
+            stats.responding = counts.responding
+            stats.openStreams = counts.streams
+        }
+        stats.bufferedBodyBytes = counters.bufferedBodyBytes.load(ordering: .relaxed)
+        stats.connectionsAccepted = totals.accepted.load(ordering: .relaxed)
+        stats.requestsCompleted = totals.requests.load(ordering: .relaxed)
+        stats.malformedRequests = totals.malformed.load(ordering: .relaxed)
+        stats.tooLargeRequests = totals.tooLarge.load(ordering: .relaxed)
+        stats.overloadedRequests = totals.overloaded.load(ordering: .relaxed)
+        stats.cancelledAnswers = totals.cancelled.load(ordering: .relaxed)
+        let reaped = totals.reapedByReason
+        for reason in HTTPReapReason.allCases { stats.reaped[reason] = reaped[reason] ?? 0 }
+        return stats
+    }
+
     private func launch() throws -> (DaemonHandle, ServerCore) {
         let config = configuration
         try Self.validate(config)
@@ -78,8 +125,10 @@ public final class HTTPServer: Sendable {
         let endpoint = address.isIPv6 ? "[\(address.host)]:\(config.port)" : "\(address.host):\(config.port)"
         raiseDescriptorLimit(toFit: config.maxConnections)
 
-        let monitor = try ConnectionMonitor()
-        let core = ServerCore(configuration: config, handler: handler, counters: counters, monitor: monitor)
+        let registry = ConnectionRegistry(configuration: config, totals: totals)
+        let monitor = try ConnectionMonitor(tickMilliseconds: Self.tickMilliseconds(config)) { registry.sweep() }
+        let core = ServerCore(configuration: config, handler: handler, counters: counters, totals: totals,
+                              registry: registry, monitor: monitor)
         let corePointer = Unmanaged.passUnretained(core).toOpaque()
 
         var flags = MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_ERROR_LOG.rawValue
@@ -107,6 +156,9 @@ public final class HTTPServer: Sendable {
                                value: unsafeBitCast(uriCallback as UriLogCallback, to: Int.self), ptr_value: corePointer),
                 MHD_OptionItem(option: .NOTIFY_COMPLETED,
                                value: unsafeBitCast(completedCallback as MHD_RequestCompletedCallback, to: Int.self),
+                               ptr_value: corePointer),
+                MHD_OptionItem(option: .NOTIFY_CONNECTION,
+                               value: unsafeBitCast(connectionCallback as MHD_NotifyConnectionCallback, to: Int.self),
                                ptr_value: corePointer),
             ]
             // A "pool" of one is just the internal polling thread.
@@ -142,6 +194,13 @@ public final class HTTPServer: Sendable {
         return (daemon, core)
     }
 
+    /// How often the reaper looks: a quarter of the shortest deadline, between 10 and 250 ms.
+    private static func tickMilliseconds(_ config: HTTPServerConfiguration) -> Int32 {
+        let deadlines = [config.headDeadlineSeconds, config.writeTimeoutSeconds, config.bodyGraceSeconds].filter { $0 > 0 }
+        let shortest = deadlines.min() ?? 1
+        return Int32(min(250, max(10, shortest * 1000 / 4)))
+    }
+
     private static func validate(_ config: HTTPServerConfiguration) throws {
         func check(_ ok: Bool, _ what: String) throws {
             if !ok { throw HTTPServerError("invalid configuration: \(what)") }
@@ -156,6 +215,10 @@ public final class HTTPServer: Sendable {
         try check((0...uintMax).contains(config.idleTimeoutSeconds), "idleTimeoutSeconds must not be negative")
         try check(config.streamLowWaterBytes >= 0 && config.streamHighWaterBytes >= config.streamLowWaterBytes,
                   "stream water marks must satisfy 0 <= low <= high")
+        try check(config.headDeadlineSeconds >= 0 && config.writeTimeoutSeconds >= 0 && config.bodyGraceSeconds >= 0
+                  && config.minBodyBytesPerSecond >= 0 && config.bodyDeadlineSeconds >= 0, "deadlines must not be negative")
+        try check(config.slotEvictionThreshold > 0 && config.slotEvictionThreshold <= 1,
+                  "slotEvictionThreshold must be in (0, 1]")
     }
 
     private static func describeStartFailure(errno code: Int32, log: [String]) -> String {
@@ -203,6 +266,8 @@ final class ServerCore: Sendable {
     let configuration: HTTPServerConfiguration
     let handler: @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult
     let counters: ServerCounters
+    let totals: ServerTotals
+    let registry: ConnectionRegistry
     let monitor: ConnectionMonitor
     /// 0 = no deadline.
     let bodyDeadlineNanoseconds: UInt64
@@ -212,12 +277,14 @@ final class ServerCore: Sendable {
 
     init(configuration: HTTPServerConfiguration,
          handler: @escaping @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult,
-         counters: ServerCounters, monitor: ConnectionMonitor) {
+         counters: ServerCounters, totals: ServerTotals, registry: ConnectionRegistry, monitor: ConnectionMonitor) {
         self.configuration = configuration
         self.handler = handler
         self.counters = counters
+        self.totals = totals
+        self.registry = registry
         self.monitor = monitor
-        self.bodyDeadlineNanoseconds = UInt64(max(0, configuration.bodyDeadlineSeconds)) * 1_000_000_000
+        self.bodyDeadlineNanoseconds = UInt64(max(0, configuration.bodyDeadlineSeconds) * 1e9)
     }
 
     /// Reserves `bytes` of the global request-body budget; false (and nothing reserved) if that
@@ -248,12 +315,42 @@ private typealias UriLogCallback = @convention(c) (UnsafeMutableRawPointer?, Uns
 private func logCallback(_ cls: UnsafeMutableRawPointer?, _ format: UnsafePointer<CChar>?, _ arguments: CVaListPointer?) {
     guard let cls, let format, let arguments else { return }
     let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+    var buffer = [CChar](repeating: 0, count: 512)
+    _ = attest_mhd_format_log(&buffer, buffer.count, format, arguments)
+    let line = trimmed(buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) })
+    // "Too large value of 'Content-Length' header." / "Failed to parse `Content-Length' header.":
+    // libmicrohttpd is about to answer with two status lines; answer once ourselves instead.
+    if line.utf8.count > 14, line.contains("Content-Length") {
+        core.registry.answerMalformedContentLength(worker: pthread_self())
+    }
     core.startupLog.withLock { lines in
         guard lines != nil, lines!.count < 32 else { return }
-        var buffer = [CChar](repeating: 0, count: 512)
-        _ = attest_mhd_format_log(&buffer, buffer.count, format, arguments)
-        lines!.append(trimmed(buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }))
+        lines!.append(line)
     }
+}
+
+/// Connection accepted (STARTED) or about to be closed (CLOSED); the socket context holds our
+/// record in between.
+private func connectionCallback(_ cls: UnsafeMutableRawPointer?, _ connection: OpaquePointer?,
+                                _ socketContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>?,
+                                _ code: MHD_ConnectionNotificationCode) {
+    guard let cls, let connection, let socketContext else { return }
+    let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+    if code == .CONNECTION_NOTIFY_STARTED {
+        let record = ConnectionRecord(connection: ConnectionHandle(pointer: connection),
+                                      fd: attest_mhd_connection_fd(connection), worker: pthread_self(),
+                                      now: monotonicNanoseconds())
+        socketContext.pointee = Unmanaged.passRetained(record).toOpaque()
+        if core.registry.opened(record) { core.monitor.wake() }
+    } else if let raw = socketContext.pointee {
+        socketContext.pointee = nil
+        core.registry.closed(Unmanaged<ConnectionRecord>.fromOpaque(raw).takeRetainedValue())
+    }
+}
+
+/// Our record for a connection (nil only if the notification callback did not run).
+private func record(of connection: OpaquePointer) -> ConnectionRecord? {
+    attest_mhd_socket_context(connection).map { Unmanaged<ConnectionRecord>.fromOpaque($0).takeUnretainedValue() }
 }
 
 /// Called once per request, right after the request line, before any access-handler call.
@@ -262,8 +359,10 @@ private func uriCallback(_ cls: UnsafeMutableRawPointer?, _ uri: UnsafePointer<C
                          _ connection: OpaquePointer?) -> UnsafeMutableRawPointer? {
     guard let cls, let connection else { return nil }
     let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+    let connectionRecord = record(of: connection)
     let writer = HTTPResponseWriter(core: core, connection: ConnectionHandle(pointer: connection),
-                                    target: uri.map { String(cString: $0) } ?? "/")
+                                    record: connectionRecord, target: uri.map { String(cString: $0) } ?? "/")
+    connectionRecord?.beginRequest(writer)
     return Unmanaged.passRetained(writer).toOpaque()
 }
 
@@ -291,10 +390,11 @@ private func accessHandler(_ cls: UnsafeMutableRawPointer?, _ connection: Opaque
         // Not expected (the URI callback always runs first), but stay correct if it did not.
         let core = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
         writer = HTTPResponseWriter(core: core, connection: ConnectionHandle(pointer: connection),
-                                    target: url.map { String(cString: $0) } ?? "/")
+                                    record: record(of: connection), target: url.map { String(cString: $0) } ?? "/")
         reqCls.pointee = Unmanaged.passRetained(writer).toOpaque()
     }
-    return writer.access(connection: connection, method: method, uploadData: uploadData, uploadSize: uploadSize)
+    return writer.access(connection: connection, method: method, version: version, uploadData: uploadData,
+                         uploadSize: uploadSize)
 }
 
 private func contentReader(_ cls: UnsafeMutableRawPointer?, _ position: UInt64,
@@ -311,10 +411,10 @@ private func contentReaderFree(_ cls: UnsafeMutableRawPointer?) {
 // MARK: - Request processing (on the connection's own libmicrohttpd thread)
 
 extension HTTPResponseWriter {
-    fileprivate func access(connection: OpaquePointer, method: UnsafePointer<CChar>?,
+    fileprivate func access(connection: OpaquePointer, method: UnsafePointer<CChar>?, version: UnsafePointer<CChar>?,
                             uploadData: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>) -> MHD_Result {
         let headersSeen = state.withLock { $0.headersSeen }
-        if !headersSeen { return headersArrived(connection: connection, method: method) }
+        if !headersSeen { return headersArrived(connection: connection, method: method, version: version) }
 
         let chunkSize = uploadSize.pointee
         if chunkSize > 0 {
@@ -324,25 +424,41 @@ extension HTTPResponseWriter {
         return requestComplete(connection: connection)
     }
 
-    private func headersArrived(connection: OpaquePointer, method rawMethod: UnsafePointer<CChar>?) -> MHD_Result {
+    private func headersArrived(connection: OpaquePointer, method rawMethod: UnsafePointer<CChar>?,
+                                version: UnsafePointer<CChar>?) -> MHD_Result {
         let method = rawMethod.map { String(cString: $0) } ?? ""
         let (path, query) = splitTarget(target)
+        let headers = requestHeaders(connection)
+        let framing = checkFraming(headers, http11: version.map { strcmp($0, "HTTP/1.1") == 0 } ?? false)
+        switch framing {
+        case .malformed:
+            core.totals.malformed.add(1, ordering: .relaxed)
+            return send(badRequest, on: connection)
+        case .unsupportedTransferEncoding:
+            core.totals.malformed.add(1, ordering: .relaxed)
+            return send(notImplemented, on: connection)
+        case .ok:
+            break
+        }
         let limit = core.bodyLimit(method: method, path: path)
         var declared: UInt64?
         // Refuse a declared oversize body before reading any of it. libmicrohttpd then skips
         // the upload and closes the connection after the answer.
-        if let value = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length") {
-            let text = String(cString: value)
-            if !text.isEmpty, text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) {
-                declared = UInt64(text) ?? .max  // digits only: nil means overflow
+        if let value = headers.first(where: { $0.name == "content-length" })?.value {
+            if !value.isEmpty, value.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) {
+                declared = UInt64(value) ?? .max  // digits only: nil means overflow
             }
         }
         var reserved = 0
         if let declared {
-            if declared > UInt64(limit) { return queue(payloadTooLarge, on: connection) }
+            if declared > UInt64(limit) {
+                core.totals.tooLarge.add(1, ordering: .relaxed)
+                return send(payloadTooLarge, on: connection)
+            }
             if declared > 0 {
                 guard core.reserveBodyBytes(Int(declared)) else {
-                    return queue(core.configuration.overloadedResponse(path), on: connection)
+                    core.totals.overloaded.add(1, ordering: .relaxed)
+                    return send(core.configuration.overloadedResponse(path), on: connection)
                 }
                 reserved = Int(declared)
             }
@@ -352,16 +468,49 @@ extension HTTPResponseWriter {
             s.method = method
             s.path = path
             s.query = query
+            s.headers = headers
             s.bodyLimit = limit
             s.reservedBodyBytes = reserved
             if reserved > 0 { s.body.reserveCapacity(reserved) }
         }
+        record?.enter(.body)
         return .YES
+    }
+
+    private enum Framing { case ok, malformed, unsupportedTransferEncoding }
+
+    /// What libmicrohttpd lets through but RFC 9112 does not (it answers malformed and
+    /// overflowing Content-Length values itself; see `answerMalformedContentLength`).
+    private func checkFraming(_ headers: [(name: String, value: String)], http11: Bool) -> Framing {
+        var hosts = 0, contentLengths = 0
+        var transferEncodings: [String] = []
+        for (name, value) in headers {
+            switch name {
+            case "host": hosts += 1
+            case "content-length": contentLengths += 1
+            case "transfer-encoding": transferEncodings.append(value)
+            default: if !name.utf8.allSatisfy(isTokenByte) { return .malformed }  // e.g. "bad name: x"
+            }
+        }
+        // §3.2: exactly one Host in HTTP/1.1, at most one otherwise.
+        if hosts > 1 || (http11 && hosts == 0) { return .malformed }
+        if !transferEncodings.isEmpty {
+            // Only "chunked" is implemented (libmicrohttpd would otherwise wait for the body
+            // to end with the connection); with Content-Length as well it is a smuggling attempt.
+            guard transferEncodings.count == 1, asciiCaseInsensitiveEquals(trimmed(transferEncodings[0]), "chunked") else {
+                return .unsupportedTransferEncoding
+            }
+            if contentLengths > 0 { return .malformed }
+        }
+        // libmicrohttpd reads the first Content-Length and would take the rest for the next request.
+        if contentLengths > 1 { return .malformed }
+        return .ok
     }
 
     private func bodyChunk(_ chunk: UnsafeRawBufferPointer) -> MHD_Result {
         // The idle timeout resets on every byte; this bounds a body trickled in slowly on purpose.
         if core.bodyDeadlineNanoseconds > 0, monotonicNanoseconds() - started > core.bodyDeadlineNanoseconds {
+            core.totals.countReap(.bodyDeadline)
             return .NO
         }
         // Bodies with a valid Content-Length never exceed it (libmicrohttpd stops there), so the
@@ -379,12 +528,14 @@ extension HTTPResponseWriter {
             var refusal: HTTPResponse?
             if total > s.bodyLimit {
                 refusal = payloadTooLarge
+                core.totals.tooLarge.add(1, ordering: .relaxed)
             } else if total > s.reservedBodyBytes {
                 let more = total - s.reservedBodyBytes
                 if core.reserveBodyBytes(more) {
                     s.reservedBodyBytes += more
                 } else {
                     refusal = core.configuration.overloadedResponse(s.path)
+                    core.totals.overloaded.add(1, ordering: .relaxed)
                 }
             }
             if let refusal {
@@ -398,6 +549,7 @@ extension HTTPResponseWriter {
             s.body.append(contentsOf: chunk)
             return true
         }
+        record?.addBodyBytes(chunk.count)
         if released > 0 { core.releaseBodyBytes(released) }
         return keepGoing ? .YES : .NO
     }
@@ -416,18 +568,20 @@ extension HTTPResponseWriter {
             }
             guard !s.handlerCalled else { return .deliver }
             s.handlerCalled = true
-            let parts = HTTPRequestParts(method: s.method, path: s.path, query: s.query, body: s.body)
+            let parts = HTTPRequestParts(method: s.method, path: s.path, query: s.query, headers: s.headers, body: s.body)
             s.body = []  // the handler owns the bytes now
+            s.headers = []
             return .callHandler(parts)
         }
         switch next {
         case .refuse(let response):
-            return queue(response, on: connection)
+            return send(response, on: connection)
         case .deliver:
             return deliverAnswer(connection: connection)
         case .callHandler(let parts):
+            record?.enter(.handling)
             let request = HTTPRequest(method: parts.method, path: parts.path, query: parts.query,
-                                      headers: requestHeaders(connection), body: parts.body,
+                                      lowercasedHeaders: parts.headers, body: parts.body,
                                       remoteAddress: clientAddress(connection))
             switch core.handler(request, self) {
             case .response(let response):
@@ -440,7 +594,7 @@ extension HTTPResponseWriter {
                     s.handlerOwnsAnswer = true
                     return true
                 }
-                return writerUsed ? deliverAnswer(connection: connection) : queue(response, on: connection)
+                return writerUsed ? deliverAnswer(connection: connection) : send(response, on: connection)
             case .deferred:
                 state.withLock { $0.handlerOwnsAnswer = true }
                 return deliverAnswer(connection: connection)
@@ -476,12 +630,18 @@ extension HTTPResponseWriter {
         switch step {
         case .alreadyQueued, .wait: return .YES
         case .close: return .NO  // libmicrohttpd closes the connection; completion follows
-        case .complete(let response): return queue(response, on: connection)
+        case .complete(let response): return send(response, on: connection)
         case .stream(let status, let headers): return queueStream(status: status, headers: headers, on: connection)
         case .stopping(let callback):
             callback?()
-            return queue(serviceUnavailable, on: connection)
+            return send(serviceUnavailable, on: connection)
         }
+    }
+
+    /// Queues a complete response (with `Connection: close` once a graceful shutdown began).
+    private func send(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
+        record?.enter(.responding)
+        return queue(response, on: connection, close: core.registry.isDraining)
     }
 
     /// Queues a chunked response whose body comes from `readChunk`.
@@ -497,13 +657,17 @@ extension HTTPResponseWriter {
             return failStream(on: connection)
         }
         defer { MHD_destroy_response(response) }  // MHD keeps its own reference once queued
+        let draining = core.registry.isDraining
         for (name, value) in headers {
             if asciiCaseInsensitiveEquals(name, "content-length") || asciiCaseInsensitiveEquals(name, "transfer-encoding") {
                 continue
             }
+            if draining, asciiCaseInsensitiveEquals(name, "connection") { continue }
             guard isValidHeader(name: name, value: value),
                   MHD_add_response_header(response, name, value) == .YES else { return failStream(on: connection) }
         }
+        if draining { _ = MHD_add_response_header(response, "Connection", "close") }
+        record?.enter(.streaming)
         guard MHD_queue_response(connection, UInt32(status), response) == .YES else { return failStream(on: connection) }
         return .YES
     }
@@ -515,7 +679,7 @@ extension HTTPResponseWriter {
             return s.takeCancelCallback()
         }
         callback?()
-        return queue(internalError, on: connection)
+        return send(internalError, on: connection)
     }
 }
 
@@ -524,6 +688,7 @@ private struct HTTPRequestParts {
     let method: String
     let path: String
     let query: String?
+    let headers: [(name: String, value: String)]
     let body: [UInt8]
 }
 
@@ -537,18 +702,26 @@ private let internalError = HTTPResponse(
     status: 500, headers: [(name: "content-type", value: "text/plain")],
     body: Array("internal server error\n".utf8))
 
+private let badRequest = HTTPResponse(
+    status: 400, headers: [(name: "content-type", value: "text/plain"), (name: "connection", value: "close")],
+    body: Array("bad request\n".utf8))
+
+private let notImplemented = HTTPResponse(
+    status: 501, headers: [(name: "content-type", value: "text/plain"), (name: "connection", value: "close")],
+    body: Array("transfer encoding not implemented\n".utf8))
+
 private let serviceUnavailable = HTTPResponse(
     status: 503, headers: [(name: "content-type", value: "text/plain"), (name: "connection", value: "close")],
     body: Array("server stopping\n".utf8))
 
 /// Queues `response`; if libmicrohttpd rejects it (bad status, bad header), queues a 500.
-private func queue(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
-    if enqueue(response, on: connection) { return .YES }
+private func queue(_ response: HTTPResponse, on connection: OpaquePointer, close: Bool) -> MHD_Result {
+    if enqueue(response, on: connection, close: close) { return .YES }
     // Returning MHD_NO makes libmicrohttpd close the connection: the last resort.
-    return enqueue(internalError, on: connection) ? .YES : .NO
+    return enqueue(internalError, on: connection, close: close) ? .YES : .NO
 }
 
-private func enqueue(_ response: HTTPResponse, on connection: OpaquePointer) -> Bool {
+private func enqueue(_ response: HTTPResponse, on connection: OpaquePointer, close: Bool) -> Bool {
     guard (100...999).contains(response.status) else { return false }
     let created = response.body.withUnsafeBytes { bytes in
         MHD_create_response_from_buffer(bytes.count, UnsafeMutableRawPointer(mutating: bytes.baseAddress),
@@ -560,9 +733,11 @@ private func enqueue(_ response: HTTPResponse, on connection: OpaquePointer) -> 
     for (name, value) in response.headers {
         // MHD derives content-length from the body; it refuses a second one.
         if asciiCaseInsensitiveEquals(name, "content-length") { continue }
+        if close, asciiCaseInsensitiveEquals(name, "connection") { continue }
         guard isValidHeader(name: name, value: value),
               MHD_add_response_header(mhdResponse, name, value) == .YES else { return false }
     }
+    if close, MHD_add_response_header(mhdResponse, "Connection", "close") != .YES { return false }
     return MHD_queue_response(connection, UInt32(response.status), mhdResponse) == .YES
 }
 
@@ -599,7 +774,7 @@ func asciiLowercased(_ byte: UInt8) -> UInt8 {
     (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z")) ? byte | 0x20 : byte
 }
 
-private func trimmed(_ text: String) -> String {
+func trimmed(_ text: String) -> String {
     let bytes = Array(text.utf8)
     var start = 0, end = bytes.count
     while start < end, bytes[start] == 32 || bytes[start] == 9 || bytes[start] == 10 || bytes[start] == 13 { start += 1 }

@@ -27,6 +27,17 @@ public struct HTTPRequest: Sendable {
         self.remoteAddress = remoteAddress
     }
 
+    /// For the server: header names are already lowercase.
+    init(method: String, path: String, query: String?, lowercasedHeaders: [(name: String, value: String)],
+         body: [UInt8], remoteAddress: String) {
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = lowercasedHeaders
+        self.body = body
+        self.remoteAddress = remoteAddress
+    }
+
     /// Value of the first header called `name` (case-insensitive).
     public func header(_ name: String) -> String? {
         let wanted = name.lowercased()
@@ -106,14 +117,92 @@ public struct HTTPServerConfiguration: Sendable {
     public var maxConnectionsPerIP: Int = 64
     /// Idle connections (including ones that never send anything) are closed after this. 0 = never.
     public var idleTimeoutSeconds: Int = 15
-    /// A request whose body is still arriving this long after its request line is dropped (the
-    /// idle timeout alone resets on every byte, so it cannot stop a deliberate trickle). 0 = none.
-    public var bodyDeadlineSeconds: Int = 30
+    /// A request whose body is still arriving this long after its request line is dropped, however
+    /// fast it trickles. 600: a 32 MB upload needs 55 kB/s to make it; the minimum rate below is
+    /// what stops deliberate trickles. 0 = none.
+    public var bodyDeadlineSeconds: Double = 600
+    /// The whole request head (request line and headers) must arrive within this many seconds of
+    /// the server starting to wait for it: the connection's accept, or the end of the previous
+    /// response on a keep-alive connection (so it also bounds idle keep-alives). libmicrohttpd's
+    /// idle timeout restarts on every byte, so without this a head trickled in a byte at a time
+    /// holds its slot for as long as the attacker likes. 10: a real head is one or two packets,
+    /// even a phone on a poor network sends it within a few seconds. 0 = none.
+    public var headDeadlineSeconds: Double = 10
+    /// Once `bodyGraceSeconds` have passed since its headers, a body must have arrived at no less
+    /// than this average rate, or the connection is closed. 1,024 B/s: any real client is far
+    /// faster, and an attacker must keep spending 1 KiB/s per connection to hold a slot (the
+    /// 64 KiB device exchanges arrive within the grace period anyway). 0 = no minimum.
+    public var minBodyBytesPerSecond: Int = 1_024
+    /// See `minBodyBytesPerSecond`. 10 s covers a slow start (TCP slow start, a radio waking up).
+    public var bodyGraceSeconds: Double = 10
+    /// A complete response must have been handed to the client's socket within this many seconds
+    /// of being queued, and a stream's unsent bytes may wait no longer than this for the client
+    /// to take some. Catches clients that ask and never read. 30: well above a phone's network
+    /// stalls; streams that wait for their producer are not affected. 0 = none.
+    public var writeTimeoutSeconds: Double = 30
+    /// When a worker thread's connections pass this fraction of its share of `maxConnections`,
+    /// the server closes the connections doing the least — idle keep-alives first, then the
+    /// oldest incomplete heads — until it is 5% of its share below, rather than refusing new
+    /// connections (Envoy's overload manager and nginx's reset_timedout_connection do the same).
+    public var slotEvictionThreshold: Double = 0.9
     /// A streaming response stops taking bytes without complaint above this many unsent bytes:
     /// `HTTPResponseWriter.write` returns false and the producer should wait for `onWritable`.
     public var streamHighWaterBytes: Int = 64 << 10
     /// `onWritable` fires when the unsent bytes drop to this or below (after a `write` said false).
     public var streamLowWaterBytes: Int = 16 << 10
+
+    public init() {}
+}
+
+/// Why the server closed a connection on its own.
+public enum HTTPReapReason: String, Sendable, CaseIterable {
+    /// A request head did not arrive within `headDeadlineSeconds`.
+    case headTimeout
+    /// A keep-alive connection stayed idle for `headDeadlineSeconds`.
+    case idleTimeout
+    /// A body fell below `minBodyBytesPerSecond`.
+    case bodyTooSlow
+    /// A body was still arriving after `bodyDeadlineSeconds`.
+    case bodyDeadline
+    /// A client did not take its response within `writeTimeoutSeconds`.
+    case writeTimeout
+    /// Closed to free a slot near the connection limit: an idle keep-alive…
+    case evictedIdle
+    /// …or an incomplete head.
+    case evictedHead
+    /// Closed by a graceful shutdown (idle or slow, or accepted after the shutdown began).
+    case shutdown
+}
+
+/// A snapshot of the server's connections and counters, for /metrics.
+public struct HTTPServerStats: Sendable {
+    /// Open connections, in total and by what they are doing.
+    public var openConnections = 0
+    /// Waiting for a request line (just accepted, or idle keep-alive).
+    public var waitingConnections = 0
+    public var receivingHeads = 0
+    public var receivingBodies = 0
+    /// The handler runs, or a deferred answer is pending.
+    public var handling = 0
+    /// A complete response is being sent.
+    public var responding = 0
+    /// Streamed responses under way.
+    public var openStreams = 0
+    /// Request-body bytes reserved against `maxBufferedBodyBytes`.
+    public var bufferedBodyBytes = 0
+    /// Since the server object was created:
+    public var connectionsAccepted: UInt64 = 0
+    public var requestsCompleted: UInt64 = 0
+    /// Refused for their framing (400, 501).
+    public var malformedRequests: UInt64 = 0
+    /// Refused with 413.
+    public var tooLargeRequests: UInt64 = 0
+    /// Refused with `overloadedResponse` (the body budget was spent).
+    public var overloadedRequests: UInt64 = 0
+    /// Deferred or streamed answers cut short (client gone, deadline, stop): `onCancel` ran.
+    public var cancelledAnswers: UInt64 = 0
+    /// Connections the server closed on its own, by reason (every reason present, 0 if none).
+    public var reaped: [HTTPReapReason: UInt64] = [:]
 
     public init() {}
 }

@@ -347,6 +347,7 @@ struct StreamingTests {
         let body = "9c40\r\n\(chunk)\r\n9c40\r\n\(chunk)\r\n0\r\n\r\n"
         _ = chunked.sendAll("POST /v1/oauth/token HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
         #expect(chunked.readResponse()?.status == 413)
+        #expect(server.stats().tooLargeRequests == 3)
         expectNoLeaks(server)
     }
 
@@ -389,6 +390,7 @@ struct StreamingTests {
         let after = try RawConnection(port: server.port)
         #expect(after.sendAll(post(bodySize: 300_000, path: "/v1/messages")))
         #expect(after.readResponse()?.text == "300000")
+        #expect(server.stats().overloadedRequests == 2)
 
         // A request that dies mid-body gives its reservation back too.
         let dying = try RawConnection(port: server.port)
