@@ -138,6 +138,8 @@ final class RelayedExchange: UpstreamDelegate {
         /// A JSON reply is held until complete and answered in one piece (one wake-up of the HTTP
         /// server instead of three); past `maxHeldReply` it is streamed like an SSE reply.
         var held: (headers: [(name: String, value: String)], body: [UInt8])?
+        /// The answer was ended by a server shutdown; nothing more goes to the client.
+        var shutDown = false
     }
 
     static let maxHeldReply = 1 << 20
@@ -194,6 +196,24 @@ final class RelayedExchange: UpstreamDelegate {
         return writer.write(chunk)
     }
 
+    /// The server is stopping: a stream ends cleanly with an SSE `overloaded_error` event, so the
+    /// client retries elsewhere; an answer not begun is a 529 in the API's shape.
+    func endForShutdown() {
+        let (headSent, isEventStream, held) = state.withLock { state in
+            defer { state.held = nil; state.shutDown = true }
+            return (state.headSent, state.isEventStream, state.held)
+        }
+        let message = "the service is restarting; retry the request"
+        if headSent && isEventStream && held == nil {
+            let event = "event: error\ndata: " + APIErrorResponse(type: "overloaded_error", message: message, requestID: requestID).json + "\n\n"
+            writer.write(Array(event.utf8))
+            writer.finish()
+        } else {
+            writer.respond(.json(529, APIErrorResponse(type: "overloaded_error", message: message, requestID: requestID).json,
+                                 headers: [("request-id", requestID), ("retry-after", "1")]))
+        }
+    }
+
     func upstreamDidFinish(_ error: UpstreamError?) {
         let (headSent, status, isEventStream, bytes, held) = state.withLock { state in
             defer { state.held = nil }
@@ -208,7 +228,7 @@ final class RelayedExchange: UpstreamDelegate {
             finished(status, nil, bytes)
             return
         }
-        if error.kind == .cancelled {
+        if error.kind == .cancelled || state.withLock({ $0.shutDown }) {
             finished(headSent ? status : 499, error, bytes)
             return
         }

@@ -2,6 +2,7 @@ import AttestWire
 import AttestCrypto
 import Foundation
 import HTTPServer
+import Synchronization
 import TokenService
 
 /// Maps HTTP to the token service and back. Each route decodes, calls one service method and
@@ -14,6 +15,15 @@ public final class ServiceRouter: Sendable {
     let introspectionKeyHash: [UInt8]?
     /// The Messages API relay; without one, `/v1/messages` answers 503 after the token check.
     let relay: MessagesRelay?
+    /// Extra /metrics text from the transport (the server is made after the router).
+    private let transportMetrics = Mutex<(@Sendable () -> String)?>(nil)
+
+    /// Adds `source`'s text (the HTTP server's gauges and counters) to /metrics.
+    public func reportTransport(_ source: @escaping @Sendable () -> String) {
+        transportMetrics.withLock { $0 = source }
+    }
+
+    var metricsText: String { metrics.prometheusText() + (transportMetrics.withLock { $0 }?() ?? "") }
 
     public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil) {
         self.service = service
@@ -55,7 +65,7 @@ public final class ServiceRouter: Sendable {
             Route(path: "/healthz", methods: ["GET"], endpoint: nil) { _, _, _ in Outcome(response: .json(200, #"{"status":"ok"}"#)) },
             Route(path: "/metrics", methods: ["GET"], endpoint: nil) { router, _, _ in
                 Outcome(response: HTTPResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")],
-                                               body: Array(router.metrics.prometheusText().utf8)))
+                                               body: Array(router.metricsText.utf8)))
             },
         ]
         return Dictionary(uniqueKeysWithValues: table.map { ($0.path, $0) })
@@ -272,6 +282,10 @@ public final class ServiceRouter: Sendable {
         let transfer = relay.start(MessagesRelay.upstreamRequest(request, key: key), delegate: exchange)
         writer.onWritable { transfer.resume() }
         writer.onCancel { transfer.cancel() }
+        writer.onShutdown {
+            exchange.endForShutdown()
+            transfer.cancel()
+        }
         return .deferred
     }
 

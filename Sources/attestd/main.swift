@@ -14,7 +14,8 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--mint-limit PER_MINUTE] [--registration-quota PER_HOUR] [--challenge-limit PER_MINUTE]
                      [--introspection-key-file FILE] [--threads N] [--synchronous full|normal]
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
-                     [--max-connections N] [--max-connections-per-ip N] [--no-migrate]
+                     [--max-connections N] [--max-connections-per-ip N] [--no-migrate] [--shutdown-grace SECONDS]
+                     [--head-deadline SECONDS] [--min-body-rate BYTES_PER_SECOND] [--write-timeout SECONDS]
 --db is a SQLite file or a PostgreSQL URL (postgresql://user@host/db?sslmode=…, as libpq reads it, so PGPASSWORD
           and ~/.pgpass work), default $ATTESTD_DB, else ./attestd.sqlite; --no-migrate only checks the schema
           (apply it with attestctl migrate)
@@ -27,6 +28,12 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
           --secrets-key-file (the same file on every instance). --upstream-key-file: the key for
           workspaces without one (whitespace around it trimmed). With neither, /v1/messages answers 503.
 --upstream-ca-file: extra trusted roots for the upstream (a local TLS upstream in tests); system roots otherwise.
+--shutdown-grace (default 10): on SIGTERM/SIGINT stop accepting, end idle and slow connections, let
+          requests in flight finish, end open streams with an SSE overloaded_error event, exit by then.
+--head-deadline (default 10): a request head must arrive whole within it, however slowly it trickles.
+--min-body-rate (default 1024 bytes/s after 10 s): a body slower than that is cut (a 32 MB image at
+          1 KiB/s would take 9 hours; at mobile rates it takes seconds).
+--write-timeout (default 30): a client that stops reading its response for that long is cut.
 --max-connections (default 10000): open streams hold a connection each (epoll keeps idle ones cheap),
           so 1,000 streams plus exchanges fit with room; --max-connections-per-ip (default 64, 0 = none):
           one address cannot take every slot; raise it behind a proxy that connects from one address.
@@ -48,6 +55,10 @@ struct ServeOptions {
     var upstreamCAFile: String?
     var upstreamKeyFile: String?
     var secretsKeyFile: String?
+    var shutdownGrace = 10.0
+    var headDeadline = HTTPServerConfiguration().headDeadlineSeconds
+    var minBodyRate = HTTPServerConfiguration().minBodyBytesPerSecond
+    var writeTimeout = HTTPServerConfiguration().writeTimeoutSeconds
     var maxConnections = HTTPServerConfiguration().maxConnections
     var maxConnectionsPerIP = HTTPServerConfiguration().maxConnectionsPerIP
 
@@ -90,6 +101,10 @@ struct ServeOptions {
             case "--upstream-key-file": upstreamKeyFile = try value()
             case "--secrets-key-file": secretsKeyFile = try value()
             case "--no-migrate": migrate = false
+            case "--shutdown-grace": shutdownGrace = Double(try number("--shutdown-grace", 0...3600))
+            case "--head-deadline": headDeadline = Double(try number("--head-deadline", 1...600))
+            case "--min-body-rate": minBodyRate = try number("--min-body-rate", 0...100_000_000)
+            case "--write-timeout": writeTimeout = Double(try number("--write-timeout", 1...3600))
             case "--max-connections": maxConnections = try number("--max-connections", 16...1_000_000)
             case "--max-connections-per-ip": maxConnectionsPerIP = try number("--max-connections-per-ip", 0...1_000_000)
             case "--threads": threads = try number("--threads", 1...256)
@@ -173,6 +188,9 @@ func serve(_ options: ServeOptions) throws -> Never {
     configuration.port = options.port
     configuration.threads = options.threads
     configuration.maxConnections = options.maxConnections
+    configuration.headDeadlineSeconds = options.headDeadline
+    configuration.minBodyBytesPerSecond = options.minBodyRate
+    configuration.writeTimeoutSeconds = options.writeTimeout
     configuration.maxConnectionsPerIP = options.maxConnectionsPerIP
     // Image input arrives as base64 in a Messages request: 32 MB there, 64 KiB everywhere else.
     configuration.bodyLimit = { _, path in MessagesRelay.relayedPaths.contains(path) ? MessagesRelay.maxBodyBytes : 65_536 }
@@ -182,6 +200,7 @@ func serve(_ options: ServeOptions) throws -> Never {
               headers: [("retry-after", "1")])
     }
     let server = HTTPServer(configuration: configuration) { router.handle($0, $1) }
+    router.reportTransport { server.stats().prometheusText }
     try server.start()
     logger.info("listening", [("address", "\(options.host.contains(":") ? "[\(options.host)]" : options.host):\(server.port)"),
                               ("db", Stores.redacted(options.db)), ("upstream", options.upstreamURL), ("threads", options.threads), ("token_ttl", Int(options.exchange.tokenTTL)),
@@ -208,8 +227,10 @@ func serve(_ options: ServeOptions) throws -> Never {
         signal(signalNumber, SIG_IGN)
         let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: signalQueue)
         source.setEventHandler {
-            logger.info("stopping", [("signal", Int(signalNumber))])
-            server.stop()
+            logger.info("stopping", [("signal", Int(signalNumber)), ("grace_seconds", options.shutdownGrace)])
+            // Requests in flight finish, open streams get a last SSE event; what is left at the
+            // deadline is ended.
+            server.shutdown(grace: options.shutdownGrace)
             relay.shutdown()
             audit.close()
             logger.drain()

@@ -193,6 +193,23 @@ import Glibc
         #expect(closed?.kind == .closed(byClient: true), "the upstream transfer was left running")
     }
 
+    @Test func aGracefulStopEndsOpenStreamsWithAnOverloadedEventAndExitsInTime() async throws {
+        let fixture = try await Fixture { _ in ["--shutdown-grace", "3"] }
+        defer { fixture.stop() }
+        let stream = try RawStream(port: fixture.server.port, path: "/v1/messages", token: fixture.tokenA,
+                                   body: Self.request(model: "stub-slow-stream-30", stream: true))
+        defer { stream.close() }
+        _ = try stream.read(until: "content_block_delta", timeout: 10)
+        let stopped = Date()
+        kill(fixture.server.process.processIdentifier, SIGTERM)
+        // The stream ends cleanly: an error event the client retries on, then the last chunk.
+        _ = try stream.read(until: "overloaded_error", timeout: 5)
+        _ = try stream.read(until: "\r\n0\r\n\r\n", timeout: 5)
+        fixture.server.process.waitUntilExit()
+        #expect(Date().timeIntervalSince(stopped) < 4, "attestd did not exit within its grace period")
+        #expect(stream.text.contains("event: error"))
+    }
+
     @Test func revocationMakesTheNextRelayedRequest401() async throws {
         let fixture = try await Fixture()
         defer { fixture.stop() }
