@@ -78,7 +78,7 @@ let package = Package(
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR", "AttestWire"]),
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire"]),
         .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
-                                                         "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub"]),
+                                                         "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub", "PostgresTestSupport"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "AttestWire"]),
         .testTarget(name: "AttestWireTests", dependencies: ["AttestWire"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),

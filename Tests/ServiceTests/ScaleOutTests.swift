@@ -1,0 +1,194 @@
+import Foundation
+import PostgresTestSupport
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Two shipped attestd processes on one PostgreSQL database (a throwaway cluster the tests start
+/// themselves): every guarantee holds across instances because the database enforces it.
+@Suite(.serialized) struct ScaleOutTests {
+    /// A fresh database on the shared cluster, initialised with attestctl, and an integration.
+    final class Deployment {
+        let url: String
+        let clientID: String
+        let directory: URL
+        var instances: [ServerProcess] = []
+
+        init(cluster: PostgresCluster? = nil, instanceArguments: [String] = []) throws {
+            let cluster = try cluster ?? PostgresCluster.shared.get()
+            url = cluster.url(try cluster.createDatabase())
+            directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-pg-\(UUID().uuidString)")
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            let keyFile = directory.appendingPathComponent("attestd.key").path
+            #expect(try ServerProcess.attestctl(["--db", url, "--secrets-key-file", keyFile, "init", "--owner", "owner@example.com"]).0 == 0)
+            let (status, output) = try ServerProcess.attestctl(["integrations", "create", "--db", url, "--actor", "owner@example.com",
+                                                                "--name", "App", "--team-id", "ABCDE12345", "--bundle-id", "com.example.app", "--json"])
+            try #require(status == 0)
+            clientID = try #require((try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any])?["client_id"] as? String)
+            for _ in 0..<2 {
+                instances.append(try ServerProcess(db: url, extraArguments: ["--secrets-key-file", keyFile] + instanceArguments))
+            }
+        }
+
+        var http: [TestHTTP] { instances.map { TestHTTP(baseURL: $0.baseURL) } }
+
+        func stop() {
+            instances.forEach { $0.stop() }
+            try? FileManager.default.removeItem(at: directory)
+        }
+    }
+
+    @Test func aDeviceAlternatingBetweenInstancesRegistersAndRefreshes() async throws {
+        let deployment = try Deployment()
+        defer { deployment.stop() }
+        let http = deployment.http
+        let device = try ManualDevice(clientID: deployment.clientID)
+        #expect(try await http[0].registerFresh(device).status == 200)
+        for round in 0..<6 {
+            let challenge = try await http[round % 2].challengeBytes(device)
+            let minted = try await http[(round + 1) % 2].token(device, assertion: try device.assertion(challenge: challenge))
+            #expect(minted.status == 200, "round \(round)")
+            let token = try #require(minted.json["access_token"] as? String)
+            // The token works on both instances (503: authenticated, no upstream key configured).
+            for instance in http { #expect(try await instance.messages(token: token).status == 503) }
+        }
+        // The password of the database URL never reaches the logs.
+        for instance in deployment.instances {
+            #expect(!instance.log.contains(PostgresCluster.password))
+            #expect(instance.log.contains("postgresql://attest:***@127.0.0.1"), "the start-up log shows the redacted URL")
+        }
+    }
+
+    @Test func oneChallengeRedeemedOnBothInstancesYieldsOneToken() async throws {
+        let deployment = try Deployment(instanceArguments: ["--mint-limit", "0"])
+        defer { deployment.stop() }
+        let http = deployment.http
+        let device = try ManualDevice(clientID: deployment.clientID)
+        #expect(try await http[0].registerFresh(device).status == 200)
+        for _ in 0..<5 {
+            let challenge = try await http[0].challengeBytes(device)
+            let first = try device.assertion(challenge: challenge), second = try device.assertion(challenge: challenge)
+            async let a = http[0].token(device, assertion: first)
+            async let b = http[1].token(device, assertion: second)
+            let statuses = [try await a.status, try await b.status].sorted()
+            #expect(statuses == [200, 401])
+        }
+    }
+
+    @Test func sixtyFourRefreshesWithOneCounterAcrossBothInstancesMintOneToken() async throws {
+        let deployment = try Deployment(instanceArguments: ["--mint-limit", "0", "--challenge-limit", "0"])
+        defer { deployment.stop() }
+        let http = deployment.http
+        let device = try ManualDevice(clientID: deployment.clientID)
+        let registered = try await http[0].registerFresh(device)
+        let next = Array(Data(base64Encoded: registered.json["next_challenge"] as! String)!)
+        let assertions = try (0..<64).map { _ in try device.assertion(challenge: next, counter: 1) }
+        let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+            for (index, assertion) in assertions.enumerated() {
+                group.addTask { try await http[index % 2].token(device, assertion: assertion).status }
+            }
+            return try await group.reduce(into: [Int]()) { $0.append($1) }
+        }
+        #expect(statuses.filter { $0 == 200 }.count == 1)
+        #expect(statuses.filter { $0 == 401 }.count == 63)
+    }
+
+    @Test func revocationAndTheMintLimitHoldOnEveryInstance() async throws {
+        let deployment = try Deployment(instanceArguments: ["--mint-limit", "3"])
+        defer { deployment.stop() }
+        let http = deployment.http
+        let device = try ManualDevice(clientID: deployment.clientID)
+        #expect(try await http[0].registerFresh(device).status == 200)
+        // Three mints a minute for the device, wherever they happen: the fourth is refused by both.
+        var token = ""
+        for round in 0..<3 {
+            let minted = try await http[round % 2].token(device, assertion: try device.assertion(challenge: try await http[round % 2].challengeBytes(device)))
+            #expect(minted.status == 200)
+            token = minted.json["access_token"] as? String ?? ""
+        }
+        for instance in http {
+            let limited = try await instance.token(device, assertion: try device.assertion(challenge: try await instance.challengeBytes(device)))
+            #expect(limited.status == 429)
+            #expect(Int(limited.header("retry-after") ?? "") ?? 0 >= 1)
+        }
+        // Revoked by attestctl: the very next request is refused on both instances.
+        for instance in http { #expect(try await instance.messages(token: token).status == 503) }
+        #expect(try ServerProcess.attestctl(["integrations", "revoke", deployment.clientID, "--db", deployment.url,
+                                             "--actor", "owner@example.com", "--yes"]).0 == 0)
+        for instance in http {
+            #expect(try await instance.messages(token: token).status == 401)
+            #expect(try await instance.challenge(device).error == "invalid_client")
+        }
+    }
+
+    @Test func killDashNineOfOneInstanceLosesNoAcknowledgedTokenAndTheOtherServesOn() async throws {
+        let deployment = try Deployment(instanceArguments: ["--mint-limit", "0", "--challenge-limit", "0"])
+        defer { deployment.stop() }
+        let http = deployment.http
+        let devices = try (0..<4).map { _ in try ManualDevice(clientID: deployment.clientID) }
+        for device in devices { #expect(try await http[0].registerFresh(device).status == 200) }
+        let collector = TokenCollector()
+        let burst = Task {
+            await withTaskGroup(of: Void.self) { group in
+                for device in devices {
+                    group.addTask {
+                        while !collector.stopped {
+                            guard let challenge = try? await http[0].challengeBytes(device),
+                                  let assertion = try? device.assertion(challenge: challenge),
+                                  let result = try? await http[0].token(device, assertion: assertion) else { return }
+                            if result.status == 200, let token = result.json["access_token"] as? String {
+                                collector.add(token: token, device: device.keyIDBase64)
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let deadline = Date() + 60
+        while collector.tokens.count < 30 && Date() < deadline { try await Task.sleep(nanoseconds: 10_000_000) }
+        deployment.instances[0].kill9()
+        collector.stop()
+        await burst.value
+        #expect(collector.tokens.count >= 30)
+        // Each device's newest acknowledged token works on the surviving instance, which keeps minting.
+        for token in collector.newestByDevice.values { #expect(try await http[1].messages(token: token).status == 503) }
+        for device in devices {
+            let minted = try await http[1].token(device, assertion: try device.assertion(challenge: try await http[1].challengeBytes(device)))
+            #expect(minted.status == 200)
+        }
+    }
+
+    @Test func aDatabaseOutageGivesFast503sAndTheServiceRecoversByItself() async throws {
+        // A cluster of its own: the outage must not touch the other suites' database.
+        let cluster = try PostgresCluster.start()
+        defer { cluster.stop() }
+        let deployment = try Deployment(cluster: cluster, instanceArguments: ["--mint-limit", "0"])
+        defer { deployment.stop() }
+        let http = deployment.http[0]
+        let device = try ManualDevice(clientID: deployment.clientID)
+        let token = try #require(try await http.registerFresh(device).json["access_token"] as? String)
+
+        try cluster.halt()
+        for _ in 0..<3 {
+            let started = Date()
+            let challenge = try await http.challenge(device)
+            #expect(challenge.status == 503 && challenge.error == "server_error")
+            let messages = try await http.messages(token: token)
+            #expect(messages.status == 503)
+            #expect((messages.json["error"] as? [String: Any])?["type"] as? String == "api_error")
+            #expect(Date().timeIntervalSince(started) < 5, "two requests took \(Date().timeIntervalSince(started)) s")
+        }
+        try cluster.resume()
+        // Back without a restart: the pool replaces its broken connections.
+        var recovered = false
+        for _ in 0..<50 where !recovered {
+            recovered = try await http.challenge(device).status == 200
+            if !recovered { try await Task.sleep(nanoseconds: 100_000_000) }
+        }
+        #expect(recovered)
+        #expect(try await http.messages(token: token).status == 503)   // authenticated again (no upstream key)
+        let minted = try await http.token(device, assertion: try device.assertion(challenge: try await http.challengeBytes(device)))
+        #expect(minted.status == 200)
+    }
+}
