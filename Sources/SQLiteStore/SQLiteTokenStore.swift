@@ -10,6 +10,9 @@ import TokenService
 public final class SQLiteTokenStore: TokenStore {
     public let path: String
     private let writer: LockedSQLiteConnection
+    /// Background writes (audit batches, purges) on a connection of their own, so that one waiting
+    /// out a lock never holds the request path's writer: a request waits for the file lock once.
+    private let background: LockedSQLiteConnection
     private let readers: [LockedSQLiteConnection]
     private let nextReader = Atomic<Int>(0)
 
@@ -22,7 +25,12 @@ public final class SQLiteTokenStore: TokenStore {
         let connection = try SQLiteConnection(path: path, synchronous: synchronous)
         try Migrator.migrate(connection, migrations, mode: mode)
         writer = LockedSQLiteConnection(connection)
+        background = LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous))
         readers = try (0..<max(1, readerCount)).map { _ in LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous)) }
+    }
+
+    private func writeInBackground<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+        try background.withConnection(body)
     }
 
     private func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
@@ -209,7 +217,7 @@ public final class SQLiteTokenStore: TokenStore {
     }
 
     public func purgeChallenges(before time: Date) throws -> Int {
-        try write { db in
+        try writeInBackground { db in
             let challenges = try db.run("DELETE FROM challenges WHERE used = 1 OR expires_at <= ?", [.real(time.timeIntervalSince1970)])
             // Token rows a day past expiry can never authenticate again.
             try db.run("DELETE FROM tokens WHERE expires_at <= ?", [.real(time.timeIntervalSince1970 - 86_400)])
@@ -334,13 +342,13 @@ public final class SQLiteTokenStore: TokenStore {
     }
 
     public func purgeChallengeRequests(before: Date) throws -> Int {
-        try write { try $0.run("DELETE FROM challenge_requests WHERE at <= ?", [.real(before.timeIntervalSince1970)]) }
+        try writeInBackground { try $0.run("DELETE FROM challenge_requests WHERE at <= ?", [.real(before.timeIntervalSince1970)]) }
     }
 
     // MARK: Audit
 
     public func appendAudit(_ events: [AuditEvent]) throws {
-        try write { db in
+        try writeInBackground { db in
             try db.transaction {
                 for event in events {
                     try db.run("""

@@ -96,6 +96,43 @@ import TokenService
         for secret in acknowledged + secrets { #expect(!logs.contains(secret), "a secret reached the logs") }
     }
 
+    @Test func aLockedDatabaseAnswers503WithinTwoSecondsAndRecovers() async throws {
+        let (directory, db, clientID) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let server = try ServerProcess(db: db)
+        let http = TestHTTP(baseURL: server.baseURL)
+        let device = try ManualDevice(clientID: clientID)
+        #expect(try await http.registerFresh(device).status == 200)
+        // Another process holds the write lock (an operator's sqlite3 shell in a transaction).
+        let holder = Process()
+        holder.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+        holder.arguments = [db]
+        let input = Pipe()
+        holder.standardInput = input
+        holder.standardOutput = FileHandle.nullDevice
+        try holder.run()
+        input.fileHandleForWriting.write(Data("BEGIN EXCLUSIVE;\nSELECT 1;\n".utf8))
+        try await Task.sleep(nanoseconds: 300_000_000)
+        let started = Date()
+        let refused = try await http.challenge(device)
+        #expect(refused.status == 503 && refused.error == "server_error")
+        #expect(Date().timeIntervalSince(started) < 2, "the request waited \(Date().timeIntervalSince(started)) s")
+        input.fileHandleForWriting.write(Data("ROLLBACK;\n.quit\n".utf8))
+        holder.waitUntilExit()
+        #expect(try await http.challenge(device).status == 200)
+    }
+
+    @Test func noMigrateRefusesAnUnmigratedDatabaseUntilAttestctlMigrates() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-migrate-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let db = directory.appendingPathComponent("attestd.sqlite").path
+        #expect(throws: HTTPTestError.self) { try ServerProcess(db: db, extraArguments: ["--no-migrate"]) }
+        #expect(try ServerProcess.attestctl(["migrate", "--db", db]).0 == 0)
+        let server = try ServerProcess(db: db, extraArguments: ["--no-migrate"])
+        server.stop()
+    }
+
     /// Hex SHA-256 of every token row, read with the sqlite3 shell (a separate reader of the file).
     static func storedTokenHashes(_ db: String) throws -> [String] {
         let process = Process()
