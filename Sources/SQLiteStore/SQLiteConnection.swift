@@ -50,6 +50,12 @@ final class SQLiteConnection {
     private var statements: [String: OpaquePointer] = [:]
 
     init(path: String, synchronous: String = "FULL") throws {
+        // A new database is created 0600 (SQLite would make it 0644, world-readable); its -wal and
+        // -shm files take the database file's mode.
+        if path != ":memory:", !path.isEmpty {
+            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+            if fd >= 0 { close(fd) }
+        }
         var handle: OpaquePointer?
         let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
         let status = sqlite3_open_v2(path, &handle, flags, nil)
@@ -59,6 +65,9 @@ final class SQLiteConnection {
             throw SQLiteError(code: status, message: "\(path): \(message)")
         }
         db = handle
+        guard sqlite3_db_readonly(db, "main") != 1 else {
+            throw SQLiteError(code: SQLITE_READONLY, message: "\(path) can only be read by this process: the service needs to write it")
+        }
         sqlite3_extended_result_codes(db, 1)
         // Short: a write lock held elsewhere (attestctl, another attestd) makes requests wait at
         // most this long and then answer 503, within the 2 s a client should wait for an answer.

@@ -25,7 +25,12 @@ public final class ServiceRouter: Sendable {
 
     var metricsText: String { metrics.prometheusText() + (transportMetrics.withLock { $0 }?() ?? "") }
 
-    public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil) {
+    /// Who the caller is behind trusted proxies (`--trusted-proxy`).
+    let callers: CallerResolver
+
+    public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil,
+                trustedProxies: [CIDR] = []) {
+        callers = CallerResolver(trustedProxies: trustedProxies)
         self.service = service
         self.logger = logger
         self.metrics = service.metrics
@@ -156,7 +161,8 @@ public final class ServiceRouter: Sendable {
         let clientID = fields["client_id"]!
         let keyID = try RequestParsing.requireBase64(fields, "key_id")
         do {
-            let issued = try service.challenge(clientID: clientID, keyID: keyID, caller: request.remoteAddress)
+            let caller = callers.caller(peer: request.remoteAddress, headers: request.headers)
+            let issued = try service.challenge(clientID: clientID, keyID: keyID, caller: caller)
             let body = JSONText.object([("challenge", Base64.encode(issued.challenge)), ("expires_in", issued.expiresIn)])
             return Outcome(response: .json(200, body, headers: [("cache-control", "no-store")]), clientID: clientID)
         }
@@ -296,7 +302,8 @@ public final class ServiceRouter: Sendable {
         metrics.increment("attestd_http_requests_total", labels: [("route", route), ("status", String(status))])
         var fields: [(String, Any)] = [("method", String(request.method.prefix(16))), ("route", route),
                                        ("status", status), ("ms", Double(Int(milliseconds * 100)) / 100),
-                                       ("remote", request.remoteAddress), ("request_id", requestID)]
+                                       ("remote", callers.caller(peer: request.remoteAddress, headers: request.headers)),
+                                       ("request_id", requestID)]
         if let clientID { fields.append(("client_id", String(clientID.prefix(64)))) }
         if let reason { fields.append(("reason", reason.rawValue)) }
         if let detail { fields.append(("detail", String(detail.prefix(300)))) }

@@ -66,14 +66,18 @@ public final class DeviceTokenService: Sendable {
         try rejecting(clientID: clientID, keyID: keyID, action: "challenge") {
             let time = now()
             try requireKeyIDShape(keyID)
+            // A client ID that names no live integration spends a budget of its own, so junk
+            // requests from an address can never use up a real device's challenges there.
+            let integration = Result { try liveIntegration(clientID) }
             if configuration.challengeLimitPerMinute > 0 {
-                let window = try store.recordChallengeRequest(caller: caller, at: time, since: time - 60)
+                let bucket = (try? integration.get()) == nil ? "unknown-client " + caller : caller
+                let window = try store.recordChallengeRequest(caller: bucket, at: time, since: time - 60)
                 if let retry = Self.overLimit(window, limit: configuration.challengeLimitPerMinute, seconds: 60, at: time) {
                     throw Rejection(.rateLimited(retryAfter: retry), .challengeLimit,
                                     "caller over \(configuration.challengeLimitPerMinute) challenge requests a minute")
                 }
             }
-            _ = try liveIntegration(clientID)
+            _ = try integration.get()
             let fresh = IssuedChallenge(bytes: secureRandomBytes(32), expiresAt: time.addingTimeInterval(configuration.challengeTTL))
             let issued = try store.pendingOrNewChallenge(clientID: clientID, keyID: keyID, fresh: fresh, at: time)
             return (issued.bytes, remaining(issued.expiresAt, from: time))

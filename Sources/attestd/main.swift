@@ -16,6 +16,7 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
                      [--max-connections N] [--max-connections-per-ip N] [--no-migrate] [--shutdown-grace SECONDS]
                      [--head-deadline SECONDS] [--min-body-rate BYTES_PER_SECOND] [--write-timeout SECONDS]
+                     [--trusted-proxy CIDR]…
 --db is a SQLite file or a PostgreSQL URL (postgresql://user@host/db?sslmode=…, as libpq reads it, so PGPASSWORD
           and ~/.pgpass work), default $ATTESTD_DB, else ./attestd.sqlite; --no-migrate only checks the schema
           (apply it with attestctl migrate)
@@ -34,6 +35,9 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
 --min-body-rate (default 1024 bytes/s after 10 s): a body slower than that is cut (a 32 MB image at
           1 KiB/s would take 9 hours; at mobile rates it takes seconds).
 --write-timeout (default 30): a client that stops reading its response for that long is cut.
+--trusted-proxy CIDR (repeatable): only when the peer is in one of these networks is the caller's
+          address taken from X-Forwarded-For or Forwarded (the right-most hop that is not a trusted
+          proxy); from anyone else those headers are ignored. Rate limits per caller use that address.
 --max-connections (default 10000): open streams hold a connection each (epoll keeps idle ones cheap),
           so 1,000 streams plus exchanges fit with room; --max-connections-per-ip (default 64, 0 = none):
           one address cannot take every slot; raise it behind a proxy that connects from one address.
@@ -56,6 +60,7 @@ struct ServeOptions {
     var upstreamKeyFile: String?
     var secretsKeyFile: String?
     var shutdownGrace = 10.0
+    var trustedProxies: [CIDR] = []
     var headDeadline = HTTPServerConfiguration().headDeadlineSeconds
     var minBodyRate = HTTPServerConfiguration().minBodyBytesPerSecond
     var writeTimeout = HTTPServerConfiguration().writeTimeoutSeconds
@@ -101,6 +106,10 @@ struct ServeOptions {
             case "--upstream-key-file": upstreamKeyFile = try value()
             case "--secrets-key-file": secretsKeyFile = try value()
             case "--no-migrate": migrate = false
+            case "--trusted-proxy":
+                let text = try value()
+                guard let network = CIDR(text) else { throw StartupError("--trusted-proxy takes an IP network such as 10.0.0.0/8 or ::1, got \(text)") }
+                trustedProxies.append(network)
             case "--shutdown-grace": shutdownGrace = Double(try number("--shutdown-grace", 0...3600))
             case "--head-deadline": headDeadline = Double(try number("--head-deadline", 1...600))
             case "--min-body-rate": minBodyRate = try number("--min-body-rate", 0...100_000_000)
@@ -181,7 +190,8 @@ func serve(_ options: ServeOptions) throws -> Never {
     let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
     let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
     let relay = try MessagesRelay(try relayConfiguration(options))
-    let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay)
+    let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay,
+                               trustedProxies: options.trustedProxies)
 
     var configuration = HTTPServerConfiguration()
     configuration.host = options.host

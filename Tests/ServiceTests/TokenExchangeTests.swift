@@ -5,6 +5,7 @@ import Foundation
 import Testing
 import TestAuthority
 import TokenService
+import ServiceRoutes
 
 /// The token service driven over loopback HTTP, as a device and an operator would.
 @Suite struct TokenExchangeTests {
@@ -241,6 +242,31 @@ import TokenService
         #expect(limited.header("retry-after") != nil)
         // Another caller is unaffected (the service, called directly, as another address).
         #expect(throws: Never.self) { _ = try service.service.challenge(clientID: integration.clientID, keyID: [UInt8](repeating: 3, count: 32), caller: "192.0.2.7") }
+    }
+
+    @Test func unknownClientIDsSpendABudgetOfTheirOwn() async throws {
+        let service = try TestService { $0.challengeLimitPerMinute = 3 }
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        // Junk client IDs from this address are limited on their own…
+        for _ in 0..<3 { #expect(try await http.challenge(try ManualDevice(clientID: "clid_doesNotExist")).error == "invalid_client") }
+        #expect(try await http.challenge(try ManualDevice(clientID: "clid_doesNotExist")).status == 429)
+        // …and a real device at the same address still gets its challenges.
+        for _ in 0..<3 { #expect(try await http.challenge(try ManualDevice(clientID: integration.clientID)).status == 200) }
+        #expect(try await http.challenge(try ManualDevice(clientID: integration.clientID)).status == 429)
+    }
+
+    @Test func callersBehindTrustedProxiesComeFromForwardingHeadersAndOnlyThen() {
+        let resolver = CallerResolver(trustedProxies: [CIDR("10.0.0.0/8")!, CIDR("::1")!])
+        let chain: [(name: String, value: String)] = [("x-forwarded-for", "203.0.113.9, 198.51.100.7, 10.1.2.3")]
+        #expect(resolver.caller(peer: "10.0.0.1", headers: chain) == "198.51.100.7")   // right-most untrusted hop
+        #expect(resolver.caller(peer: "192.0.2.1", headers: chain) == "192.0.2.1")      // untrusted peer: headers ignored
+        #expect(resolver.caller(peer: "::1", headers: [("forwarded", #"for="[2001:db8::1]:4711";proto=https"#)]) == "2001:db8::1")
+        #expect(resolver.caller(peer: "::1", headers: [("forwarded", "for=192.0.2.60:80, for=10.9.9.9")]) == "192.0.2.60")
+        #expect(resolver.caller(peer: "10.0.0.1", headers: [("x-forwarded-for", "not-an-address")]) == "10.0.0.1")
+        #expect(resolver.caller(peer: "10.0.0.1", headers: []) == "10.0.0.1")
+        #expect(CIDR("10.0.0.0/33") == nil && CIDR("bogus") == nil)
+        #expect(CIDR("::ffff:10.0.0.1") != nil)
     }
 
     @Test func concurrentRequestsWithOneCounterMintExactlyOneToken() async throws {

@@ -1,0 +1,108 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// An IPv4 or IPv6 network: `10.0.0.0/8`, `::1/128`, or a bare address (a /32 or /128).
+public struct CIDR: Sendable, Equatable, CustomStringConvertible {
+    let bytes: [UInt8]
+    let prefix: Int
+    public let description: String
+
+    public init?(_ text: String) {
+        let parts = text.split(separator: "/", maxSplits: 1)
+        guard let address = CIDR.parse(String(parts[0])) else { return nil }
+        let bits = address.count * 8
+        if parts.count == 2 {
+            guard let prefix = Int(parts[1]), (0...bits).contains(prefix) else { return nil }
+            self.prefix = prefix
+        } else {
+            prefix = bits
+        }
+        bytes = address
+        description = text
+    }
+
+    public func contains(_ address: [UInt8]) -> Bool {
+        guard address.count == bytes.count else { return false }
+        var remaining = prefix
+        for index in bytes.indices where remaining > 0 {
+            let mask: UInt8 = remaining >= 8 ? 0xff : ~(0xff >> UInt8(remaining))
+            guard address[index] & mask == bytes[index] & mask else { return false }
+            remaining -= 8
+        }
+        return true
+    }
+
+    /// The address's bytes (4 or 16), or nil when it is not an IP literal. IPv4-mapped IPv6
+    /// addresses are read as IPv4.
+    static func parse(_ text: String) -> [UInt8]? {
+        var trimmed = Substring(text)
+        while trimmed.first == " " { trimmed.removeFirst() }
+        while trimmed.last == " " { trimmed.removeLast() }
+        if trimmed.hasPrefix("["), let close = trimmed.firstIndex(of: "]") { trimmed = trimmed[trimmed.index(after: trimmed.startIndex)..<close] }
+        var v4 = in_addr()
+        if inet_pton(AF_INET, String(trimmed), &v4) == 1 { return withUnsafeBytes(of: &v4) { Array($0) } }
+        var v6 = in6_addr()
+        if inet_pton(AF_INET6, String(trimmed), &v6) == 1 {
+            let bytes = withUnsafeBytes(of: &v6) { Array($0) }
+            if bytes[0..<10].allSatisfy({ $0 == 0 }) && bytes[10] == 0xff && bytes[11] == 0xff { return Array(bytes[12...]) }
+            return bytes
+        }
+        return nil
+    }
+}
+
+/// Who is calling: the TCP peer, unless the peer is a trusted proxy, in which case the right-most
+/// address of `X-Forwarded-For` (or `Forwarded: for=`) that is not itself a trusted proxy. From
+/// anyone else those headers are ignored: a client cannot choose its own rate-limit bucket.
+public struct CallerResolver: Sendable {
+    public let trustedProxies: [CIDR]
+
+    public init(trustedProxies: [CIDR]) { self.trustedProxies = trustedProxies }
+
+    func isTrusted(_ address: String) -> Bool {
+        guard !trustedProxies.isEmpty, let bytes = CIDR.parse(address) else { return false }
+        return trustedProxies.contains { $0.contains(bytes) }
+    }
+
+    public func caller(peer: String, headers: [(name: String, value: String)]) -> String {
+        guard isTrusted(peer) else { return peer }
+        var hops: [String] = []
+        for header in headers {
+            if header.name == "x-forwarded-for" {
+                hops += header.value.split(separator: ",").map { String($0) }
+            } else if header.name == "forwarded" {
+                for element in header.value.split(separator: ",") {
+                    for pair in element.split(separator: ";") {
+                        let parts = pair.split(separator: "=", maxSplits: 1)
+                        guard parts.count == 2, parts[0].trimmingSpaces.lowercased() == "for" else { continue }
+                        var value = parts[1].trimmingSpaces
+                        if value.hasPrefix("\""), value.hasSuffix("\""), value.count >= 2 { value = String(value.dropFirst().dropLast()) }
+                        // "[2001:db8::1]:4711" or "192.0.2.1:80": drop a port.
+                        if value.hasPrefix("["), let close = value.firstIndex(of: "]") { value = String(value[value.index(after: value.startIndex)..<close]) }
+                        else if value.filter({ $0 == ":" }).count == 1, let colon = value.firstIndex(of: ":") { value = String(value[..<colon]) }
+                        hops.append(value)
+                    }
+                }
+            }
+        }
+        // From the right: the first hop that is not a trusted proxy is the caller.
+        for hop in hops.reversed() {
+            let address = hop.trimmingSpaces
+            guard CIDR.parse(address) != nil else { return peer }   // garbage: do not guess
+            if !isTrusted(address) { return address }
+        }
+        return peer
+    }
+}
+
+private extension StringProtocol {
+    var trimmingSpaces: String {
+        var text = Substring(self)
+        while text.first == " " || text.first == "\t" { text.removeFirst() }
+        while text.last == " " || text.last == "\t" { text.removeLast() }
+        return String(text)
+    }
+}
