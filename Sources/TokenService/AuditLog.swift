@@ -12,16 +12,19 @@ public protocol AuditSink: Sendable {
 public final class BufferedAuditLog: AuditSink, Sendable {
     private struct Buffer {
         var pending: [AuditEvent] = []
-        var dropped = 0
+        /// Taken by a flush that is writing them now.
+        var inFlight = 0
     }
 
     private let store: TokenStore
     private let buffer = Mutex(Buffer())
+    /// Above this many events waiting (the store has refused them for a while), `record` writes
+    /// synchronously instead: memory stays bounded and no event is ever dropped.
     private let maxPending: Int
-    private let interval: TimeInterval
-    private let closed = Atomic<Bool>(false)
     private let queue = DispatchQueue(label: "audit-log")
     private let onError: @Sendable (String) -> Void
+    private let interval: TimeInterval
+    private let closed = Atomic<Bool>(false)
 
     public init(store: TokenStore, interval: TimeInterval = 0.25, maxPending: Int = 50_000,
                 onError: @escaping @Sendable (String) -> Void = { _ in }) {
@@ -32,25 +35,39 @@ public final class BufferedAuditLog: AuditSink, Sendable {
         scheduleFlush()
     }
 
+    /// Events waiting to be written (a gauge for /metrics: it grows only while the store refuses them).
+    public var pendingCount: Int { buffer.withLock { $0.pending.count + $0.inFlight } }
+
     public func record(_ event: AuditEvent) {
         let limit = maxPending
-        buffer.withLock { buffer in
-            if buffer.pending.count < limit { buffer.pending.append(event) } else { buffer.dropped += 1 }
+        let queued = buffer.withLock { buffer -> Bool in
+            guard buffer.pending.count < limit else { return false }
+            buffer.pending.append(event)
+            return true
+        }
+        guard !queued else { return }
+        // The buffer is full because the store keeps failing: write this one now, or keep it.
+        do { try store.appendAudit([event]) } catch {
+            buffer.withLock { $0.pending.append(event) }
+            onError("audit write failed with \(limit) events waiting: \(error)")
         }
     }
 
-    /// Writes everything buffered so far.
+    /// Writes everything buffered so far; on failure the events go back to the front of the buffer
+    /// and are retried at the next flush.
     public func flush() {
-        let (batch, lost) = buffer.withLock { buffer in
-            defer { buffer.pending.removeAll(keepingCapacity: true); buffer.dropped = 0 }
-            return (buffer.pending, buffer.dropped)
-        }
-        var events = batch
-        if lost > 0 {
-            events.append(AuditEvent(at: Date(), action: "audit.overflow", detail: "\(lost) events dropped: buffer full"))
+        let events = buffer.withLock { buffer in
+            defer { buffer.inFlight = buffer.pending.count; buffer.pending.removeAll(keepingCapacity: true) }
+            return buffer.pending
         }
         guard !events.isEmpty else { return }
-        do { try store.appendAudit(events) } catch { onError("audit write failed: \(error)") }
+        do {
+            try store.appendAudit(events)
+            buffer.withLock { $0.inFlight = 0 }
+        } catch {
+            buffer.withLock { $0.pending.insert(contentsOf: events, at: 0); $0.inFlight = 0 }
+            onError("audit write failed, \(events.count) events kept for the next attempt: \(error)")
+        }
     }
 
     /// The next flush, one interval from now, on the log's own queue (until closed).

@@ -210,7 +210,11 @@ func serve(_ options: ServeOptions) throws -> Never {
               headers: [("retry-after", "1")])
     }
     let server = HTTPServer(configuration: configuration) { router.handle($0, $1) }
-    router.reportTransport { server.stats().prometheusText }
+    router.reportTransport {
+        server.stats().prometheusText
+            + "# HELP attestd_audit_pending Audit events waiting to be written (they are kept and retried, never dropped).\n"
+            + "# TYPE attestd_audit_pending gauge\nattestd_audit_pending \(audit.pendingCount)\n"
+    }
     try server.start()
     logger.info("listening", [("address", "\(options.host.contains(":") ? "[\(options.host)]" : options.host):\(server.port)"),
                               ("db", Stores.redacted(options.db)), ("upstream", options.upstreamURL), ("threads", options.threads), ("token_ttl", Int(options.exchange.tokenTTL)),

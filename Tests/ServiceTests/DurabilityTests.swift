@@ -122,6 +122,32 @@ import TokenService
         #expect(try await http.challenge(device).status == 200)
     }
 
+    @Test func auditEventsAreKeptAndRetriedWhileTheStoreRefusesThem() async throws {
+        let (directory, db, _) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let store = try SQLiteTokenStore(path: db, readers: 1)
+        let before = try store.auditEvents(limit: 10_000, clientID: nil).count
+        let audit = BufferedAuditLog(store: store, interval: 0.05)
+        // Another process holds the write lock for a while: every flush in that time fails.
+        let holder = Process()
+        holder.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+        holder.arguments = [db]
+        let input = Pipe()
+        holder.standardInput = input
+        holder.standardOutput = FileHandle.nullDevice
+        try holder.run()
+        input.fileHandleForWriting.write(Data("BEGIN EXCLUSIVE;\nSELECT 1;\n".utf8))
+        try await Task.sleep(nanoseconds: 200_000_000)
+        for index in 0..<50 { audit.record(AuditEvent(at: Date(), action: "test.event", detail: "event \(index)")) }
+        try await Task.sleep(nanoseconds: 2_000_000_000)
+        #expect(audit.pendingCount == 50, "events were dropped or written through the lock")
+        input.fileHandleForWriting.write(Data("ROLLBACK;\n.quit\n".utf8))
+        holder.waitUntilExit()
+        audit.close()
+        #expect(audit.pendingCount == 0)
+        #expect(try store.auditEvents(limit: 10_000, clientID: nil).count == before + 50)
+    }
+
     @Test func noMigrateRefusesAnUnmigratedDatabaseUntilAttestctlMigrates() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-migrate-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
