@@ -131,11 +131,12 @@ struct StreamingTests {
         let addedThreads = threadCount() - threadsBefore
 
         // Waiting streams cost no CPU (a content reader that returned 0 without suspending would
-        // keep both workers spinning: ~2 CPU-seconds per second).
+        // keep both workers spinning: ~2 CPU-seconds per second). The whole test process is
+        // measured, other suites' leftovers included, so the bar is a third of one core.
         let cpuBefore = processCPUSeconds()
-        usleep(300_000)
+        usleep(600_000)
         let idleCPU = processCPUSeconds() - cpuBefore
-        #expect(idleCPU < 0.15, "\(idleCPU) CPU-seconds in 0.3 s with \(streamCount) idle streams")
+        #expect(idleCPU < 0.2, "\(idleCPU) CPU-seconds in 0.6 s with \(streamCount) idle streams")
 
         // All streams are open and idle; plain requests are answered promptly.
         var latencies: [Double] = []
