@@ -59,7 +59,7 @@ let package = Package(
         .target(name: "HTTPClient"),
         .target(name: "CommandLineSupport", dependencies: ["AttestWire"]),
 
-        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "Stores", "HTTPServer", "AppAttest", "AttestCrypto",
+        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "Stores", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto",
                                                           "AttestWire", "UpstreamClient"]),
         // The operator's tool: administration and offline verification. No test authority.
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CommandLineSupport"]),

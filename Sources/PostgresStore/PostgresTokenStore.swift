@@ -350,6 +350,11 @@ public final class PostgresTokenStore: TokenStore {
         }
     }
 
+    public func readinessProblem() -> String? {
+        do { _ = try run { db in try db.query("SELECT 1", []) } } catch { return "the database does not answer: \(error)" }
+        return nil
+    }
+
     // MARK: Rate limits
 
     private static func window(_ row: PostgresRow) throws -> WindowCount {

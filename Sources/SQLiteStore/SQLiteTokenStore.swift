@@ -1,5 +1,6 @@
 import AppAttest
 import AttestCrypto
+import CSQLite
 import Foundation
 import Synchronization
 import TokenService
@@ -10,6 +11,11 @@ import TokenService
 public final class SQLiteTokenStore: TokenStore {
     public let path: String
     private let writer: LockedSQLiteConnection
+    /// The database file's device and inode when it was opened: a file deleted or replaced under
+    /// the running server is noticed (about once a second) and writes stop with 503, rather than
+    /// acknowledging tokens written to an unlinked file.
+    private let identity: (device: UInt64, inode: UInt64)?
+    private let fault = Mutex<String?>(nil)
     /// Background writes (audit batches, purges) on a connection of their own, so that one waiting
     /// out a lock never holds the request path's writer: a request waits for the file lock once.
     private let background: LockedSQLiteConnection
@@ -25,22 +31,75 @@ public final class SQLiteTokenStore: TokenStore {
         let connection = try SQLiteConnection(path: path, synchronous: synchronous)
         try Migrator.migrate(connection, migrations, mode: mode)
         writer = LockedSQLiteConnection(connection)
+        identity = Self.fileIdentity(path)
         background = LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous))
         readers = try (0..<max(1, readerCount)).map { _ in LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous)) }
     }
 
     private func writeInBackground<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
-        try background.withConnection(body)
+        try refuseIfFaulted()
+        return try background.withConnection(body)
     }
 
     private func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
-        try writer.withConnection(body)
+        try refuseIfFaulted()
+        return try writer.withConnection(body)
     }
 
     /// Readers in turn; each is locked only for the duration of one read.
     private func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         let turn = nextReader.wrappingAdd(1, ordering: .relaxed).oldValue
         return try readers[Int(UInt(bitPattern: turn) % UInt(readers.count))].withConnection(body)
+    }
+
+    private static func fileIdentity(_ path: String) -> (device: UInt64, inode: UInt64)? {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        return (UInt64(info.st_dev), UInt64(info.st_ino))
+    }
+
+    /// Compares the path's file with the one opened, and checks the disk has room; remembers a
+    /// fault so that writes stop. Runs on a timer (`startWatching`) and for /readyz.
+    @discardableResult
+    public func checkStorage() -> String? {
+        var problem: String?
+        if let identity, path != ":memory:" {
+            if let now = Self.fileIdentity(path) {
+                if now.device != identity.device || now.inode != identity.inode {
+                    problem = "the database file \(path) was replaced since it was opened"
+                }
+            } else {
+                problem = "the database file \(path) was deleted since it was opened"
+            }
+        }
+        if problem != nil { fault.withLock { if $0 == nil { $0 = problem } } }
+        if let fault = fault.withLock({ $0 }) { return fault }
+        var space = statvfs()
+        let directory = (path as NSString).deletingLastPathComponent
+        if statvfs(directory.isEmpty ? "." : directory, &space) == 0 {
+            let free = UInt64(space.f_bavail) * UInt64(space.f_frsize)
+            if free < 16 << 20 { return "the disk holding \(path) has \(free >> 20) MB free" }
+        }
+        return nil
+    }
+
+    /// Checks the file about once a second for as long as the store lives.
+    public func startWatching(every interval: TimeInterval = 1) {
+        DispatchQueue.global().asyncAfter(deadline: .now() + interval) { [weak self] in
+            guard let self else { return }
+            self.checkStorage()
+            self.startWatching(every: interval)
+        }
+    }
+
+    private func refuseIfFaulted() throws {
+        if let fault = fault.withLock({ $0 }) { throw SQLiteError(code: SQLITE_CANTOPEN, message: fault + "; writes stopped") }
+    }
+
+    public func readinessProblem() -> String? {
+        if let problem = checkStorage() { return problem }
+        do { _ = try read { try $0.first("SELECT 1") { $0.int(0) } } } catch { return "the database does not answer: \(error)" }
+        return nil
     }
 
     /// Runs `PRAGMA integrity_check` and returns its verdict ("ok" when sound).

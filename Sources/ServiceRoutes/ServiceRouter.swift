@@ -67,7 +67,13 @@ public final class ServiceRouter: Sendable {
             Route(path: "/v1/oauth/introspect", methods: ["POST"], endpoint: nil) { try $0.introspect($1, $2) },
             Route(path: WireProtocol.messagesPath, methods: ["POST"], endpoint: nil) { try $0.messages($1, $2) },
             Route(path: WireProtocol.countTokensPath, methods: ["POST"], endpoint: nil) { try $0.messages($1, $2) },
+            // Liveness: cheap, no database (a load balancer restarts what fails it).
             Route(path: "/healthz", methods: ["GET"], endpoint: nil) { _, _, _ in Outcome(response: .json(200, #"{"status":"ok"}"#)) },
+            // Readiness: can this instance serve? (a load balancer takes it out while not).
+            Route(path: "/readyz", methods: ["GET"], endpoint: nil) { router, _, _ in
+                guard let problem = router.service.store.readinessProblem() else { return Outcome(response: .json(200, #"{"status":"ready"}"#)) }
+                return Outcome(response: .json(503, JSONText.object([("status", "unavailable"), ("reason", problem)])), detail: problem)
+            },
             Route(path: "/metrics", methods: ["GET"], endpoint: nil) { router, _, _ in
                 Outcome(response: HTTPResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")],
                                                body: Array(router.metricsText.utf8)))

@@ -57,6 +57,9 @@ public protocol TokenStore: AnyObject, Sendable {
     /// Forgets challenge requests older than `before`; returns how many.
     func purgeChallengeRequests(before: Date) throws -> Int
 
+    /// Nil when the store can serve (open, writable, the same database, room on disk); else why not.
+    func readinessProblem() -> String?
+
     // Audit
     func appendAudit(_ events: [AuditEvent]) throws
     /// The newest audit events, newest first (the CLI and tests).

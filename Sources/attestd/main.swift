@@ -4,6 +4,7 @@ import AttestCrypto
 import Foundation
 import HTTPServer
 import ServiceRoutes
+import SQLiteStore
 import Stores
 import TokenService
 import UpstreamClient
@@ -187,6 +188,7 @@ func serve(_ options: ServeOptions) throws -> Never {
 
     let store = try Stores.open(options.db, connections: options.threads, synchronous: options.synchronous,
                                 mode: options.migrate ? .apply : .verify)
+    (store as? SQLiteTokenStore)?.startWatching()
     let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
     let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
     let relay = try MessagesRelay(try relayConfiguration(options))

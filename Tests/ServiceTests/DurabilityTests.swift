@@ -148,6 +148,32 @@ import TokenService
         #expect(try store.auditEvents(limit: 10_000, clientID: nil).count == before + 50)
     }
 
+    @Test func aDeletedDatabaseFileStopsWritesAndReadinessWhileLivenessStays() async throws {
+        let (directory, db, clientID) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let server = try ServerProcess(db: db)
+        let http = TestHTTP(baseURL: server.baseURL)
+        let device = try ManualDevice(clientID: clientID)
+        #expect(try await http.registerFresh(device).status == 200)
+        #expect(try await http.send("GET", "/readyz").status == 200)
+        // Created 0600, and so are the -wal and -shm files: tokens' hashes are nobody else's business.
+        for suffix in ["", "-wal", "-shm"] {
+            let mode = (try FileManager.default.attributesOfItem(atPath: db + suffix)[.posixPermissions] as? NSNumber)?.intValue
+            #expect(mode == 0o600, "\(db + suffix) has mode \(String(mode ?? 0, radix: 8))")
+        }
+
+        try FileManager.default.removeItem(atPath: db)
+        try await Task.sleep(nanoseconds: 1_500_000_000)   // the file is checked about once a second
+        let ready = try await http.send("GET", "/readyz")
+        #expect(ready.status == 503)
+        #expect((ready.json["reason"] as? String)?.contains("deleted") == true)
+        // Every exchange writes (a challenge, a token): all refused, nothing acknowledged into an unlinked file.
+        let refused = try await http.challenge(device)
+        #expect(refused.status == 503 && refused.error == "server_error")
+        #expect(try await http.send("GET", "/healthz").status == 200)
+        #expect(await server.waitForLog(containing: "was deleted since it was opened"))
+    }
+
     @Test func noMigrateRefusesAnUnmigratedDatabaseUntilAttestctlMigrates() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-migrate-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
