@@ -28,9 +28,14 @@ public final class ServiceRouter: Sendable {
     /// Who the caller is behind trusted proxies (`--trusted-proxy`).
     let callers: CallerResolver
 
+    /// With an admin listener, the admin routes answer only there (the public listener says 404).
+    let separateAdminListener: Bool
+    static let adminPaths: Set<String> = ["/metrics", "/v1/oauth/introspect", "/healthz", "/readyz"]
+
     public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil,
-                trustedProxies: [CIDR] = []) {
+                trustedProxies: [CIDR] = [], separateAdminListener: Bool = false) {
         callers = CallerResolver(trustedProxies: trustedProxies)
+        self.separateAdminListener = separateAdminListener
         self.service = service
         self.logger = logger
         self.metrics = service.metrics
@@ -94,10 +99,19 @@ public final class ServiceRouter: Sendable {
         return .response(handle(request))
     }
 
-    public func handle(_ request: HTTPRequest) -> HTTPResponse {
+    /// The admin listener's entry point: its routes only.
+    public func handleAdmin(_ request: HTTPRequest) -> HTTPResponse {
+        guard Self.adminPaths.contains(request.path) else { return .json(404, #"{"error":"not_found"}"#) }
+        return handle(request, admin: true)
+    }
+
+    public func handle(_ request: HTTPRequest) -> HTTPResponse { handle(request, admin: false) }
+
+    func handle(_ request: HTTPRequest, admin: Bool) -> HTTPResponse {
         let start = DispatchTime.now().uptimeNanoseconds
         let requestID = Self.newRequestID()
-        let route = Self.routes[request.path] ?? (request.path.hasPrefix("/v1/") ? Self.otherAPI : nil)
+        let adminOnly = separateAdminListener && !admin && (request.path == "/metrics" || request.path == "/v1/oauth/introspect")
+        let route = adminOnly ? nil : Self.routes[request.path] ?? (request.path.hasPrefix("/v1/") ? Self.otherAPI : nil)
         // A bounded set of route labels for metrics: never the raw path, which a caller controls.
         let routeName = route?.path ?? "other"
         var outcome: Outcome

@@ -17,7 +17,7 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
                      [--max-connections N] [--max-connections-per-ip N] [--no-migrate] [--shutdown-grace SECONDS]
                      [--head-deadline SECONDS] [--min-body-rate BYTES_PER_SECOND] [--write-timeout SECONDS]
-                     [--trusted-proxy CIDR]…
+                     [--trusted-proxy CIDR]… [--admin-listen HOST:PORT]
 --db is a SQLite file or a PostgreSQL URL (postgresql://user@host/db?sslmode=…, as libpq reads it, so PGPASSWORD
           and ~/.pgpass work), default $ATTESTD_DB, else ./attestd.sqlite; --no-migrate only checks the schema
           (apply it with attestctl migrate)
@@ -39,6 +39,8 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
 --trusted-proxy CIDR (repeatable): only when the peer is in one of these networks is the caller's
           address taken from X-Forwarded-For or Forwarded (the right-most hop that is not a trusted
           proxy); from anyone else those headers are ignored. Rate limits per caller use that address.
+--admin-listen HOST:PORT: serve /metrics and /v1/oauth/introspect there (and /healthz, /readyz),
+          and no longer on the public listener, which faces the internet. Recommended.
 --max-connections (default 10000): open streams hold a connection each (epoll keeps idle ones cheap),
           so 1,000 streams plus exchanges fit with room; --max-connections-per-ip (default 64, 0 = none):
           one address cannot take every slot; raise it behind a proxy that connects from one address.
@@ -61,6 +63,8 @@ struct ServeOptions {
     var upstreamKeyFile: String?
     var secretsKeyFile: String?
     var shutdownGrace = 10.0
+    /// A second listener for /metrics and /v1/oauth/introspect, which then leave the public one.
+    var admin: (host: String, port: UInt16)?
     var trustedProxies: [CIDR] = []
     var headDeadline = HTTPServerConfiguration().headDeadlineSeconds
     var minBodyRate = HTTPServerConfiguration().minBodyBytesPerSecond
@@ -83,13 +87,8 @@ struct ServeOptions {
         while i < arguments.count {
             switch arguments[i] {
             case "--db": db = try value()
-            case "--listen":
-                let text = try value()
-                guard let colon = text.lastIndex(of: ":"), let p = UInt16(text[text.index(after: colon)...]) else {
-                    throw StartupError("--listen takes HOST:PORT, e.g. 127.0.0.1:8080, got \(text)")
-                }
-                host = String(text[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
-                port = p
+            case "--listen": (host, port) = try Self.hostPort(try value(), option: "--listen")
+            case "--admin-listen": admin = try Self.hostPort(try value(), option: "--admin-listen")
             case "--trust-anchor": trustAnchors.append(try value())
             case "--token-ttl": exchange.tokenTTL = TimeInterval(try number("--token-ttl", 300...86_400))
             case "--mint-limit": exchange.mintLimitPerMinute = try number("--mint-limit", 0...1_000_000)
@@ -126,6 +125,15 @@ struct ServeOptions {
             }
             i += 1
         }
+    }
+}
+
+extension ServeOptions {
+    static func hostPort(_ text: String, option: String) throws -> (String, UInt16) {
+        guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]) else {
+            throw StartupError("\(option) takes HOST:PORT, e.g. 127.0.0.1:8080, got \(text)")
+        }
+        return (String(text[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]")), port)
     }
 }
 
@@ -193,7 +201,7 @@ func serve(_ options: ServeOptions) throws -> Never {
     let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
     let relay = try MessagesRelay(try relayConfiguration(options))
     let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay,
-                               trustedProxies: options.trustedProxies)
+                               trustedProxies: options.trustedProxies, separateAdminListener: options.admin != nil)
 
     var configuration = HTTPServerConfiguration()
     configuration.host = options.host
@@ -218,6 +226,18 @@ func serve(_ options: ServeOptions) throws -> Never {
             + "# TYPE attestd_audit_pending gauge\nattestd_audit_pending \(audit.pendingCount)\n"
     }
     try server.start()
+    var adminServer: HTTPServer?
+    if let admin = options.admin {
+        var adminConfiguration = HTTPServerConfiguration()
+        adminConfiguration.host = admin.host
+        adminConfiguration.port = admin.port
+        adminConfiguration.threads = 1
+        let server = HTTPServer(configuration: adminConfiguration) { router.handleAdmin($0) }
+        try server.start()
+        adminServer = server
+        logger.info("admin_listening", [("address", "\(admin.host.contains(":") ? "[\(admin.host)]" : admin.host):\(server.port)"),
+                                        ("routes", "/metrics /v1/oauth/introspect /healthz /readyz")])
+    }
     logger.info("listening", [("address", "\(options.host.contains(":") ? "[\(options.host)]" : options.host):\(server.port)"),
                               ("db", Stores.redacted(options.db)), ("upstream", options.upstreamURL), ("threads", options.threads), ("token_ttl", Int(options.exchange.tokenTTL)),
                               ("mint_limit_per_minute", options.exchange.mintLimitPerMinute),
@@ -247,6 +267,7 @@ func serve(_ options: ServeOptions) throws -> Never {
             // Requests in flight finish, open streams get a last SSE event; what is left at the
             // deadline is ended.
             server.shutdown(grace: options.shutdownGrace)
+            adminServer?.stop()
             relay.shutdown()
             audit.close()
             logger.drain()

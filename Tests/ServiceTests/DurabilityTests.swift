@@ -174,6 +174,25 @@ import TokenService
         #expect(await server.waitForLog(containing: "was deleted since it was opened"))
     }
 
+    @Test func anAdminListenerTakesMetricsAndIntrospectionOffThePublicOne() async throws {
+        let (directory, db, _) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let server = try ServerProcess(db: db, extraArguments: ["--admin-listen", "127.0.0.1:0"])
+        #expect(await server.waitForLog(containing: "admin_listening"))
+        let line = try #require(server.log.split(separator: "\n").first { $0.contains("admin_listening") })
+        let address = try #require((try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])?["address"] as? String)
+        let admin = TestHTTP(baseURL: URL(string: "http://\(address)")!)
+        let public_ = TestHTTP(baseURL: server.baseURL)
+        #expect(try await public_.send("GET", "/metrics").status == 404)
+        #expect(try await public_.send("POST", "/v1/oauth/introspect", body: Data("token=x".utf8)).status == 404)
+        #expect(try await public_.send("GET", "/healthz").status == 200)
+        let metrics = try await admin.send("GET", "/metrics")
+        #expect(metrics.status == 200 && String(decoding: metrics.body, as: UTF8.self).contains("attestd_connections"))
+        #expect(try await admin.send("POST", "/v1/oauth/introspect", body: Data("token=x".utf8)).status == 401)
+        #expect(try await admin.send("POST", "/v1/oauth/app-attest/challenge", body: Data("{}".utf8)).status == 404)
+        #expect(try await admin.send("GET", "/readyz").status == 200)
+    }
+
     @Test func noMigrateRefusesAnUnmigratedDatabaseUntilAttestctlMigrates() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-migrate-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
