@@ -253,7 +253,8 @@ struct UpstreamClientTests {
     }
 
     @Test func twoHundredConcurrentStreamsOnOneThread() async throws {
-        let stub = try UpstreamStubServer(.init(deltaCount: 3, deltaInterval: .milliseconds(200)))
+        // Streams of about 2 s, so that all 200 are open at once even on a loaded machine.
+        let stub = try UpstreamStubServer(.init(deltaCount: 3, deltaInterval: .milliseconds(700)))
         defer { stub.stop() }
         let client = try UpstreamClient(UpstreamConfiguration(baseURL: stub.baseURL))
         defer { client.shutdown() }
