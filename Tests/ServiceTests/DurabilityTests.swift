@@ -104,21 +104,13 @@ import TokenService
         let device = try ManualDevice(clientID: clientID)
         #expect(try await http.registerFresh(device).status == 200)
         // Another process holds the write lock (an operator's sqlite3 shell in a transaction).
-        let holder = Process()
-        holder.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
-        holder.arguments = [db]
-        let input = Pipe()
-        holder.standardInput = input
-        holder.standardOutput = FileHandle.nullDevice
-        try holder.run()
-        input.fileHandleForWriting.write(Data("BEGIN EXCLUSIVE;\nSELECT 1;\n".utf8))
+        let lock = try WriteLockHolder(db)
         try await Task.sleep(nanoseconds: 300_000_000)
         let started = Date()
         let refused = try await http.challenge(device)
         #expect(refused.status == 503 && refused.error == "server_error")
         #expect(Date().timeIntervalSince(started) < 2, "the request waited \(Date().timeIntervalSince(started)) s")
-        input.fileHandleForWriting.write(Data("ROLLBACK;\n.quit\n".utf8))
-        holder.waitUntilExit()
+        lock.release()
         #expect(try await http.challenge(device).status == 200)
     }
 
@@ -129,20 +121,12 @@ import TokenService
         let before = try store.auditEvents(limit: 10_000, clientID: nil).count
         let audit = BufferedAuditLog(store: store, interval: 0.05)
         // Another process holds the write lock for a while: every flush in that time fails.
-        let holder = Process()
-        holder.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
-        holder.arguments = [db]
-        let input = Pipe()
-        holder.standardInput = input
-        holder.standardOutput = FileHandle.nullDevice
-        try holder.run()
-        input.fileHandleForWriting.write(Data("BEGIN EXCLUSIVE;\nSELECT 1;\n".utf8))
+        let lock = try WriteLockHolder(db)
         try await Task.sleep(nanoseconds: 200_000_000)
         for index in 0..<50 { audit.record(AuditEvent(at: Date(), action: "test.event", detail: "event \(index)")) }
         try await Task.sleep(nanoseconds: 2_000_000_000)
         #expect(audit.pendingCount == 50, "events were dropped or written through the lock")
-        input.fileHandleForWriting.write(Data("ROLLBACK;\n.quit\n".utf8))
-        holder.waitUntilExit()
+        lock.release()
         audit.close()
         #expect(audit.pendingCount == 0)
         #expect(try store.auditEvents(limit: 10_000, clientID: nil).count == before + 50)
@@ -202,6 +186,26 @@ import TokenService
         #expect(try ServerProcess.attestctl(["migrate", "--db", db]).0 == 0)
         let server = try ServerProcess(db: db, extraArguments: ["--no-migrate"])
         server.stop()
+    }
+
+    /// Another process (an operator's sqlite3 shell) holding the database's write lock.
+    struct WriteLockHolder {
+        let process = Process()
+        let input = Pipe()
+
+        init(_ db: String) throws {
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+            process.arguments = [db]
+            process.standardInput = input
+            process.standardOutput = FileHandle.nullDevice
+            try process.run()
+            input.fileHandleForWriting.write(Data("BEGIN EXCLUSIVE;\nSELECT 1;\n".utf8))
+        }
+
+        func release() {
+            input.fileHandleForWriting.write(Data("ROLLBACK;\n.quit\n".utf8))
+            process.waitUntilExit()
+        }
     }
 
     /// Hex SHA-256 of every token row, read with the sqlite3 shell (a separate reader of the file).
