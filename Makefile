@@ -6,7 +6,7 @@ DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev
 DB ?= attestd.sqlite
 ARGS ?=
 
-.PHONY: all build release run test deps migrations fuzz fuzz-leaf bench clean
+.PHONY: all build release run test deps migrations fuzz fuzz-leaf fuzz-wire fuzz-all bench clean
 
 all: build
 
@@ -72,6 +72,17 @@ fuzz-leaf: deps
 	-for f in ../shared/fixtures/apple/*.json; do \
 	  python3 -c "import json,base64,sys; d=json.load(open(sys.argv[1])); o=base64.b64decode(d['attestation']['object']); i=o.find(b'\x59\x02'); n=int.from_bytes(o[i+1:i+3],'big'); sys.stdout.buffer.write(o[i+3:i+3+n])" "$$f" > fuzz-corpus-leaf/$$(basename $$f .json).der; done
 	./.build/fuzz/leaf-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-leaf
+
+# libFuzzer over the request bodies the device routes parse (form, base64, JSON shapes), seeded
+# with fuzz-seeds-wire/.
+fuzz-wire: deps
+	mkdir -p .build/fuzz fuzz-corpus-wire
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name WireFuzz \
+	  Sources/AttestWire/*.swift Fuzz/WireFuzz/*.swift -o .build/fuzz/wire-fuzz
+	./.build/fuzz/wire-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-wire fuzz-seeds-wire
+
+# Every fuzzer for a bounded count (CI: about 200,000 inputs each, under a minute in all).
+fuzz-all: fuzz fuzz-leaf fuzz-wire
 
 bench: release
 	./.build/release/attest-sim bench verify --seconds 5
