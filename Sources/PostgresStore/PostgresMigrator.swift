@@ -3,26 +3,9 @@ import AttestCrypto
 import Foundation
 import TokenService
 
-/// A migration file of `Migrations/postgres/`, by its name (`0001_initial.sql`) and SQL.
-public struct PostgresMigration: Sendable {
-    public let name: String
-    public let sql: String
-    public var version: Int { Int(name.prefix { $0.isNumber }) ?? 0 }
-    /// SHA-256 of the SQL, trailing newlines ignored (so the embedded copy and the file agree):
-    /// the same rule as the SQLite store's.
-    public var checksum: String {
-        var text = Substring(sql)
-        while text.last == "\n" || text.last == "\r" { text = text.dropLast() }
-        return hexString(sha256(Array(text.utf8)))
-    }
-
-    public init(name: String, sql: String) {
-        self.name = name
-        self.sql = sql
-    }
-
-    /// The migrations compiled into this binary, in order.
-    public static let embedded: [PostgresMigration] = EmbeddedMigrations.all.map { PostgresMigration(name: $0.name, sql: $0.sql) }
+extension Migration {
+    /// The PostgreSQL migrations compiled into this binary, in order.
+    public static let postgres: [Migration] = EmbeddedMigrations.all.map { Migration(name: $0.name, sql: $0.sql) }
 }
 
 public struct PostgresMigrationError: Error, CustomStringConvertible, Sendable {
@@ -38,7 +21,7 @@ enum PostgresMigrator {
     /// `pg_advisory_xact_lock` key: "attestd1" in ASCII.
     static let lockKey: Int64 = 0x6174_7465_7374_6431
 
-    static func migrate(_ pool: PostgresPool, _ migrations: [PostgresMigration], mode: MigrationMode) throws {
+    static func migrate(_ pool: PostgresPool, _ migrations: [Migration], mode: MigrationMode) throws {
         let timeout = pool.configuration.migrationTimeout
         let milliseconds = Int(timeout * 1000)
         try pool.withConnection(timeout: timeout) { db in

@@ -17,7 +17,7 @@ public final class PostgresTokenStore: TokenStore {
 
     /// Connects, then applies (or with `.verify` only checks) the migrations.
     public init(connectionString: PostgresConnectionString, configuration: PostgresConfiguration = .init(),
-                migrations: [PostgresMigration] = PostgresMigration.embedded, mode: MigrationMode = .apply) throws {
+                migrations: [Migration] = Migration.postgres, mode: MigrationMode = .apply) throws {
         pool = PostgresPool(connectionString, configuration: configuration)
         try PostgresMigrator.migrate(pool, migrations, mode: mode)
     }

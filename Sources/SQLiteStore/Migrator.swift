@@ -3,25 +3,9 @@ import AttestCrypto
 import Foundation
 import TokenService
 
-/// A migration file of `Migrations/sqlite/`, by its name (`0001_initial.sql`) and SQL.
-public struct Migration: Sendable {
-    public let name: String
-    public let sql: String
-    public var version: Int { Int(name.prefix { $0.isNumber }) ?? 0 }
-    /// SHA-256 of the SQL, trailing newlines ignored (so the embedded copy and the file agree).
-    public var checksum: String {
-        var text = Substring(sql)
-        while text.last == "\n" || text.last == "\r" { text = text.dropLast() }
-        return hexString(sha256(Array(text.utf8)))
-    }
-
-    public init(name: String, sql: String) {
-        self.name = name
-        self.sql = sql
-    }
-
-    /// The migrations compiled into this binary, in order.
-    public static let embedded: [Migration] = EmbeddedMigrations.all.map { Migration(name: $0.name, sql: $0.sql) }
+extension Migration {
+    /// The SQLite migrations compiled into this binary, in order.
+    public static let sqlite: [Migration] = EmbeddedMigrations.all.map { Migration(name: $0.name, sql: $0.sql) }
 }
 
 public struct MigrationError: Error, CustomStringConvertible, Sendable {

@@ -26,7 +26,7 @@ public final class SQLiteTokenStore: TokenStore {
     /// - Parameter synchronous: `FULL` (default) makes every acknowledged commit survive power loss,
     ///   `NORMAL` only process crashes.
     public init(path: String, readers readerCount: Int = 4, synchronous: String = "FULL",
-                migrations: [Migration] = Migration.embedded, mode: MigrationMode = .apply) throws {
+                migrations: [Migration] = Migration.sqlite, mode: MigrationMode = .apply) throws {
         self.path = path
         let connection = try SQLiteConnection(path: path, synchronous: synchronous)
         try Migrator.migrate(connection, migrations, mode: mode)

@@ -1,3 +1,5 @@
+import AttestWire
+import AttestCrypto
 import AppAttest
 import Foundation
 
@@ -82,6 +84,25 @@ public struct WindowCount: Sendable, Equatable {
 /// unreachable or timed out. The service answers 503 for it, and recovers by itself.
 public protocol StoreAvailabilityError: Error {
     var isUnavailable: Bool { get }
+}
+
+/// A migration file of `Migrations/<dialect>/`, by its name (`0001_initial.sql`) and SQL; each
+/// store applies its dialect's list and records the checksum.
+public struct Migration: Sendable {
+    public let name: String
+    public let sql: String
+    public var version: Int { Int(name.prefix { $0.isNumber }) ?? 0 }
+    /// SHA-256 of the SQL, trailing newlines ignored (so the embedded copy and the file agree).
+    public var checksum: String {
+        var text = Substring(sql)
+        while text.last == "\n" || text.last == "\r" { text = text.dropLast() }
+        return hexString(sha256(Array(text.utf8)))
+    }
+
+    public init(name: String, sql: String) {
+        self.name = name
+        self.sql = sql
+    }
 }
 
 /// What a store does with the schema when it opens.

@@ -244,10 +244,10 @@ import TokenService
         let db = directory.appendingPathComponent("m.sqlite").path
         _ = try SQLiteTokenStore(path: db)
         _ = try SQLiteTokenStore(path: db)  // second open applies nothing and succeeds
-        let changed = Migration.embedded.map { Migration(name: $0.name, sql: $0.sql + "\n-- edited after release") }
+        let changed = Migration.sqlite.map { Migration(name: $0.name, sql: $0.sql + "\n-- edited after release") }
         #expect(throws: MigrationError.self) { _ = try SQLiteTokenStore(path: db, migrations: changed) }
-        let older = Array(Migration.embedded.dropLast())
-        if Migration.embedded.count == 1 {
+        let older = Array(Migration.sqlite.dropLast())
+        if Migration.sqlite.count == 1 {
             #expect(throws: MigrationError.self) { _ = try SQLiteTokenStore(path: db, migrations: older) }
         }
         // And the server says why, with a non-zero exit.
@@ -266,8 +266,8 @@ import TokenService
     @Test func embeddedMigrationsMatchTheFilesInMigrations() throws {
         let folder = ServerProcess.packageRoot.appendingPathComponent("Migrations/sqlite")
         let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }.sorted()
-        #expect(files == Migration.embedded.map(\.name), "run scripts/embed-migrations.sh")
-        for migration in Migration.embedded {
+        #expect(files == Migration.sqlite.map(\.name), "run scripts/embed-migrations.sh")
+        for migration in Migration.sqlite {
             let text = try String(contentsOf: folder.appendingPathComponent(migration.name), encoding: .utf8)
             #expect(Migration(name: migration.name, sql: text).checksum == migration.checksum, "run scripts/embed-migrations.sh")
         }

@@ -176,10 +176,10 @@ struct PostgresStoreTests {
     @Test func embeddedMigrationsMatchTheFilesInMigrationsPostgres() throws {
         let folder = PostgresCluster.packageRoot.appendingPathComponent("Migrations/postgres")
         let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }.sorted()
-        #expect(files == PostgresMigration.embedded.map(\.name), "run scripts/embed-migrations.sh")
-        for migration in PostgresMigration.embedded {
+        #expect(files == Migration.postgres.map(\.name), "run scripts/embed-migrations.sh")
+        for migration in Migration.postgres {
             let text = try String(contentsOf: folder.appendingPathComponent(migration.name), encoding: .utf8)
-            #expect(PostgresMigration(name: migration.name, sql: text).checksum == migration.checksum, "run scripts/embed-migrations.sh")
+            #expect(Migration(name: migration.name, sql: text).checksum == migration.checksum, "run scripts/embed-migrations.sh")
         }
     }
 
@@ -189,7 +189,7 @@ struct PostgresStoreTests {
         let cluster = try cluster()
         let database = try cluster.createDatabase()
         let url = PostgresConnectionString(cluster.url(database))
-        let migrations = PostgresMigration.embedded + [PostgresMigration(name: "9999_probe.sql", sql: """
+        let migrations = Migration.postgres + [Migration(name: "9999_probe.sql", sql: """
             CREATE TABLE probe (applied_by integer NOT NULL DEFAULT pg_backend_pid());
             INSERT INTO probe DEFAULT VALUES;
             SELECT pg_sleep(0.3);
@@ -209,7 +209,7 @@ struct PostgresStoreTests {
         let url = PostgresConnectionString(cluster.url(try cluster.createDatabase()))
         let error = #expect(throws: PostgresMigrationError.self) { _ = try PostgresTokenStore(connectionString: url, mode: .verify) }
         #expect(error?.description.contains("attestctl migrate") == true)
-        _ = try PostgresTokenStore(connectionString: url, migrations: Array(PostgresMigration.embedded.prefix(0)))
+        _ = try PostgresTokenStore(connectionString: url, migrations: Array(Migration.postgres.prefix(0)))
         let lacking = #expect(throws: PostgresMigrationError.self) { _ = try PostgresTokenStore(connectionString: url, mode: .verify) }
         #expect(lacking?.description.contains("lacks") == true)
     }

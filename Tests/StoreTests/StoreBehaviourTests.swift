@@ -373,7 +373,7 @@ struct StoreBehaviourTests {
             let f = try StoreFixture(.sqlite)
             let path = f.directory!.appendingPathComponent("s.sqlite").path
             _ = try SQLiteTokenStore(path: path)   // reopening applies nothing
-            let changed = Migration.embedded.map { Migration(name: $0.name, sql: $0.sql + "\n-- edited after release") }
+            let changed = Migration.sqlite.map { Migration(name: $0.name, sql: $0.sql + "\n-- edited after release") }
             #expect(throws: MigrationError.self) { _ = try SQLiteTokenStore(path: path, migrations: changed) }
             #expect(throws: MigrationError.self) { _ = try SQLiteTokenStore(path: path, migrations: []) }
         case .postgres:
@@ -381,7 +381,7 @@ struct StoreBehaviourTests {
             let url = PostgresConnectionString(try PostgresCluster.shared.get().url(f.database!))
             _ = try PostgresTokenStore(connectionString: url)
             _ = try PostgresTokenStore(connectionString: url, mode: .verify)
-            let changed = PostgresMigration.embedded.map { PostgresMigration(name: $0.name, sql: $0.sql + "\n-- edited after release") }
+            let changed = Migration.postgres.map { Migration(name: $0.name, sql: $0.sql + "\n-- edited after release") }
             let error = #expect(throws: PostgresMigrationError.self) { _ = try PostgresTokenStore(connectionString: url, migrations: changed) }
             #expect(error?.description.contains("checksum") == true)
             let unknown = #expect(throws: PostgresMigrationError.self) { _ = try PostgresTokenStore(connectionString: url, migrations: []) }
