@@ -123,5 +123,63 @@ CREATE TABLE challenge_requests (
 );
 CREATE INDEX challenge_requests_caller ON challenge_requests (caller, at);
 """#),
+        ("0005_usage_and_policy.sql", #"""
+-- What each integration may spend, and what it spent. The policy lives on the integration row,
+-- so the token check reads it in the query it already makes: an update applies on the next
+-- request of every instance. Usage arrives in aggregated batches (one transaction a flush).
+ALTER TABLE integrations ADD COLUMN allowed_models text;                     -- newline-separated IDs; NULL: any model
+ALTER TABLE integrations ADD COLUMN max_tokens bigint NOT NULL DEFAULT 0 CHECK (max_tokens >= 0);
+ALTER TABLE integrations ADD COLUMN device_requests_per_minute bigint NOT NULL DEFAULT 60 CHECK (device_requests_per_minute >= 0);
+ALTER TABLE integrations ADD COLUMN monthly_token_budget bigint NOT NULL DEFAULT 0 CHECK (monthly_token_budget >= 0);
+-- Relayed requests per integration, model and hour (`hour`: Unix time of the hour's start).
+CREATE TABLE usage_hourly (
+    client_id                   text NOT NULL REFERENCES integrations(client_id),
+    model                       text NOT NULL,
+    hour                        bigint NOT NULL,
+    requests                    bigint NOT NULL DEFAULT 0,
+    input_tokens                bigint NOT NULL DEFAULT 0,
+    output_tokens               bigint NOT NULL DEFAULT 0,
+    cache_creation_input_tokens bigint NOT NULL DEFAULT 0,
+    cache_read_input_tokens     bigint NOT NULL DEFAULT 0,
+    incomplete                  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (client_id, model, hour)
+);
+CREATE INDEX usage_hourly_hour ON usage_hourly (hour);
+-- Answers of upstream status >= 400 (and 502/504 when it could not be reached), by status.
+CREATE TABLE usage_errors (
+    client_id text NOT NULL REFERENCES integrations(client_id),
+    model     text NOT NULL,
+    hour      bigint NOT NULL,
+    status    bigint NOT NULL,
+    count     bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (client_id, model, hour, status)
+);
+-- Requests the policy refused (never sent upstream), by reason.
+CREATE TABLE usage_refusals (
+    client_id text NOT NULL REFERENCES integrations(client_id),
+    model     text NOT NULL,
+    hour      bigint NOT NULL,
+    reason    text NOT NULL,
+    count     bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (client_id, model, hour, reason)
+);
+-- Input plus output tokens per integration and calendar month (UTC, `month` = YYYYMM): the budget
+-- check reads one row by key instead of summing the hours.
+CREATE TABLE usage_monthly (
+    client_id text NOT NULL REFERENCES integrations(client_id),
+    month     bigint NOT NULL,
+    tokens    bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (client_id, month)
+);
+-- Relayed requests per device key and minute (`minute` = Unix time / 60), so every instance sees
+-- the others' requests in the per-device limit; rows older than two minutes are purged.
+CREATE TABLE device_request_minutes (
+    key_id    bytea NOT NULL,
+    client_id text NOT NULL,
+    minute    bigint NOT NULL,
+    requests  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (key_id, client_id, minute)
+);
+"""#),
     ]
 }

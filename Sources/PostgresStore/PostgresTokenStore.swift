@@ -1,5 +1,6 @@
 import AppAttest
 import AttestCrypto
+import AttestWire
 import Foundation
 import TokenService
 
@@ -80,11 +81,12 @@ public final class PostgresTokenStore: TokenStore {
     public func createIntegration(_ integration: Integration) throws {
         var values: [PostgresValue] = [.text(integration.clientID), .int(integration.workspaceID), .text(integration.name), .text(integration.teamID),
                                        .text(integration.environments.map(\.rawValue).sorted().joined(separator: ",")),
-                                       Self.seconds(integration.createdAt)]
+                                       Self.seconds(integration.createdAt)] + Self.policyValues(integration.policy)
         var sql = """
             WITH i AS (
-                INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at)
-                VALUES ($1, $2, $3, $4, $5, $6) RETURNING client_id)
+                INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at,
+                                          allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING client_id)
             """
         if integration.bundleIDs.isEmpty {
             sql += " SELECT count(*) FROM i"
@@ -104,7 +106,8 @@ public final class PostgresTokenStore: TokenStore {
 
     private static let integrationColumns = """
         SELECT i.client_id, i.workspace_id, w.name, i.name, i.team_id, i.environments, i.created_at, i.revoked_at,
-               (SELECT string_agg(b.bundle_id, E'\\n' ORDER BY b.position) FROM integration_bundle_ids b WHERE b.client_id = i.client_id)
+               (SELECT string_agg(b.bundle_id, E'\\n' ORDER BY b.position) FROM integration_bundle_ids b WHERE b.client_id = i.client_id),
+               i.allowed_models, i.max_tokens, i.device_requests_per_minute, i.monthly_token_budget
         FROM integrations i JOIN workspaces w ON w.id = i.workspace_id
         """
 
@@ -113,7 +116,19 @@ public final class PostgresTokenStore: TokenStore {
                     teamID: try row.text(4),
                     bundleIDs: row.isNull(8) ? [] : try row.text(8).split(separator: "\n").map(String.init),
                     environments: Set(try row.text(5).split(separator: ",").compactMap { AttestationEnvironment(rawValue: String($0)) }),
-                    createdAt: try date(row, 6), revokedAt: row.isNull(7) ? nil : try date(row, 7))
+                    createdAt: try date(row, 6), revokedAt: row.isNull(7) ? nil : try date(row, 7), policy: try policy(row, from: 9))
+    }
+
+    /// The four policy columns, `allowed_models` first.
+    private static func policy(_ row: PostgresRow, from column: Int32) throws -> IntegrationPolicy {
+        IntegrationPolicy(models: IntegrationPolicy.models(fromColumn: row.isNull(column) ? nil : try row.text(column)),
+                          maxTokens: Int(try row.int(column + 1)), deviceRequestsPerMinute: Int(try row.int(column + 2)),
+                          monthlyTokenBudget: Int(try row.int(column + 3)))
+    }
+
+    private static func policyValues(_ policy: IntegrationPolicy) -> [PostgresValue] {
+        [optional(policy.modelsColumn), .int(Int64(policy.maxTokens)), .int(Int64(policy.deviceRequestsPerMinute)),
+         .int(Int64(policy.monthlyTokenBudget))]
     }
 
     public func integration(clientID: String) throws -> Integration? {
@@ -333,20 +348,145 @@ public final class PostgresTokenStore: TokenStore {
     }
 
     public func liveToken(hash: [UInt8], at time: Date) throws -> TokenGrant? {
-        try run { db in
+        let minute = UsageClock.minute(time)
+        return try run { db in
             try db.query("""
                 SELECT t.client_id, w.name, t.issued_at, t.expires_at, t.token_hash, w.id,
-                       k.sealed_key, k.last4, k.set_at, k.set_by FROM tokens t
+                       k.sealed_key, k.last4, k.set_at, k.set_by, t.key_id,
+                       i.allowed_models, i.max_tokens, i.device_requests_per_minute, i.monthly_token_budget,
+                       coalesce(m.tokens, 0), coalesce(d0.requests, 0), coalesce(d1.requests, 0) FROM tokens t
                 JOIN integrations i ON i.client_id = t.client_id JOIN workspaces w ON w.id = t.workspace_id
                 LEFT JOIN workspace_upstream_keys k ON k.workspace_id = t.workspace_id
+                LEFT JOIN usage_monthly m ON m.client_id = t.client_id AND m.month = $3
+                LEFT JOIN device_request_minutes d0 ON d0.key_id = t.key_id AND d0.client_id = t.client_id AND d0.minute = $4
+                LEFT JOIN device_request_minutes d1 ON d1.key_id = t.key_id AND d1.client_id = t.client_id AND d1.minute = $4 - 1
                 WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND t.expires_at > $2 AND i.revoked_at IS NULL
-                """, [.bytes(hash), Self.seconds(time)]).first { row -> TokenGrant? in
+                """, [.bytes(hash), Self.seconds(time), .int(UsageClock.month(time)), .int(minute)]).first { row -> TokenGrant? in
                     // The index lookup found it; confirm in constant time all the same.
                     guard constantTimeEquals(try row.bytes(4), hash) else { return nil }
                     return TokenGrant(clientID: try row.text(0), workspaceID: try row.int(5), workspaceName: try row.text(1),
                                       issuedAt: try Self.date(row, 2), expiresAt: try Self.date(row, 3),
-                                      upstreamKey: row.isNull(6) ? nil : try Self.sealedKey(row, from: 6))
+                                      upstreamKey: row.isNull(6) ? nil : try Self.sealedKey(row, from: 6), keyID: try row.bytes(10),
+                                      policy: try Self.policy(row, from: 11),
+                                      recorded: RecordedUsage(monthTokens: try row.int(15), deviceRequestsThisMinute: try row.int(16),
+                                                              deviceRequestsLastMinute: try row.int(17)))
                 } ?? nil
+        }
+    }
+
+    // MARK: Usage and policy
+
+    public func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool {
+        try run { db in
+            try db.query("""
+                WITH u AS (UPDATE integrations SET allowed_models = $1, max_tokens = $2, device_requests_per_minute = $3,
+                           monthly_token_budget = $4 WHERE client_id = $5 RETURNING 1)
+                SELECT count(*) FROM u
+                """, Self.policyValues(policy) + [.text(clientID)]).first { try $0.int(0) == 1 } ?? false
+        }
+    }
+
+    /// One transaction; each table's increments go in one statement (arrays unnested), so a
+    /// flush costs a handful of round trips however many rows it carries.
+    public func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws {
+        let usage = Array(batch.usage)
+        let errors = usage.flatMap { key, c in c.errors.map { (key, $0.key, $0.value) } }
+        let refusals = usage.flatMap { key, c in c.refusals.map { (key, $0.key, $0.value) } }
+        try run { db in
+            try db.transaction {
+                if !usage.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_hourly AS u (client_id, model, hour, requests, input_tokens, output_tokens,
+                                                       cache_creation_input_tokens, cache_read_input_tokens, incomplete)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
+                                             $7::bigint[], $8::bigint[], $9::bigint[])
+                        ON CONFLICT (client_id, model, hour) DO UPDATE SET requests = u.requests + excluded.requests,
+                          input_tokens = u.input_tokens + excluded.input_tokens, output_tokens = u.output_tokens + excluded.output_tokens,
+                          cache_creation_input_tokens = u.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
+                          cache_read_input_tokens = u.cache_read_input_tokens + excluded.cache_read_input_tokens,
+                          incomplete = u.incomplete + excluded.incomplete
+                        """, [Self.textArray(usage.map(\.key.clientID)), Self.textArray(usage.map(\.key.model)),
+                              Self.intArray(usage.map(\.key.hour)), Self.intArray(usage.map(\.value.requests)),
+                              Self.intArray(usage.map(\.value.inputTokens)), Self.intArray(usage.map(\.value.outputTokens)),
+                              Self.intArray(usage.map(\.value.cacheCreationInputTokens)), Self.intArray(usage.map(\.value.cacheReadInputTokens)),
+                              Self.intArray(usage.map(\.value.incomplete))])
+                }
+                if !errors.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_errors AS e (client_id, model, hour, status, count)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])
+                        ON CONFLICT (client_id, model, hour, status) DO UPDATE SET count = e.count + excluded.count
+                        """, [Self.textArray(errors.map(\.0.clientID)), Self.textArray(errors.map(\.0.model)), Self.intArray(errors.map(\.0.hour)),
+                              Self.intArray(errors.map { Int64($0.1) }), Self.intArray(errors.map(\.2))])
+                }
+                if !refusals.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_refusals AS r (client_id, model, hour, reason, count)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[])
+                        ON CONFLICT (client_id, model, hour, reason) DO UPDATE SET count = r.count + excluded.count
+                        """, [Self.textArray(refusals.map(\.0.clientID)), Self.textArray(refusals.map(\.0.model)),
+                              Self.intArray(refusals.map(\.0.hour)), Self.textArray(refusals.map(\.1)), Self.intArray(refusals.map(\.2))])
+                }
+                let months = Array(batch.monthTokens)
+                if !months.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_monthly AS m (client_id, month, tokens)
+                        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+                        ON CONFLICT (client_id, month) DO UPDATE SET tokens = m.tokens + excluded.tokens
+                        """, [Self.textArray(months.map(\.key.clientID)), Self.intArray(months.map(\.key.month)), Self.intArray(months.map(\.value))])
+                }
+                let minutes = Array(batch.deviceMinutes)
+                if !minutes.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO device_request_minutes AS d (key_id, client_id, minute, requests)
+                        SELECT decode(k, 'hex'), c, m, n FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS x (k, c, m, n)
+                        ON CONFLICT (key_id, client_id, minute) DO UPDATE SET requests = d.requests + excluded.requests
+                        """, [Self.textArray(minutes.map { hexString($0.key.keyID) }), Self.textArray(minutes.map(\.key.clientID)),
+                              Self.intArray(minutes.map(\.key.minute)), Self.intArray(minutes.map(\.value))])
+                }
+                _ = try db.query("DELETE FROM device_request_minutes WHERE minute < $1", [.int(purgeDeviceMinutesBefore)])
+            }
+        }
+    }
+
+    /// A text[] parameter in PostgreSQL's array literal syntax (every element quoted and escaped).
+    private static func textArray(_ items: [String]) -> PostgresValue {
+        .text("{" + items.map { "\"" + $0.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\"" }
+            .joined(separator: ",") + "}")
+    }
+
+    private static func intArray(_ items: [Int64]) -> PostgresValue {
+        .text("{" + items.map(String.init).joined(separator: ",") + "}")
+    }
+
+    public func usage(_ filter: UsageFilter) throws -> [UsageRow] {
+        var conditions: [String] = []
+        var values: [PostgresValue] = []
+        if let workspaceID = filter.workspaceID { values.append(.int(workspaceID)); conditions.append("i.workspace_id = $\(values.count)") }
+        if let clientID = filter.clientID { values.append(.text(clientID)); conditions.append("u.client_id = $\(values.count)") }
+        if let since = filter.since { values.append(.int(since)); conditions.append("u.hour >= $\(values.count)") }
+        if let until = filter.until { values.append(.int(until)); conditions.append("u.hour < $\(values.count)") }
+        let filtered = " JOIN integrations i ON i.client_id = u.client_id JOIN workspaces w ON w.id = i.workspace_id"
+            + (conditions.isEmpty ? "" : " WHERE " + conditions.joined(separator: " AND "))
+        return try run { db in
+            var rows: [UsageKey: UsageRow] = [:]
+            for row in try db.query("""
+                SELECT w.name, u.client_id, u.model, u.hour, u.requests, u.input_tokens, u.output_tokens,
+                       u.cache_creation_input_tokens, u.cache_read_input_tokens, u.incomplete FROM usage_hourly u
+                """ + filtered, values).rows {
+                let key = UsageKey(clientID: try row.text(1), model: try row.text(2), hour: try row.int(3))
+                var c = UsageCounters()
+                c.requests = try row.int(4); c.inputTokens = try row.int(5); c.outputTokens = try row.int(6)
+                c.cacheCreationInputTokens = try row.int(7); c.cacheReadInputTokens = try row.int(8); c.incomplete = try row.int(9)
+                rows[key] = UsageRow(workspace: try row.text(0), key: key, counters: c)
+            }
+            for row in try db.query("SELECT u.client_id, u.model, u.hour, u.status, u.count FROM usage_errors u" + filtered, values).rows {
+                rows[UsageKey(clientID: try row.text(0), model: try row.text(1), hour: try row.int(2))]?.counters.errors[Int(try row.int(3))] = try row.int(4)
+            }
+            for row in try db.query("SELECT u.client_id, u.model, u.hour, u.reason, u.count FROM usage_refusals u" + filtered, values).rows {
+                rows[UsageKey(clientID: try row.text(0), model: try row.text(1), hour: try row.int(2))]?.counters.refusals[try row.text(3)] = try row.int(4)
+            }
+            return Array(rows.values)
         }
     }
 

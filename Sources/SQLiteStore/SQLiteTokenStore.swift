@@ -157,11 +157,12 @@ public final class SQLiteTokenStore: TokenStore {
         try write { db in
             try db.transaction {
                 try db.run("""
-                    INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at)
-                    VALUES (?, ?, ?, ?, ?, ?)
+                    INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at,
+                                              allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """, [.text(integration.clientID), .int(integration.workspaceID), .text(integration.name), .text(integration.teamID),
                           .text(integration.environments.map(\.rawValue).sorted().joined(separator: ",")),
-                          .real(integration.createdAt.timeIntervalSince1970)])
+                          .real(integration.createdAt.timeIntervalSince1970)] + Self.policyValues(integration.policy))
                 for (position, bundleID) in integration.bundleIDs.enumerated() {
                     try db.run("INSERT INTO integration_bundle_ids (client_id, position, bundle_id) VALUES (?, ?, ?)",
                                [.text(integration.clientID), .int(Int64(position)), .text(bundleID)])
@@ -173,7 +174,8 @@ public final class SQLiteTokenStore: TokenStore {
     private static let integrationColumns = """
         SELECT i.client_id, i.workspace_id, w.name, i.name, i.team_id, i.environments, i.created_at, i.revoked_at,
                (SELECT group_concat(bundle_id, char(10)) FROM (SELECT bundle_id FROM integration_bundle_ids b
-                 WHERE b.client_id = i.client_id ORDER BY position))
+                 WHERE b.client_id = i.client_id ORDER BY position)),
+               i.allowed_models, i.max_tokens, i.device_requests_per_minute, i.monthly_token_budget
         FROM integrations i JOIN workspaces w ON w.id = i.workspace_id
         """
 
@@ -182,7 +184,19 @@ public final class SQLiteTokenStore: TokenStore {
                     bundleIDs: row.text(8).split(separator: "\n").map(String.init),
                     environments: Set(row.text(5).split(separator: ",").compactMap { AttestationEnvironment(rawValue: String($0)) }),
                     createdAt: Date(timeIntervalSince1970: row.real(6)),
-                    revokedAt: row.isNull(7) ? nil : Date(timeIntervalSince1970: row.real(7)))
+                    revokedAt: row.isNull(7) ? nil : Date(timeIntervalSince1970: row.real(7)), policy: policy(row, from: 9))
+    }
+
+    /// The four policy columns, `allowed_models` first.
+    private static func policy(_ row: SQLiteConnection.Row, from column: Int32) -> IntegrationPolicy {
+        IntegrationPolicy(models: IntegrationPolicy.models(fromColumn: row.isNull(column) ? nil : row.text(column)),
+                          maxTokens: Int(row.int(column + 1)), deviceRequestsPerMinute: Int(row.int(column + 2)),
+                          monthlyTokenBudget: Int(row.int(column + 3)))
+    }
+
+    private static func policyValues(_ policy: IntegrationPolicy) -> [SQLValue] {
+        [policy.modelsColumn.map { .text($0) } ?? .null, .int(Int64(policy.maxTokens)), .int(Int64(policy.deviceRequestsPerMinute)),
+         .int(Int64(policy.monthlyTokenBudget))]
     }
 
     public func integration(clientID: String) throws -> Integration? {
@@ -357,20 +371,117 @@ public final class SQLiteTokenStore: TokenStore {
     }
 
     public func liveToken(hash: [UInt8], at time: Date) throws -> TokenGrant? {
-        try read { db in
+        let minute = UsageClock.minute(time)
+        return try read { db in
             try db.first("""
                 SELECT t.client_id, w.name, t.issued_at, t.expires_at, t.token_hash, w.id,
-                       k.sealed_key, k.last4, k.set_at, k.set_by FROM tokens t
+                       k.sealed_key, k.last4, k.set_at, k.set_by, t.key_id,
+                       i.allowed_models, i.max_tokens, i.device_requests_per_minute, i.monthly_token_budget,
+                       coalesce(m.tokens, 0), coalesce(d0.requests, 0), coalesce(d1.requests, 0) FROM tokens t
                 JOIN integrations i ON i.client_id = t.client_id JOIN workspaces w ON w.id = t.workspace_id
                 LEFT JOIN workspace_upstream_keys k ON k.workspace_id = t.workspace_id
+                LEFT JOIN usage_monthly m ON m.client_id = t.client_id AND m.month = ?
+                LEFT JOIN device_request_minutes d0 ON d0.key_id = t.key_id AND d0.client_id = t.client_id AND d0.minute = ?
+                LEFT JOIN device_request_minutes d1 ON d1.key_id = t.key_id AND d1.client_id = t.client_id AND d1.minute = ?
                 WHERE t.token_hash = ? AND t.revoked_at IS NULL AND t.expires_at > ? AND i.revoked_at IS NULL
-                """, [.blob(hash), .real(time.timeIntervalSince1970)]) { row -> TokenGrant? in
+                """, [.int(UsageClock.month(time)), .int(minute), .int(minute - 1), .blob(hash), .real(time.timeIntervalSince1970)]) { row -> TokenGrant? in
                     // The index lookup found it; confirm in constant time all the same.
                     guard constantTimeEquals(row.blob(4), hash) else { return nil }
                     return TokenGrant(clientID: row.text(0), workspaceID: row.int(5), workspaceName: row.text(1),
                                       issuedAt: Date(timeIntervalSince1970: row.real(2)), expiresAt: Date(timeIntervalSince1970: row.real(3)),
-                                      upstreamKey: row.isNull(6) ? nil : Self.sealedKey(row, from: 6))
+                                      upstreamKey: row.isNull(6) ? nil : Self.sealedKey(row, from: 6), keyID: row.blob(10),
+                                      policy: Self.policy(row, from: 11),
+                                      recorded: RecordedUsage(monthTokens: row.int(15), deviceRequestsThisMinute: row.int(16),
+                                                              deviceRequestsLastMinute: row.int(17)))
                 } ?? nil
+        }
+    }
+
+    // MARK: Usage and policy
+
+    public func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool {
+        try write { db in
+            try db.run("""
+                UPDATE integrations SET allowed_models = ?, max_tokens = ?, device_requests_per_minute = ?, monthly_token_budget = ?
+                WHERE client_id = ?
+                """, Self.policyValues(policy) + [.text(clientID)]) == 1
+        }
+    }
+
+    public func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws {
+        try writeInBackground { db in
+            try db.transaction {
+                for (key, c) in batch.usage {
+                    let row: [SQLValue] = [.text(key.clientID), .text(key.model), .int(key.hour)]
+                    try db.run("""
+                        INSERT INTO usage_hourly (client_id, model, hour, requests, input_tokens, output_tokens,
+                                                  cache_creation_input_tokens, cache_read_input_tokens, incomplete)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        ON CONFLICT (client_id, model, hour) DO UPDATE SET requests = requests + excluded.requests,
+                          input_tokens = input_tokens + excluded.input_tokens, output_tokens = output_tokens + excluded.output_tokens,
+                          cache_creation_input_tokens = cache_creation_input_tokens + excluded.cache_creation_input_tokens,
+                          cache_read_input_tokens = cache_read_input_tokens + excluded.cache_read_input_tokens,
+                          incomplete = incomplete + excluded.incomplete
+                        """, row + [.int(c.requests), .int(c.inputTokens), .int(c.outputTokens), .int(c.cacheCreationInputTokens),
+                                    .int(c.cacheReadInputTokens), .int(c.incomplete)])
+                    for (status, count) in c.errors {
+                        try db.run("""
+                            INSERT INTO usage_errors (client_id, model, hour, status, count) VALUES (?, ?, ?, ?, ?)
+                            ON CONFLICT (client_id, model, hour, status) DO UPDATE SET count = count + excluded.count
+                            """, row + [.int(Int64(status)), .int(count)])
+                    }
+                    for (reason, count) in c.refusals {
+                        try db.run("""
+                            INSERT INTO usage_refusals (client_id, model, hour, reason, count) VALUES (?, ?, ?, ?, ?)
+                            ON CONFLICT (client_id, model, hour, reason) DO UPDATE SET count = count + excluded.count
+                            """, row + [.text(reason), .int(count)])
+                    }
+                }
+                for (key, tokens) in batch.monthTokens {
+                    try db.run("""
+                        INSERT INTO usage_monthly (client_id, month, tokens) VALUES (?, ?, ?)
+                        ON CONFLICT (client_id, month) DO UPDATE SET tokens = tokens + excluded.tokens
+                        """, [.text(key.clientID), .int(key.month), .int(tokens)])
+                }
+                for (key, requests) in batch.deviceMinutes {
+                    try db.run("""
+                        INSERT INTO device_request_minutes (key_id, client_id, minute, requests) VALUES (?, ?, ?, ?)
+                        ON CONFLICT (key_id, client_id, minute) DO UPDATE SET requests = requests + excluded.requests
+                        """, [.blob(key.keyID), .text(key.clientID), .int(key.minute), .int(requests)])
+                }
+                try db.run("DELETE FROM device_request_minutes WHERE minute < ?", [.int(purgeDeviceMinutesBefore)])
+            }
+        }
+    }
+
+    public func usage(_ filter: UsageFilter) throws -> [UsageRow] {
+        var conditions: [String] = []
+        var values: [SQLValue] = []
+        if let workspaceID = filter.workspaceID { conditions.append("i.workspace_id = ?"); values.append(.int(workspaceID)) }
+        if let clientID = filter.clientID { conditions.append("u.client_id = ?"); values.append(.text(clientID)) }
+        if let since = filter.since { conditions.append("u.hour >= ?"); values.append(.int(since)) }
+        if let until = filter.until { conditions.append("u.hour < ?"); values.append(.int(until)) }
+        let filtered = " JOIN integrations i ON i.client_id = u.client_id JOIN workspaces w ON w.id = i.workspace_id"
+            + (conditions.isEmpty ? "" : " WHERE " + conditions.joined(separator: " AND "))
+        return try read { db in
+            var rows: [UsageKey: UsageRow] = [:]
+            try db.query("""
+                SELECT w.name, u.client_id, u.model, u.hour, u.requests, u.input_tokens, u.output_tokens,
+                       u.cache_creation_input_tokens, u.cache_read_input_tokens, u.incomplete FROM usage_hourly u
+                """ + filtered, values) { row in
+                    let key = UsageKey(clientID: row.text(1), model: row.text(2), hour: row.int(3))
+                    var c = UsageCounters()
+                    c.requests = row.int(4); c.inputTokens = row.int(5); c.outputTokens = row.int(6)
+                    c.cacheCreationInputTokens = row.int(7); c.cacheReadInputTokens = row.int(8); c.incomplete = row.int(9)
+                    rows[key] = UsageRow(workspace: row.text(0), key: key, counters: c)
+                }
+            try db.query("SELECT u.client_id, u.model, u.hour, u.status, u.count FROM usage_errors u " + filtered, values) { row in
+                rows[UsageKey(clientID: row.text(0), model: row.text(1), hour: row.int(2))]?.counters.errors[Int(row.int(3))] = row.int(4)
+            }
+            try db.query("SELECT u.client_id, u.model, u.hour, u.reason, u.count FROM usage_refusals u " + filtered, values) { row in
+                rows[UsageKey(clientID: row.text(0), model: row.text(1), hour: row.int(2))]?.counters.refusals[row.text(3)] = row.int(4)
+            }
+            return Array(rows.values)
         }
     }
 

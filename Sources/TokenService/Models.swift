@@ -33,13 +33,16 @@ public struct Integration: Sendable, Equatable {
     public let environments: Set<AttestationEnvironment>
     public let createdAt: Date
     public let revokedAt: Date?
+    /// What its installs may spend through the Messages relay.
+    public var policy: IntegrationPolicy
 
     public var isRevoked: Bool { revokedAt != nil }
     public var appIDs: [AppID] { bundleIDs.map { AppID(teamID: teamID, bundleID: $0) } }
 
     public init(clientID: String, workspaceID: Int64, workspaceName: String, name: String, teamID: String, bundleIDs: [String],
-                environments: Set<AttestationEnvironment>, createdAt: Date, revokedAt: Date?) {
+                environments: Set<AttestationEnvironment>, createdAt: Date, revokedAt: Date?, policy: IntegrationPolicy = IntegrationPolicy()) {
         self.clientID = clientID
+        self.policy = policy
         self.workspaceID = workspaceID
         self.workspaceName = workspaceName
         self.name = name
@@ -102,10 +105,20 @@ public struct TokenGrant: Sendable, Equatable {
     public let expiresAt: Date
     /// The workspace's sealed upstream key, read in the same query (the relay opens it, cached).
     public let upstreamKey: SealedUpstreamKey?
+    /// The device key the token was minted for (the per-device request limit).
+    public let keyID: [UInt8]
+    /// The integration's policy as it is now: an update applies on the next request.
+    public let policy: IntegrationPolicy
+    /// The usage every instance has recorded so far, read in the same query.
+    public let recorded: RecordedUsage
 
     public init(clientID: String, workspaceID: Int64 = 0, workspaceName: String, issuedAt: Date, expiresAt: Date,
-                upstreamKey: SealedUpstreamKey? = nil) {
+                upstreamKey: SealedUpstreamKey? = nil, keyID: [UInt8] = [], policy: IntegrationPolicy = IntegrationPolicy(),
+                recorded: RecordedUsage = RecordedUsage()) {
         self.clientID = clientID
+        self.keyID = keyID
+        self.policy = policy
+        self.recorded = recorded
         self.workspaceID = workspaceID
         self.workspaceName = workspaceName
         self.issuedAt = issuedAt

@@ -59,6 +59,15 @@ public protocol TokenStore: AnyObject, Sendable {
     /// Forgets challenge requests older than `before`; returns how many.
     func purgeChallengeRequests(before: Date) throws -> Int
 
+    // Usage and policy
+    /// Replaces the integration's policy; false when no integration has this client ID.
+    func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool
+    /// Adds a batch of usage (every count an increment) in one transaction, and forgets device
+    /// minutes before `purgeDeviceMinutesBefore`.
+    func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws
+    /// The ledger rows the filter selects, with their errors and refusals.
+    func usage(_ filter: UsageFilter) throws -> [UsageRow]
+
     /// Nil when the store can serve (open, writable, the same database, room on disk); else why not.
     func readinessProblem() -> String?
 

@@ -391,4 +391,62 @@ struct StoreBehaviourTests {
             #expect(try store.workspace(named: "default") != nil)
         }
     }
+
+    // MARK: Usage and policy
+
+    /// The policy round-trips and is read with the token; usage batches add up (increments, not
+    /// overwrites); the token check sees the month's tokens and the device's two minutes;
+    /// old device minutes are purged; the filter selects by workspace, integration and hours.
+    @Test(arguments: Backend.allCases)
+    func usageBatchesAddUpAndTheTokenCheckReadsThemWithThePolicy(_ backend: Backend) throws {
+        let f = try StoreFixture(backend)
+        let store = f.store
+        let app = try f.integration()
+        let other = try f.integration("Other", workspace: try store.createWorkspace(name: "team-b", at: t0))
+        #expect(try store.integration(clientID: app.clientID)?.policy == IntegrationPolicy())
+        let policy = IntegrationPolicy(models: ["claude-a", "claude-b"], maxTokens: 512, deviceRequestsPerMinute: 7, monthlyTokenBudget: 10_000)
+        #expect(try store.updatePolicy(clientID: app.clientID, policy))
+        #expect(try store.updatePolicy(clientID: "clid_nobody", policy) == false)
+        #expect(try store.integration(clientID: app.clientID)?.policy == policy)
+
+        let device = F.device(app)
+        let token = F.token(app, keyID: device.keyID)
+        #expect(try store.registerDevice(device, receipt: [1], firstToken: token, nextChallenge: F.challenge(), at: t0))
+        let minute = UsageClock.minute(t0), hour = UsageClock.hour(t0), month = UsageClock.month(t0)
+        var batch = UsageBatch()
+        var counters = UsageCounters()
+        counters.requests = 3; counters.inputTokens = 100; counters.outputTokens = 20; counters.cacheCreationInputTokens = 5
+        counters.cacheReadInputTokens = 6; counters.incomplete = 1; counters.errors = [529: 1]; counters.refusals = ["model_not_allowed": 2]
+        batch.usage[UsageKey(clientID: app.clientID, model: "claude-a", hour: hour)] = counters
+        batch.usage[UsageKey(clientID: other.clientID, model: "claude-z", hour: hour - 7200)] = counters
+        batch.monthTokens[MonthKey(clientID: app.clientID, month: month)] = 120
+        batch.deviceMinutes[DeviceMinuteKey(clientID: app.clientID, keyID: device.keyID, minute: minute)] = 2
+        batch.deviceMinutes[DeviceMinuteKey(clientID: app.clientID, keyID: device.keyID, minute: minute - 1)] = 4
+        batch.deviceMinutes[DeviceMinuteKey(clientID: app.clientID, keyID: device.keyID, minute: minute - 5)] = 9
+        try store.recordUsage(batch, purgeDeviceMinutesBefore: minute - 10)
+        try store.recordUsage(batch, purgeDeviceMinutesBefore: minute - 2)
+
+        let grant = try #require(try store.liveToken(hash: token.tokenHash, at: t0))
+        #expect(grant.policy == policy)
+        #expect(grant.keyID == device.keyID)
+        #expect(grant.recorded == RecordedUsage(monthTokens: 240, deviceRequestsThisMinute: 4, deviceRequestsLastMinute: 8))
+        // A minute later the old "this minute" is the last one.
+        #expect(try store.liveToken(hash: token.tokenHash, at: t0 + 60)?.recorded.deviceRequestsLastMinute == 4)
+
+        var doubled = counters
+        doubled += counters
+        let rows = try store.usage(UsageFilter())
+        #expect(rows.count == 2)
+        let row = try #require(rows.first { $0.key.clientID == app.clientID })
+        #expect(row.counters == doubled && row.workspace == "default" && row.key.model == "claude-a" && row.key.hour == hour)
+        #expect(try store.usage(UsageFilter(clientID: other.clientID)).map(\.workspace) == ["team-b"])
+        #expect(try store.usage(UsageFilter(workspaceID: other.workspaceID)).count == 1)
+        #expect(try store.usage(UsageFilter(since: hour)).map(\.key.clientID) == [app.clientID])
+        #expect(try store.usage(UsageFilter(until: hour)).map(\.key.clientID) == [other.clientID])
+        // A model name with quotes and commas is kept as it is (array parameters are escaped).
+        var odd = UsageBatch()
+        odd.usage[UsageKey(clientID: app.clientID, model: #"we"ird,{model}\"#, hour: hour)] = counters
+        try store.recordUsage(odd, purgeDeviceMinutesBefore: 0)
+        #expect(try store.usage(UsageFilter(clientID: app.clientID)).contains { $0.key.model == #"we"ird,{model}\"# })
+    }
 }
