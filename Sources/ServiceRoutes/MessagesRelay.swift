@@ -140,18 +140,33 @@ final class RelayedExchange: UpstreamDelegate {
         var held: (headers: [(name: String, value: String)], body: [UInt8])?
         /// The answer was ended by a server shutdown; nothing more goes to the client.
         var shutDown = false
+        /// Usage read from an SSE reply as it passes.
+        var streamUsage = StreamUsageReader()
+        /// The last bytes of a JSON reply too large to hold, where its `usage` is.
+        var tail: [UInt8] = []
+    }
+
+    /// How the exchange ended, for the ledger, the metrics and the log.
+    struct Result {
+        var status: Int
+        var error: UpstreamError?
+        var bytes: Int
+        var usage: TokenUsage
+        var incomplete: Bool
+        /// Nanoseconds (uptime) of the first body byte from upstream.
+        var firstByteAt: UInt64?
     }
 
     static let maxHeldReply = 1 << 20
+    static let keptTail = 64 << 10
 
     let writer: HTTPResponseWriter
     let requestID: String
     let started: UInt64
-    let finished: @Sendable (_ status: Int, _ error: UpstreamError?, _ bytes: Int) -> Void
+    let finished: @Sendable (Result) -> Void
     private let state = Mutex(State())
 
-    init(writer: HTTPResponseWriter, requestID: String, started: UInt64,
-         finished: @escaping @Sendable (_ status: Int, _ error: UpstreamError?, _ bytes: Int) -> Void) {
+    init(writer: HTTPResponseWriter, requestID: String, started: UInt64, finished: @escaping @Sendable (Result) -> Void) {
         self.writer = writer
         self.requestID = requestID
         self.started = started
@@ -184,16 +199,28 @@ final class RelayedExchange: UpstreamDelegate {
                 return nil
             }
             state.held = nil
+            state.tail = Array(held.body.suffix(Self.keptTail))
             return (state.status, held.headers, held.body)
         }
         if let overflow {
             writer.startStream(status: overflow.status, headers: overflow.headers)
             return writer.write(overflow.body)
         }
-        if state.withLock({ $0.held != nil }) { return true }
+        let (held, isEventStream) = state.withLock { ($0.held != nil, $0.isEventStream) }
+        if held { return true }
         // False: the client is slow (over the high-water mark; `onWritable` resumes) or gone
         // (`onCancel` cancels the transfer).
-        return writer.write(chunk)
+        let accepted = writer.write(chunk)
+        // Usage is read after the chunk is on its way, so the stream never waits for it.
+        state.withLock { state in
+            if isEventStream {
+                state.streamUsage.feed(chunk)
+            } else {
+                state.tail.append(contentsOf: chunk)
+                if state.tail.count > 2 * Self.keptTail { state.tail.removeFirst(state.tail.count - Self.keptTail) }
+            }
+        }
+        return accepted
     }
 
     /// The server is stopping: a stream ends cleanly with an SSE `overloaded_error` event, so the
@@ -215,9 +242,23 @@ final class RelayedExchange: UpstreamDelegate {
     }
 
     func upstreamDidFinish(_ error: UpstreamError?) {
-        let (headSent, status, isEventStream, bytes, held) = state.withLock { state in
+        let (headSent, status, isEventStream, bytes, held, streamUsage, tail, firstByteAt) = state.withLock { state in
             defer { state.held = nil }
-            return (state.headSent, state.status, state.isEventStream, state.bytes, state.held)
+            return (state.headSent, state.status, state.isEventStream, state.bytes, state.held, state.streamUsage, state.tail, state.firstByteAt)
+        }
+        /// Usage as far as it was seen; cut short unless the reply arrived whole.
+        func result(_ status: Int, cut: Bool) -> Result {
+            let usage: TokenUsage
+            var incomplete = cut
+            if isEventStream {
+                usage = streamUsage.usage
+                incomplete = incomplete || (status < 400 && !streamUsage.sawStop)
+            } else if let held {
+                usage = (status < 400 ? UsageObject.ofReply(held.body) : nil) ?? TokenUsage()
+            } else {
+                usage = (status < 400 ? UsageObject.ofTail(tail) : nil) ?? TokenUsage()
+            }
+            return Result(status: status, error: error, bytes: bytes, usage: usage, incomplete: incomplete, firstByteAt: firstByteAt)
         }
         guard let error else {
             if let held {
@@ -225,21 +266,21 @@ final class RelayedExchange: UpstreamDelegate {
             } else {
                 writer.finish()
             }
-            finished(status, nil, bytes)
+            finished(result(status, cut: false))
             return
         }
         if error.kind == .cancelled || state.withLock({ $0.shutDown }) {
-            finished(headSent ? status : 499, error, bytes)
+            finished(result(headSent ? status : 499, cut: true))
             return
         }
         if !headSent || held != nil {
             // Nothing sent yet: an answer in the Messages API's error shape; the cause goes to the log.
             let timedOut = error.kind == .timeout || error.kind == .idleTimeout
-            let status = timedOut ? 504 : 502
+            let answered = timedOut ? 504 : 502
             let message = timedOut ? "the upstream Messages API did not answer in time" : "the upstream Messages API could not be reached"
-            writer.respond(.json(status, APIErrorResponse(type: "api_error", message: message, requestID: requestID).json,
+            writer.respond(.json(answered, APIErrorResponse(type: "api_error", message: message, requestID: requestID).json,
                                  headers: [("request-id", requestID)]))
-            finished(status, error, bytes)
+            finished(result(answered, cut: headSent))
             return
         }
         if isEventStream {
@@ -249,6 +290,6 @@ final class RelayedExchange: UpstreamDelegate {
             writer.write(Array(event.utf8))
         }
         writer.finish()
-        finished(status, error, bytes)
+        finished(result(status, cut: true))
     }
 }

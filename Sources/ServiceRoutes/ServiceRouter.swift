@@ -15,6 +15,8 @@ public final class ServiceRouter: Sendable {
     let introspectionKeyHash: [UInt8]?
     /// The Messages API relay; without one, `/v1/messages` answers 503 after the token check.
     let relay: MessagesRelay?
+    /// Usage and the per-integration policy for relayed requests; nil relays without either.
+    let ledger: UsageLedger?
     /// Extra /metrics text from the transport (the server is made after the router).
     private let transportMetrics = Mutex<(@Sendable () -> String)?>(nil)
 
@@ -33,7 +35,8 @@ public final class ServiceRouter: Sendable {
     static let adminPaths: Set<String> = ["/metrics", "/v1/oauth/introspect", "/healthz", "/readyz"]
 
     public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil,
-                trustedProxies: [CIDR] = [], separateAdminListener: Bool = false) {
+                ledger: UsageLedger? = nil, trustedProxies: [CIDR] = [], separateAdminListener: Bool = false) {
+        self.ledger = ledger
         callers = CallerResolver(trustedProxies: trustedProxies)
         self.separateAdminListener = separateAdminListener
         self.service = service
@@ -43,6 +46,9 @@ public final class ServiceRouter: Sendable {
         introspectionKeyHash = introspectionKey.map { sha256(Array($0.utf8)) }
         metrics.describe("attestd_http_requests_total", "HTTP requests, by route and status.")
         metrics.describe("attestd_rejections_total", "Refused device requests, by endpoint and exact reason.")
+        metrics.describe("attestd_upstream_requests_total", "Relayed Messages API requests, by the status the client got (or cancelled, error).")
+        metrics.describe("attestd_upstream_latency_seconds", "Relayed requests, from arrival to the reply's last byte.")
+        metrics.describe("attestd_upstream_ttfb_seconds", "Relayed requests, from arrival to the upstream's first body byte.")
     }
 
     /// What a route produced, plus what the access log should say about it.
@@ -244,9 +250,9 @@ public final class ServiceRouter: Sendable {
     }
 
     /// The grant for the request's bearer token; nil when it must be answered with `unauthenticated`.
-    func authenticated(_ request: HTTPRequest) throws -> TokenGrant? {
+    func authenticated(_ request: HTTPRequest, at time: Date? = nil) throws -> TokenGrant? {
         guard let token = RequestParsing.bearer(request.header("authorization")), token.utf8.count <= FieldLimits.token else { return nil }
-        return try service.authenticate(bearer: token)
+        return try service.authenticate(bearer: token, at: time)
     }
 
     func messages(_ request: HTTPRequest, _ requestID: String) throws -> Outcome {
@@ -274,9 +280,12 @@ public final class ServiceRouter: Sendable {
                        reason: outcome.reason, detail: outcome.detail)
             return .response(response)
         }
+        let time = Date()
+        // Taken before the query: usage flushed while it runs is counted, never missed.
+        let commitsBeforeRead = ledger?.commitCount ?? 0
         let grant: TokenGrant
         do {
-            guard let live = try authenticated(request) else { return answer(Outcome(response: Self.unauthenticated(requestID), reason: .tokenRejected)) }
+            guard let live = try authenticated(request, at: time) else { return answer(Outcome(response: Self.unauthenticated(requestID), reason: .tokenRejected)) }
             grant = live
         } catch {
             logger.error("store_unavailable", [("route", route), ("request_id", requestID), ("error", String(describing: error))])
@@ -290,7 +299,8 @@ public final class ServiceRouter: Sendable {
             switch error {
             case .none:
                 return answer(Outcome(response: Self.apiError(503, "api_error", """
-                no upstream API key is configured for this workspace: an operator sets one with                 `attestctl workspaces set-upstream-key`, or starts attestd with --upstream-key-file
+                no upstream API key is configured for this workspace: an operator sets one with \
+                `attestctl workspaces set-upstream-key`, or starts attestd with --upstream-key-file
                 """, requestID: requestID), clientID: grant.clientID, reason: .noUpstream))
             case .unopenable(let why):
                 logger.error("upstream_key_unavailable", [("request_id", requestID), ("workspace", grant.workspaceName), ("error", why)])
@@ -298,12 +308,33 @@ public final class ServiceRouter: Sendable {
                                                               requestID: requestID), clientID: grant.clientID, reason: .noUpstream, detail: why))
             }
         }
+        var ticket: UsageTicket?
+        if let ledger {
+            let input = MessagesRequestFields.policyInput(request.body, spendsTokens: route == WireProtocol.messagesPath)
+            switch ledger.admit(grant, input, commitsBeforeRead: commitsBeforeRead, at: time) {
+            case .success(let admitted): ticket = admitted
+            case .failure(let refusal):
+                var response = Self.policyResponse(refusal, requestID: requestID)
+                response.headers.append(("request-id", requestID))
+                logRequest(request, route: route, status: response.status, requestID: requestID, start: start, clientID: grant.clientID,
+                           reason: .policyRefused, detail: refusal.reason)
+                return .response(response)
+            }
+        }
 
         let clientID = grant.clientID
-        let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start) { [self] status, error, bytes in
-            metrics.increment("attestd_upstream_requests_total", labels: [("status", error.map { $0.kind == .cancelled ? "cancelled" : "error" } ?? String(status))])
-            logRequest(request, route: route, status: status, requestID: requestID, start: start, clientID: clientID,
-                       reason: nil, detail: error.map { "upstream \($0)" }, bytes: bytes)
+        let admitted = ticket
+        let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start) { [self] result in
+            let label = result.error.map { $0.kind == .cancelled ? "cancelled" : "error" } ?? String(result.status)
+            metrics.increment("attestd_upstream_requests_total", labels: [("status", label)])
+            let now = DispatchTime.now().uptimeNanoseconds
+            metrics.observe("attestd_upstream_latency_seconds", seconds: Double(now - start) / 1e9, buckets: Metrics.relayBuckets)
+            if let firstByte = result.firstByteAt {
+                metrics.observe("attestd_upstream_ttfb_seconds", seconds: Double(firstByte - start) / 1e9, buckets: Metrics.relayBuckets)
+            }
+            if let admitted { ledger?.finish(admitted, RelayOutcome(status: result.status, usage: result.usage, incomplete: result.incomplete)) }
+            logRequest(request, route: route, status: result.status, requestID: requestID, start: start, clientID: clientID,
+                       reason: nil, detail: result.error.map { "upstream \($0)" }, bytes: result.bytes)
         }
         let transfer = relay.start(MessagesRelay.upstreamRequest(request, key: key), delegate: exchange)
         writer.onWritable { transfer.resume() }
@@ -313,6 +344,30 @@ public final class ServiceRouter: Sendable {
             transfer.cancel()
         }
         return .deferred
+    }
+
+    /// A policy refusal in the Messages API's error shape: 400 for what the request asks, 429 with
+    /// `retry-after` for a limit (the published client maps that to `.rateLimited`).
+    static func policyResponse(_ refusal: PolicyRefusal, requestID: String) -> HTTPResponse {
+        switch refusal {
+        case .unreadableBody(let problem):
+            return apiError(400, "invalid_request_error", "the request could not be checked against this app's policy: \(problem)", requestID: requestID)
+        case .modelNotAllowed(let model):
+            let message = model.isEmpty ? "model: this app must name one of the models it may use"
+                : "model: \(model.prefix(128)) is not available to this app"
+            return apiError(400, "invalid_request_error", message, requestID: requestID)
+        case .maxTokensOverLimit(let requested, let limit):
+            return apiError(400, "invalid_request_error", "max_tokens: \(requested) is above this app's limit of \(limit)", requestID: requestID)
+        case .deviceRateLimited(let limit, let retryAfter):
+            var response = apiError(429, "rate_limit_error", "this device is over its limit of \(limit) requests a minute", requestID: requestID)
+            response.headers.append(("retry-after", String(retryAfter)))
+            return response
+        case .monthlyBudgetSpent(let budget, let retryAfter):
+            var response = apiError(429, "rate_limit_error", "this app has used its monthly budget of \(budget) tokens; it renews on the 1st (UTC)",
+                                    requestID: requestID)
+            response.headers.append(("retry-after", String(retryAfter)))
+            return response
+        }
     }
 
     /// The access log line and the request counter, for answers given now and relayed ones alike.

@@ -85,7 +85,9 @@ public final class AdminService: Sendable {
     // MARK: Integrations
 
     public func createIntegration(actor: String, workspace workspaceName: String = defaultWorkspace, name: String, teamID: String,
-                                  bundleIDs: [String], environments: Set<AttestationEnvironment> = [.development, .production]) throws -> Integration {
+                                  bundleIDs: [String], environments: Set<AttestationEnvironment> = [.development, .production],
+                                  policy: IntegrationPolicy = IntegrationPolicy()) throws -> Integration {
+        let policy = try Validate.policy(policy)
         let name = try Validate.name(name, what: "integration name")
         let teamID = try Validate.teamID(teamID)
         let bundleIDs = try Validate.bundleIDs(bundleIDs)
@@ -95,11 +97,46 @@ public final class AdminService: Sendable {
         let integration = Integration(
             clientID: DeviceTokenService.clientIDPrefix + base64URL(secureRandomBytes(18)),  // 144 random bits
             workspaceID: workspace.id, workspaceName: workspace.name, name: name, teamID: teamID, bundleIDs: bundleIDs,
-            environments: environments, createdAt: now(), revokedAt: nil)
+            environments: environments, createdAt: now(), revokedAt: nil, policy: policy)
         try store.createIntegration(integration)
         try audit(actor: actor, "integration.created", clientID: integration.clientID,
-                  detail: "\(name) team \(teamID) bundles \(bundleIDs.joined(separator: ",")) in \(workspace.name)")
+                  detail: "\(name) team \(teamID) bundles \(bundleIDs.joined(separator: ",")) in \(workspace.name); \(Self.describe(policy))")
         return integration
+    }
+
+    /// Changes what the integration's installs may spend; every instance applies it on its next
+    /// request (the token check reads the policy). Admin or above; audited with old and new.
+    public func updatePolicy(actor: String, clientID: String, _ change: (inout IntegrationPolicy) -> Void) throws -> Integration {
+        let integration = try integration(clientID)
+        let workspace = try existingWorkspace(integration.workspaceName)
+        _ = try requireRole(actor, in: workspace, "change integrations") { $0.managesIntegrations }
+        var policy = integration.policy
+        change(&policy)
+        policy = try Validate.policy(policy)
+        guard try store.updatePolicy(clientID: clientID, policy) else { throw AdminError("no integration \(clientID)") }
+        try audit(actor: actor, "integration.policy_updated", clientID: clientID,
+                  detail: "\(Self.describe(integration.policy)) -> \(Self.describe(policy))")
+        return try self.integration(clientID)
+    }
+
+    /// The policy in one line, for the audit trail and the CLI.
+    public static func describe(_ policy: IntegrationPolicy) -> String {
+        func limit(_ n: Int) -> String { n == 0 ? "none" : String(n) }
+        return "models \(policy.models?.joined(separator: ",") ?? "*"), max_tokens \(limit(policy.maxTokens)), "
+            + "device_requests_per_minute \(limit(policy.deviceRequestsPerMinute)), monthly_token_budget \(limit(policy.monthlyTokenBudget))"
+    }
+
+    // MARK: Usage
+
+    /// The ledger rows for a workspace (by name) and/or an integration: the hours that overlap
+    /// [since, until) (the ledger is hourly, so an hour is taken whole).
+    public func usage(workspace name: String? = nil, clientID: String? = nil, since: Date? = nil, until: Date? = nil) throws -> [UsageRow] {
+        let workspaceID = try name.map { try existingWorkspace($0).id }
+        if let clientID { _ = try integration(clientID) }
+        if let since, let until, until <= since { throw AdminError("--until must be after --since") }
+        return try store.usage(UsageFilter(workspaceID: workspaceID, clientID: clientID,
+                                           since: since.map(UsageClock.hour),
+                                           until: until.map { UsageClock.hour($0.addingTimeInterval(3599)) }))
     }
 
     public func integration(_ clientID: String) throws -> Integration {
@@ -204,6 +241,25 @@ public enum Validate {
             throw AdminError("the upstream key must be 8 to 256 printable ASCII characters without spaces")
         }
         return key
+    }
+
+    /// Model IDs as the API spells them, at most 64 of them; limits not negative.
+    public static func policy(_ policy: IntegrationPolicy) throws -> IntegrationPolicy {
+        var policy = policy
+        if let models = policy.models {
+            guard !models.isEmpty else { throw AdminError("--models needs at least one model ID, or '*' for any") }
+            guard models.count <= 64 else { throw AdminError("at most 64 models (got \(models.count))") }
+            for model in models where !IntegrationPolicy.isValidModelID(model) {
+                throw AdminError("model ID '\(model.prefix(60))' may contain only letters, digits and . _ : @ / - (at most 128)")
+            }
+            var seen = Set<String>()
+            policy.models = models.filter { seen.insert($0).inserted }
+        }
+        for (name, value) in [("--max-tokens", policy.maxTokens), ("--device-requests-per-minute", policy.deviceRequestsPerMinute),
+                              ("--monthly-token-budget", policy.monthlyTokenBudget)] where value < 0 {
+            throw AdminError("\(name) must be 0 (no limit) or more, got \(value)")
+        }
+        return policy
     }
 
     public static func environments(_ text: String) throws -> Set<AttestationEnvironment> {

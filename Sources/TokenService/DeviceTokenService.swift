@@ -198,9 +198,9 @@ public final class DeviceTokenService: Sendable {
     // MARK: Using tokens
 
     /// The grant behind a bearer token, or nil (with the reason counted) when it is not live.
-    public func authenticate(bearer token: String) throws -> TokenGrant? {
+    public func authenticate(bearer token: String, at time: Date? = nil) throws -> TokenGrant? {
         guard token.hasPrefix(Self.tokenPrefix), token.utf8.count <= 128 else { return nil }
-        return try store.liveToken(hash: sha256(Array(token.utf8)), at: now())
+        return try store.liveToken(hash: sha256(Array(token.utf8)), at: time ?? now())
     }
 
     // MARK: Helpers

@@ -20,6 +20,9 @@ public final class Metrics: Sendable {
 
     public static let latencyBuckets: [Double] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25]
 
+    /// For relayed requests: a reply can take from milliseconds to minutes.
+    public static let relayBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600]
+
     public init() {}
 
     public func describe(_ name: String, _ text: String) {
@@ -31,10 +34,11 @@ public final class Metrics: Sendable {
         state.withLock { $0.counters[name, default: [:]][key, default: 0] += value }
     }
 
-    public func observe(_ name: String, seconds: Double, labels: [(String, String)] = []) {
+    /// - Parameter buckets: the bucket bounds, fixed by a histogram's first observation.
+    public func observe(_ name: String, seconds: Double, labels: [(String, String)] = [], buckets: [Double] = Metrics.latencyBuckets) {
         let key = Metrics.render(labels)
         state.withLock { state in
-            var histogram = state.histograms[name] ?? Histogram(bounds: Metrics.latencyBuckets)
+            var histogram = state.histograms[name] ?? Histogram(bounds: buckets)
             var bucket = histogram.buckets[key] ?? [Int](repeating: 0, count: histogram.bounds.count + 1)
             bucket[histogram.bounds.firstIndex(where: { seconds <= $0 }) ?? histogram.bounds.count] += 1
             histogram.buckets[key] = bucket

@@ -15,6 +15,8 @@ public enum RejectionReason: String, Sendable, CaseIterable {
     case mintLimit, registrationQuota, challengeLimit
     // Bearer tokens and the other routes.
     case tokenRejected, outOfScope, noUpstream, methodNotAllowed, introspectionUnauthorized
+    // The Messages relay: the integration's policy (the exact `PolicyRefusal` is the detail).
+    case policyRefused
     case storeUnavailable, internalError
 
     public init(_ verification: VerificationReason) {

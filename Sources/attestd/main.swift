@@ -17,7 +17,7 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
                      [--max-connections N] [--max-connections-per-ip N] [--no-migrate] [--shutdown-grace SECONDS]
                      [--head-deadline SECONDS] [--min-body-rate BYTES_PER_SECOND] [--write-timeout SECONDS]
-                     [--trusted-proxy CIDR]… [--admin-listen HOST:PORT]
+                     [--trusted-proxy CIDR]… [--admin-listen HOST:PORT] [--usage-flush-interval SECONDS] [--no-usage-ledger]
 --db is a SQLite file or a PostgreSQL URL (postgresql://user@host/db?sslmode=…, as libpq reads it, so PGPASSWORD
           and ~/.pgpass work), default $ATTESTD_DB, else ./attestd.sqlite; --no-migrate only checks the schema
           (apply it with attestctl migrate)
@@ -44,6 +44,12 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
 --max-connections (default 10000): open streams hold a connection each (epoll keeps idle ones cheap),
           so 1,000 streams plus exchanges fit with room; --max-connections-per-ip (default 64, 0 = none):
           one address cannot take every slot; raise it behind a proxy that connects from one address.
+--usage-flush-interval (default 1, at most 5): relayed requests are counted in memory (tokens per
+          workspace, integration, model and hour) and written in one transaction this often and at
+          shutdown; a kill -9 loses at most one interval. The per-integration policy (attestctl
+          integrations update) and the per-device and monthly limits read the database's counts
+          plus this instance's unwritten ones. --no-usage-ledger: relay without recording usage or
+          applying the policy (benchmarks only: nothing is billed or limited).
 --token-ttl is 300 to 86400 seconds: the published client refreshes 60 s before expiry, so a
           shorter token would be refreshed on almost every call and soon hit the mint limit.
 """
@@ -71,6 +77,8 @@ struct ServeOptions {
     var writeTimeout = HTTPServerConfiguration().writeTimeoutSeconds
     var maxConnections = HTTPServerConfiguration().maxConnections
     var maxConnectionsPerIP = HTTPServerConfiguration().maxConnectionsPerIP
+    var usageFlushInterval = 1.0
+    var usageLedger = true
 
     init(_ arguments: [String]) throws {
         var i = 0
@@ -116,6 +124,8 @@ struct ServeOptions {
             case "--write-timeout": writeTimeout = Double(try number("--write-timeout", 1...3600))
             case "--max-connections": maxConnections = try number("--max-connections", 16...1_000_000)
             case "--max-connections-per-ip": maxConnectionsPerIP = try number("--max-connections-per-ip", 0...1_000_000)
+            case "--usage-flush-interval": usageFlushInterval = Double(try number("--usage-flush-interval", 1...5))
+            case "--no-usage-ledger": usageLedger = false
             case "--threads": threads = try number("--threads", 1...256)
             case "--synchronous":
                 let mode = try value().uppercased()
@@ -200,7 +210,12 @@ func serve(_ options: ServeOptions) throws -> Never {
     let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
     let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
     let relay = try MessagesRelay(try relayConfiguration(options))
-    let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay,
+    let ledger = options.usageLedger
+        ? UsageLedger(store: store, metrics: service.metrics, flushInterval: options.usageFlushInterval,
+                      report: { logger.error("usage_flush_failed", [("error", $0)]) })
+        : nil
+    ledger?.start()
+    let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay, ledger: ledger,
                                trustedProxies: options.trustedProxies, separateAdminListener: options.admin != nil)
 
     var configuration = HTTPServerConfiguration()
@@ -256,7 +271,7 @@ func serve(_ options: ServeOptions) throws -> Never {
     }
     maintenance.resume()
 
-    // SIGINT/SIGTERM: stop accepting, flush the audit buffer, exit cleanly.
+    // SIGINT/SIGTERM: stop accepting, flush the usage ledger and the audit buffer, exit cleanly.
     let signalQueue = DispatchQueue(label: "signals")
     var sources: [DispatchSourceSignal] = []
     for signalNumber in [SIGINT, SIGTERM] {
@@ -269,6 +284,8 @@ func serve(_ options: ServeOptions) throws -> Never {
             server.shutdown(grace: options.shutdownGrace)
             adminServer?.stop()
             relay.shutdown()
+            // After the last relayed request has ended: its usage is in this flush.
+            ledger?.stop()
             audit.close()
             logger.drain()
             exit(0)

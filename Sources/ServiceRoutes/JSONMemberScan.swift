@@ -1,0 +1,174 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Finds the values of a few top-level members of a JSON object without decoding it: one pass,
+/// no recursion (nesting is a counter), no allocation beyond the result, and string contents
+/// skipped with `memchr`, so a 20 MB base64 image costs about what reading it once does. Used
+/// for the policy's `model` and `max_tokens` and for the upstream's `usage`; everything else in
+/// the body is left as it is.
+struct JSONMemberScan {
+    enum Failure: Error, Equatable {
+        case notAnObject
+        case malformed(at: Int)
+        case duplicate(String)
+        /// A member name written with escapes (`"max\u005ftokens"`): another parser would read it
+        /// as the plain name, so a policy check must not pass it by.
+        case escapedName(at: Int)
+    }
+
+    /// The value ranges of `names`, in their order (nil when absent).
+    static func members(of names: [String], in bytes: UnsafeRawBufferPointer, stopWhenFound: Bool = false) throws(Failure) -> [Range<Int>?] {
+        try members(of: names, in: bytes, within: 0..<bytes.count, stopWhenFound: stopWhenFound)
+    }
+
+    /// The same for the object in `bytes[range]` (a nested value); ranges are into `bytes`.
+    static func members(of names: [String], in bytes: UnsafeRawBufferPointer, within range: Range<Int>,
+                        stopWhenFound: Bool = false) throws(Failure) -> [Range<Int>?] {
+        guard range.lowerBound >= 0, range.upperBound <= bytes.count else { throw .notAnObject }
+        var scanner = Scanner(bytes: UnsafeBufferPointer(rebasing: bytes.bindMemory(to: UInt8.self)[range]))
+        return try scanner.members(names.map { Array($0.utf8) }, names: names, stopWhenFound: stopWhenFound)
+            .map { $0.map { ($0.lowerBound + range.lowerBound)..<($0.upperBound + range.lowerBound) } }
+    }
+
+    static func members(of names: [String], in bytes: [UInt8], stopWhenFound: Bool = false) throws(Failure) -> [Range<Int>?] {
+        do {
+            return try bytes.withUnsafeBytes { raw in try members(of: names, in: raw, stopWhenFound: stopWhenFound) }
+        } catch let failure as Failure {
+            throw failure
+        } catch {
+            throw .notAnObject
+        }
+    }
+
+    /// An integer value (`-?[0-9]+`); nil for anything else. Saturates instead of overflowing.
+    static func integer(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Int? {
+        var index = range.lowerBound
+        let negative = index < range.upperBound && bytes[index] == UInt8(ascii: "-")
+        if negative { index += 1 }
+        guard index < range.upperBound else { return nil }
+        var value = 0
+        while index < range.upperBound {
+            let b = bytes[index]
+            guard b >= 0x30 && b <= 0x39 else { return nil }
+            let (times, o1) = value.multipliedReportingOverflow(by: 10)
+            let (sum, o2) = times.addingReportingOverflow(Int(b - 0x30))
+            value = o1 || o2 ? Int.max : sum
+            index += 1
+        }
+        return negative ? -value : value
+    }
+
+    /// A string value without escapes, as text; nil for another kind of value or an escaped string.
+    static func plainString(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> String? {
+        guard range.count >= 2, bytes[range.lowerBound] == UInt8(ascii: "\""), bytes[range.upperBound - 1] == UInt8(ascii: "\"") else { return nil }
+        let inner = bytes[(range.lowerBound + 1)..<(range.upperBound - 1)]
+        guard !inner.contains(UInt8(ascii: "\\")) else { return nil }
+        return String(decoding: inner, as: UTF8.self)
+    }
+
+    struct Scanner {
+        let bytes: UnsafeBufferPointer<UInt8>
+        var index = 0
+
+        init(bytes: UnsafeBufferPointer<UInt8>) {
+            self.bytes = bytes
+        }
+
+        mutating func skipWhitespace() {
+            while index < bytes.count, bytes[index] == 0x20 || bytes[index] == 0x0a || bytes[index] == 0x0d || bytes[index] == 0x09 { index += 1 }
+        }
+
+        /// With `index` on an opening quote: moves past the closing one.
+        mutating func skipString() throws(Failure) {
+            let start = index
+            var from = index + 1
+            while true {
+                guard from < bytes.count, let found = memchr(bytes.baseAddress! + from, 0x22, bytes.count - from) else {
+                    throw .malformed(at: start)
+                }
+                let quote = bytes.baseAddress!.distance(to: found.assumingMemoryBound(to: UInt8.self))
+                // A quote is escaped when an odd number of backslashes precede it.
+                var backslashes = 0
+                while quote - backslashes - 1 > start, bytes[quote - backslashes - 1] == 0x5c { backslashes += 1 }
+                if backslashes % 2 == 0 {
+                    index = quote + 1
+                    return
+                }
+                from = quote + 1
+            }
+        }
+
+        /// Moves past one value of any kind; nested arrays and objects by a depth counter.
+        mutating func skipValue() throws(Failure) {
+            guard index < bytes.count else { throw .malformed(at: index) }
+            switch bytes[index] {
+            case 0x22: try skipString()
+            case 0x7b, 0x5b:
+                var depth = 0
+                repeat {
+                    guard index < bytes.count else { throw .malformed(at: index) }
+                    switch bytes[index] {
+                    case 0x22: try skipString(); continue
+                    case 0x7b, 0x5b: depth += 1
+                    case 0x7d, 0x5d: depth -= 1
+                    default: break
+                    }
+                    index += 1
+                } while depth > 0
+            default:
+                let start = index
+                while index < bytes.count {
+                    let b = bytes[index]
+                    if b == 0x2c || b == 0x7d || b == 0x5d || b == 0x20 || b == 0x0a || b == 0x0d || b == 0x09 { break }
+                    index += 1
+                }
+                guard index > start else { throw .malformed(at: start) }
+            }
+        }
+
+        mutating func members(_ wanted: [[UInt8]], names: [String], stopWhenFound: Bool) throws(Failure) -> [Range<Int>?] {
+            var found = [Range<Int>?](repeating: nil, count: wanted.count)
+            var remaining = wanted.count
+            skipWhitespace()
+            guard index < bytes.count, bytes[index] == 0x7b else { throw .notAnObject }
+            index += 1
+            skipWhitespace()
+            if index < bytes.count, bytes[index] == 0x7d {
+                index += 1
+            } else {
+                while true {
+                    skipWhitespace()
+                    guard index < bytes.count, bytes[index] == 0x22 else { throw .malformed(at: index) }
+                    let nameStart = index + 1
+                    try skipString()
+                    let name = UnsafeBufferPointer(rebasing: bytes[nameStart..<(index - 1)])
+                    if name.contains(0x5c) { throw .escapedName(at: nameStart) }
+                    skipWhitespace()
+                    guard index < bytes.count, bytes[index] == 0x3a else { throw .malformed(at: index) }
+                    index += 1
+                    skipWhitespace()
+                    let valueStart = index
+                    try skipValue()
+                    if let slot = wanted.firstIndex(where: { $0.elementsEqual(name) }) {
+                        guard found[slot] == nil else { throw .duplicate(names[slot]) }
+                        found[slot] = valueStart..<index
+                        remaining -= 1
+                        if stopWhenFound && remaining == 0 { return found }
+                    }
+                    skipWhitespace()
+                    guard index < bytes.count else { throw .malformed(at: index) }
+                    if bytes[index] == 0x2c { index += 1; continue }
+                    guard bytes[index] == 0x7d else { throw .malformed(at: index) }
+                    index += 1
+                    break
+                }
+            }
+            skipWhitespace()
+            guard index == bytes.count else { throw .malformed(at: index) }
+            return found
+        }
+    }
+}

@@ -1,0 +1,168 @@
+import TokenService
+
+/// What the policy needs from a Messages request: `model` and `max_tokens`, read with the bounded
+/// scan. The body itself goes upstream byte for byte.
+enum MessagesRequestFields {
+    static func policyInput(_ body: [UInt8], spendsTokens: Bool) -> PolicyInput {
+        var input = PolicyInput(spendsTokens: spendsTokens)
+        body.withUnsafeBytes { bytes in
+            do throws(JSONMemberScan.Failure) {
+                let found = try JSONMemberScan.members(of: ["model", "max_tokens"], in: bytes)
+                if let range = found[0] {
+                    if let model = JSONMemberScan.plainString(bytes, range) { input.model = model } else { input.problem = "model is not a plain string" }
+                }
+                if let range = found[1] {
+                    if let maxTokens = JSONMemberScan.integer(bytes, range) { input.maxTokens = maxTokens } else { input.problem = "max_tokens is not an integer" }
+                }
+            } catch {
+                input.problem = switch error {
+                case .notAnObject: "the body is not a JSON object"
+                case .malformed(let at): "the body is not valid JSON (at byte \(at))"
+                case .duplicate(let name): "\(name) appears more than once"
+                case .escapedName: "a member name is written with escapes"
+                }
+            }
+        }
+        return input
+    }
+}
+
+/// The upstream's own `usage` object, as the ledger records it.
+enum UsageObject {
+    static let fields = ["input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"]
+
+    /// The counts in the object at `bytes[range]`; absent or null fields count 0.
+    static func read(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> TokenUsage? {
+        guard let found = try? JSONMemberScan.members(of: fields, in: bytes, within: range) else { return nil }
+        func count(_ slot: Int) -> Int64 { found[slot].flatMap { JSONMemberScan.integer(bytes, $0) }.map { Int64(max(0, $0)) } ?? 0 }
+        return TokenUsage(inputTokens: count(0), outputTokens: count(1), cacheCreationInputTokens: count(2), cacheReadInputTokens: count(3))
+    }
+
+    /// The top-level `usage` of a whole JSON reply.
+    static func ofReply(_ body: [UInt8]) -> TokenUsage? {
+        body.withUnsafeBytes { bytes in
+            guard let found = try? JSONMemberScan.members(of: ["usage"], in: bytes), let range = found[0] else { return nil }
+            return read(bytes, range)
+        }
+    }
+
+    /// The last `"usage": {…}` in the tail of a reply too large to hold (the API puts `usage` last).
+    static func ofTail(_ tail: [UInt8]) -> TokenUsage? {
+        let marker = Array(#""usage""#.utf8)
+        guard tail.count > marker.count else { return nil }
+        var start = tail.count - marker.count
+        while start >= 0 {
+            if tail[start] == marker[0], tail[start..<(start + marker.count)].elementsEqual(marker) {
+                var index = start + marker.count
+                while index < tail.count, tail[index] == 0x20 || tail[index] == 0x0a || tail[index] == 0x0d || tail[index] == 0x09 || tail[index] == 0x3a { index += 1 }
+                guard index < tail.count, tail[index] == 0x7b else { return nil }
+                return tail.withUnsafeBytes { bytes in
+                    var scanner = JSONMemberScan.Scanner(bytes: bytes.bindMemory(to: UInt8.self))
+                    scanner.index = index
+                    guard (try? scanner.skipValue()) != nil else { return nil }
+                    return read(bytes, index..<scanner.index)
+                }
+            }
+            start -= 1
+        }
+        return nil
+    }
+}
+
+/// Reads usage from a Messages SSE stream as its bytes pass through, never holding the stream
+/// back: input and cache counts from `message_start.message.usage`, output from the last
+/// `message_delta` (a running total, not an increment). Only the data of those events is kept
+/// (bounded); text deltas are skipped as they go by.
+struct StreamUsageReader {
+    static let maxEventBytes = 1 << 20
+
+    private(set) var usage = TokenUsage()
+    private(set) var sawStart = false
+    /// `message_stop` arrived: the stream is complete.
+    private(set) var sawStop = false
+
+    private var line: [UInt8] = []
+    /// The current line is data of an event we don't need: skip to its end without keeping it.
+    private var skippingLine = false
+    private var lineStarted = false
+    private var event: [UInt8]?
+    private var data: [UInt8] = []
+
+    private static let wanted: [[UInt8]] = ["message_start", "message_delta", "message_stop"].map { Array($0.utf8) }
+
+    mutating func feed(_ chunk: UnsafeRawBufferPointer) {
+        var offset = 0
+        while offset < chunk.count {
+            let rest = UnsafeRawBufferPointer(rebasing: chunk[offset...])
+            let newline = rest.firstIndex(of: 0x0a)
+            let segment = UnsafeRawBufferPointer(rebasing: rest[..<(newline ?? rest.count)])
+            if !lineStarted, let first = segment.first {
+                lineStarted = true
+                // A data line of an event named otherwise (content_block_delta, ping) is not kept;
+                // `event:` lines and the blank line that ends the event always are.
+                skippingLine = first == UInt8(ascii: "d") && (event.map { name in !Self.wanted.contains { $0 == name } } ?? false)
+            }
+            if !skippingLine && line.count + segment.count <= Self.maxEventBytes { line.append(contentsOf: segment) }
+            guard let newline else { return }
+            endLine()
+            offset += newline + 1
+        }
+    }
+
+    private mutating func endLine() {
+        defer {
+            line.removeAll(keepingCapacity: true)
+            lineStarted = false
+        }
+        if skippingLine {
+            skippingLine = false
+            return
+        }
+        if line.last == 0x0d { line.removeLast() }
+        if line.isEmpty {
+            dispatch()
+            return
+        }
+        if line.starts(with: "event:".utf8) {
+            event = Array(line.dropFirst(6).drop { $0 == 0x20 })
+        } else if line.starts(with: "data:".utf8) {
+            var value = line.dropFirst(5)
+            if value.first == 0x20 { value = value.dropFirst() }
+            if !data.isEmpty { data.append(0x0a) }
+            if data.count + value.count <= Self.maxEventBytes { data.append(contentsOf: value) }
+        }
+    }
+
+    /// A blank line ends an event: read the usage of the ones that carry it.
+    private mutating func dispatch() {
+        defer {
+            event = nil
+            data.removeAll(keepingCapacity: true)
+        }
+        guard !data.isEmpty else { return }
+        data.withUnsafeBytes { bytes in
+            guard let found = try? JSONMemberScan.members(of: ["type", "message", "usage"], in: bytes),
+                  let typeRange = found[0], let type = JSONMemberScan.plainString(bytes, typeRange) else { return }
+            switch type {
+            case "message_start":
+                guard let message = found[1],
+                      let inner = try? JSONMemberScan.members(of: ["usage"], in: bytes, within: message), let usageRange = inner[0],
+                      let start = UsageObject.read(bytes, usageRange) else { return }
+                usage.inputTokens = start.inputTokens
+                usage.cacheCreationInputTokens = start.cacheCreationInputTokens
+                usage.cacheReadInputTokens = start.cacheReadInputTokens
+                usage.outputTokens = start.outputTokens
+                sawStart = true
+            case "message_delta":
+                guard let usageRange = found[2],
+                      let fields = try? JSONMemberScan.members(of: ["output_tokens"], in: bytes, within: usageRange),
+                      let output = fields[0].flatMap({ JSONMemberScan.integer(bytes, $0) }) else { return }
+                usage.outputTokens = Int64(max(0, output))
+            case "message_stop":
+                sawStop = true
+            default:
+                break
+            }
+        }
+    }
+}

@@ -1,0 +1,297 @@
+import Foundation
+import Synchronization
+
+/// Why the policy refused a request before it went upstream.
+public enum PolicyRefusal: Error, Sendable, Equatable {
+    /// The body's `model` or `max_tokens` could not be read (malformed, duplicated, not an integer).
+    case unreadableBody(String)
+    case modelNotAllowed(String)
+    case maxTokensOverLimit(requested: Int, limit: Int)
+    case deviceRateLimited(limit: Int, retryAfter: Int)
+    case monthlyBudgetSpent(budget: Int, retryAfter: Int)
+
+    /// The `reason` in the ledger, the metrics and the log.
+    public var reason: String {
+        switch self {
+        case .unreadableBody: "unreadable_body"
+        case .modelNotAllowed: "model_not_allowed"
+        case .maxTokensOverLimit: "max_tokens_over_limit"
+        case .deviceRateLimited: "device_rate_limited"
+        case .monthlyBudgetSpent: "monthly_budget_spent"
+        }
+    }
+}
+
+/// What the policy reads from a Messages request body (a bounded scan, not a decode).
+public struct PolicyInput: Sendable {
+    /// The top-level `model` string, as sent (nil when absent).
+    public var model: String?
+    /// The top-level `max_tokens` (nil when absent).
+    public var maxTokens: Int?
+    /// Why the two fields could not be read, when they could not.
+    public var problem: String?
+    /// The request spends tokens (`/v1/messages`; `count_tokens` does not), so the budget applies.
+    public var spendsTokens: Bool
+
+    public init(model: String? = nil, maxTokens: Int? = nil, problem: String? = nil, spendsTokens: Bool = true) {
+        self.model = model
+        self.maxTokens = maxTokens
+        self.problem = problem
+        self.spendsTokens = spendsTokens
+    }
+}
+
+/// A relayed request the ledger admitted: where its usage goes when it ends.
+public struct UsageTicket: Sendable {
+    public let key: UsageKey
+    public let month: MonthKey
+}
+
+/// Token counts from the upstream's own `usage`.
+public struct TokenUsage: Sendable, Equatable {
+    public var inputTokens: Int64 = 0
+    public var outputTokens: Int64 = 0
+    public var cacheCreationInputTokens: Int64 = 0
+    public var cacheReadInputTokens: Int64 = 0
+
+    public init(inputTokens: Int64 = 0, outputTokens: Int64 = 0, cacheCreationInputTokens: Int64 = 0, cacheReadInputTokens: Int64 = 0) {
+        self.inputTokens = inputTokens
+        self.outputTokens = outputTokens
+        self.cacheCreationInputTokens = cacheCreationInputTokens
+        self.cacheReadInputTokens = cacheReadInputTokens
+    }
+}
+
+/// How a relayed request ended.
+public struct RelayOutcome: Sendable {
+    /// The status the client got (an upstream status, or 502/504 when it could not be reached).
+    public var status: Int
+    public var usage: TokenUsage
+    /// Cut short (client gone, upstream interrupted, stream without `message_stop`): recorded with what was seen.
+    public var incomplete: Bool
+
+    public init(status: Int, usage: TokenUsage, incomplete: Bool) {
+        self.status = status
+        self.usage = usage
+        self.incomplete = incomplete
+    }
+}
+
+/// The usage ledger and the per-integration policy. Requests are counted in memory and flushed
+/// as one transaction every `flushInterval` (and at shutdown), so the hot path adds no commit;
+/// a `kill -9` loses at most the last interval. The limits read what every instance has flushed
+/// (from the token check's own query) plus what this one holds unflushed, so across instances
+/// they are exact to within one flush interval, and within one instance exact.
+public final class UsageLedger: Sendable {
+    /// Distinct model names kept per integration and hour; more fold into `other`, so an app
+    /// sending random model names cannot grow the ledger without bound.
+    public static let modelsPerIntegrationHour = 64
+
+    struct HourOfIntegration: Hashable {
+        let clientID: String
+        let hour: Int64
+    }
+
+    struct State {
+        var pending = UsageBatch()
+        /// The batch being written now (still counted by the limits until it is committed).
+        var flushing: UsageBatch?
+        /// The batch committed last, and how many commits there have been: a request whose
+        /// database read began before that commit may not have seen it, so it counts it too.
+        var lastFlushed = UsageBatch()
+        var commits = 0
+        var modelsSeen: [HourOfIntegration: Set<String>] = [:]
+    }
+
+    let store: TokenStore
+    let metrics: Metrics
+    let flushInterval: TimeInterval
+    private let report: @Sendable (String) -> Void
+    private let state = Mutex(State())
+    /// One flush at a time (the timer's and the final one).
+    private let flushLock = Mutex(())
+    private let stopped = Atomic<Bool>(false)
+    private let timerQueue = DispatchQueue(label: "attestd.usage-ledger")
+
+    public init(store: TokenStore, metrics: Metrics, flushInterval: TimeInterval = 1, report: @escaping @Sendable (String) -> Void = { _ in }) {
+        self.store = store
+        self.metrics = metrics
+        self.flushInterval = flushInterval
+        self.report = report
+        metrics.describe("attestd_upstream_tokens_total", "Tokens the upstream reported in relayed replies, by kind.")
+        metrics.describe("attestd_policy_refusals_total", "Messages requests the integration's policy refused, by reason.")
+        metrics.describe("attestd_usage_flush_failures_total", "Usage flushes the store refused (the batch is kept and retried).")
+    }
+
+    /// The commit count to read before the token check's database query (see `admit`).
+    public var commitCount: Int { state.withLock { $0.commits } }
+
+    // MARK: Policy
+
+    /// Applies the grant's policy to the request. When admitted, the request counts against the
+    /// device's per-minute limit at once (so concurrent requests cannot all slip under it).
+    /// - Parameters:
+    ///   - commitsBeforeRead: `commitCount` taken before the query that produced `grant`.
+    public func admit(_ grant: TokenGrant, _ input: PolicyInput, commitsBeforeRead: Int, at time: Date) -> Result<UsageTicket, PolicyRefusal> {
+        let policy = grant.policy
+        if policy.models != nil || policy.maxTokens > 0, let problem = input.problem {
+            return refuse(.unreadableBody(problem), grant, input, at: time)
+        }
+        if let models = policy.models, !(input.model.map(models.contains) ?? false) {
+            return refuse(.modelNotAllowed(input.model ?? ""), grant, input, at: time)
+        }
+        if policy.maxTokens > 0, let requested = input.maxTokens, requested > policy.maxTokens {
+            return refuse(.maxTokensOverLimit(requested: requested, limit: policy.maxTokens), grant, input, at: time)
+        }
+        let hour = UsageClock.hour(time)
+        let month = MonthKey(clientID: grant.clientID, month: UsageClock.month(time))
+        let minute = UsageClock.minute(time)
+        let thisMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute)
+        let lastMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute - 1)
+        let outcome: Result<UsageTicket, PolicyRefusal> = state.withLock { state in
+            let missed = state.commits != commitsBeforeRead ? state.lastFlushed : UsageBatch()
+            func unflushed<K: Hashable>(_ table: KeyPath<UsageBatch, [K: Int64]>, _ key: K) -> Int64 {
+                state.pending[keyPath: table][key, default: 0] + (state.flushing?[keyPath: table][key] ?? 0) + missed[keyPath: table][key, default: 0]
+            }
+            if policy.deviceRequestsPerMinute > 0 {
+                let current = grant.recorded.deviceRequestsThisMinute + unflushed(\.deviceMinutes, thisMinute)
+                let previous = grant.recorded.deviceRequestsLastMinute + unflushed(\.deviceMinutes, lastMinute)
+                if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.deviceRequestsPerMinute, at: time) {
+                    return .failure(.deviceRateLimited(limit: policy.deviceRequestsPerMinute, retryAfter: retry))
+                }
+            }
+            if input.spendsTokens, policy.monthlyTokenBudget > 0,
+               grant.recorded.monthTokens + unflushed(\.monthTokens, month) >= Int64(policy.monthlyTokenBudget) {
+                let renews = UsageClock.nextMonthStart(after: time).timeIntervalSince(time)
+                return .failure(.monthlyBudgetSpent(budget: policy.monthlyTokenBudget, retryAfter: max(1, Int(renews.rounded(.up)))))
+            }
+            state.pending.deviceMinutes[thisMinute, default: 0] += 1
+            let model = Self.modelLabel(input.model, clientID: grant.clientID, hour: hour, seen: &state.modelsSeen)
+            return .success(UsageTicket(key: UsageKey(clientID: grant.clientID, model: model, hour: hour), month: month))
+        }
+        if case .failure(let refusal) = outcome { return refuse(refusal, grant, input, at: time) }
+        return outcome
+    }
+
+    /// Counts the refusal in the ledger (by reason, not as a request) and in the metrics.
+    private func refuse(_ refusal: PolicyRefusal, _ grant: TokenGrant, _ input: PolicyInput, at time: Date) -> Result<UsageTicket, PolicyRefusal> {
+        let hour = UsageClock.hour(time)
+        state.withLock { state in
+            let label = Self.modelLabel(input.model, clientID: grant.clientID, hour: hour, seen: &state.modelsSeen)
+            state.pending.usage[UsageKey(clientID: grant.clientID, model: label, hour: hour), default: UsageCounters()].refusals[refusal.reason, default: 0] += 1
+        }
+        metrics.increment("attestd_policy_refusals_total", labels: [("reason", refusal.reason)])
+        return .failure(refusal)
+    }
+
+    /// The ledger's name for a request's model: the ID as sent when it looks like one, `unknown`
+    /// when absent, `invalid` when it does not, `other` past the per-hour cap.
+    static func modelLabel(_ model: String?, clientID: String, hour: Int64, seen: inout [HourOfIntegration: Set<String>]) -> String {
+        guard let model else { return "unknown" }
+        guard IntegrationPolicy.isValidModelID(model) else { return "invalid" }
+        let slot = HourOfIntegration(clientID: clientID, hour: hour)
+        if seen[slot]?.contains(model) == true { return model }
+        guard seen[slot, default: []].count < modelsPerIntegrationHour else { return "other" }
+        seen[slot, default: []].insert(model)
+        return model
+    }
+
+    /// Seconds until one more request fits a sliding one-minute window, or nil if it fits now. The
+    /// window is estimated from two fixed minutes: the last one weighted by how much of it the
+    /// window still covers, plus this one (constant memory per device, at most a minute's error
+    /// in when capacity frees, never more requests than the limit within any fixed minute).
+    public static func slidingWindowRetry(current: Int64, previous: Int64, limit: Int, at time: Date) -> Int? {
+        let intoMinute = time.timeIntervalSince1970.truncatingRemainder(dividingBy: 60)
+        func estimate(after wait: Double) -> Double {
+            let elapsed = intoMinute + wait
+            if elapsed < 60 { return Double(previous) * (60 - elapsed) / 60 + Double(current) }
+            if elapsed < 120 { return Double(current) * (120 - elapsed) / 60 }
+            return 0
+        }
+        guard estimate(after: 0) + 1 > Double(limit) else { return nil }
+        for wait in 1...120 where estimate(after: Double(wait)) + 1 <= Double(limit) { return wait }
+        return 120
+    }
+
+    // MARK: Recording
+
+    /// Records how an admitted request ended: one request, its tokens, its error status, whether it was cut short.
+    public func finish(_ ticket: UsageTicket, _ outcome: RelayOutcome) {
+        let usage = outcome.usage
+        state.withLock { state in
+            var counters = state.pending.usage[ticket.key, default: UsageCounters()]
+            counters.requests += 1
+            counters.inputTokens += usage.inputTokens
+            counters.outputTokens += usage.outputTokens
+            counters.cacheCreationInputTokens += usage.cacheCreationInputTokens
+            counters.cacheReadInputTokens += usage.cacheReadInputTokens
+            if outcome.incomplete { counters.incomplete += 1 }
+            // 499: the client left before an answer; that is `incomplete`, not an upstream error.
+            if outcome.status >= 400 && outcome.status != 499 { counters.errors[outcome.status, default: 0] += 1 }
+            state.pending.usage[ticket.key] = counters
+            let spent = usage.inputTokens + usage.outputTokens
+            if spent > 0 { state.pending.monthTokens[ticket.month, default: 0] += spent }
+        }
+        for (kind, count) in [("input", usage.inputTokens), ("output", usage.outputTokens),
+                              ("cache_creation_input", usage.cacheCreationInputTokens), ("cache_read_input", usage.cacheReadInputTokens)] where count > 0 {
+            metrics.increment("attestd_upstream_tokens_total", labels: [("kind", kind)], by: Double(count))
+        }
+    }
+
+    // MARK: Flushing
+
+    /// Writes what is pending in one transaction. On failure the batch goes back to pending (none
+    /// of it is lost) and is retried on the next flush.
+    @discardableResult
+    public func flush(at time: Date = Date()) -> Bool {
+        flushLock.withLock { _ in
+            let batch: UsageBatch? = state.withLock { state in
+                guard !state.pending.isEmpty else { return nil }
+                state.flushing = state.pending
+                state.pending = UsageBatch()
+                return state.flushing
+            }
+            guard let batch else { return true }
+            let minute = UsageClock.minute(time)
+            do {
+                try store.recordUsage(batch, purgeDeviceMinutesBefore: minute - 2)
+                state.withLock { state in
+                    state.flushing = nil
+                    state.lastFlushed = batch
+                    state.commits += 1
+                    let hour = UsageClock.hour(time)
+                    state.modelsSeen = state.modelsSeen.filter { $0.key.hour >= hour - 3600 }
+                }
+                return true
+            } catch {
+                state.withLock { state in
+                    var kept = batch
+                    // Device minutes matter only for the limit's two-minute window.
+                    kept.deviceMinutes = kept.deviceMinutes.filter { $0.key.minute >= minute - 1 }
+                    kept.merge(state.pending)
+                    state.pending = kept
+                    state.flushing = nil
+                }
+                metrics.increment("attestd_usage_flush_failures_total")
+                report("usage flush failed, kept for the next one: \(error)")
+                return false
+            }
+        }
+    }
+
+    /// Flushes every `flushInterval` until `stop`.
+    public func start() {
+        timerQueue.asyncAfter(deadline: .now() + flushInterval) { [self] in
+            guard !stopped.load(ordering: .relaxed) else { return }
+            flush()
+            start()
+        }
+    }
+
+    /// Stops the timer and flushes what is left (at shutdown, after the last relayed request ended).
+    @discardableResult
+    public func stop() -> Bool {
+        stopped.store(true, ordering: .relaxed)
+        return flush()
+    }
+}

@@ -1,0 +1,150 @@
+import Foundation
+import Testing
+import TokenService
+@testable import ServiceRoutes
+
+/// The bounded scans behind the policy and the ledger: the request's `model` and `max_tokens`,
+/// the reply's `usage`, and usage read from an SSE stream as its bytes pass.
+@Suite struct UsageReadingTests {
+    static func fields(_ json: String) -> PolicyInput {
+        MessagesRequestFields.policyInput(Array(json.utf8), spendsTokens: true)
+    }
+
+    @Test func modelAndMaxTokensAreFoundWhereverTheyAreAtTheTopLevel() {
+        let input = Self.fields(#" { "messages" : [{"role":"user","content":[{"type":"text","text":"say \"model\": \"x\", max_tokens 9 }"}]}], "metadata":{"model":"nested","max_tokens":1},"max_tokens" : 2048 ,"model":"claude-sonnet-4-5"} "#)
+        #expect(input.problem == nil)
+        #expect(input.model == "claude-sonnet-4-5")
+        #expect(input.maxTokens == 2048)
+        let absent = Self.fields(#"{"messages":[]}"#)
+        #expect(absent.problem == nil && absent.model == nil && absent.maxTokens == nil)
+    }
+
+    /// Each way a body could make our reading differ from the upstream's is refused, not guessed.
+    @Test(arguments: [
+        (#"{"model":"a","model":"b"}"#, "model appears more than once"),
+        (#"{"max_tokens":10,"max_tokens":100000}"#, "max_tokens appears more than once"),
+        (#"{"max\u005ftokens":100000}"#, "a member name is written with escapes"),
+        (#"{"max_tokens":1e5}"#, "max_tokens is not an integer"),
+        (#"{"max_tokens":"100"}"#, "max_tokens is not an integer"),
+        (#"{"model":"claude\u002dx"}"#, "model is not a plain string"),
+        (#"{"model":["a"]}"#, "model is not a plain string"),
+        (#"[1,2]"#, "the body is not a JSON object"),
+        (#""#, "the body is not a JSON object"),
+        (#"{"model":"a""#, "the body is not valid JSON (at byte 12)"),
+        (#"{"model":"a"} {"model":"b"}"#, "the body is not valid JSON (at byte 14)"),
+        (#"{"model":"a",}"#, "the body is not valid JSON (at byte 13)"),
+        (#"{"text":"unterminated}"#, "the body is not valid JSON (at byte 8)"),
+    ])
+    func malformedOrAmbiguousBodiesAreNamed(_ body: String, _ problem: String) {
+        #expect(Self.fields(body).problem == problem)
+    }
+
+    @Test func escapedQuotesAndBackslashesInsideStringsAreSkippedCorrectly() {
+        // `\\"` ends the string (an escaped backslash, then the quote); `\"` does not.
+        let input = Self.fields(#"{"a":"x\\","b":"y\"z\\\"","model":"m1","c":"\\\\"}"#)
+        #expect(input.problem == nil)
+        #expect(input.model == "m1")
+    }
+
+    @Test func hugeIntegersSaturateInsteadOfWrapping() {
+        #expect(Self.fields(#"{"max_tokens":99999999999999999999999}"#).maxTokens == Int.max)
+        #expect(Self.fields(#"{"max_tokens":-5}"#).maxTokens == -5)
+    }
+
+    /// A 20 MB base64 image before the fields: found, and the scan is linear (memchr over the string).
+    @Test func aTwentyMegabyteImageBodyIsScanned() {
+        let image = String(repeating: "QUJDRA==", count: 2_500_000)
+        let body = #"{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":""#
+            + image + #""}}]}],"model":"claude-x","max_tokens":100}"#
+        let input = Self.fields(body)
+        #expect(input.problem == nil && input.model == "claude-x" && input.maxTokens == 100)
+    }
+
+    @Test func theUsageOfAJSONReplyAndOfATooLargeOnesTail() {
+        let reply = #"{"id":"msg_1","type":"message","content":[{"type":"text","text":"usage: {\"input_tokens\": 999}"}],"#
+            + #""usage":{"input_tokens":12,"cache_creation_input_tokens":3,"cache_read_input_tokens":4,"output_tokens":56}}"#
+        let expected = TokenUsage(inputTokens: 12, outputTokens: 56, cacheCreationInputTokens: 3, cacheReadInputTokens: 4)
+        #expect(UsageObject.ofReply(Array(reply.utf8)) == expected)
+        #expect(UsageObject.ofTail(Array(reply.utf8.suffix(150))) == expected)
+        #expect(UsageObject.ofReply(Array(#"{"type":"error"}"#.utf8)) == nil)
+        // Null counts are zero.
+        #expect(UsageObject.ofReply(Array(#"{"usage":{"input_tokens":7,"output_tokens":1,"cache_read_input_tokens":null}}"#.utf8))
+                == TokenUsage(inputTokens: 7, outputTokens: 1))
+    }
+
+    static let stream = """
+        event: message_start
+        data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[],"usage":{"input_tokens":25,"cache_creation_input_tokens":7,"cache_read_input_tokens":9,"output_tokens":1}}}
+
+        event: content_block_start
+        data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}
+
+        event: ping
+        data: {"type": "ping"}
+
+        event: content_block_delta
+        data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"\\"usage\\":{\\"output_tokens\\":999}"}}
+
+        event: content_block_stop
+        data: {"type":"content_block_stop","index":0}
+
+        event: message_delta
+        data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":15}}
+
+        event: message_delta
+        data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":42}}
+
+        event: message_stop
+        data: {"type":"message_stop"}
+
+
+        """
+
+    /// Whatever the chunking (down to one byte at a time, CRLF or LF), the same usage: input and
+    /// cache from message_start, output from the last message_delta (a total, not an increment).
+    @Test(arguments: [1, 2, 3, 7, 64, 100_000])
+    func streamUsageIsTheSameForAnyChunking(_ size: Int) {
+        for text in [Self.stream, Self.stream.replacingOccurrences(of: "\n", with: "\r\n")] {
+            var reader = StreamUsageReader()
+            let bytes = Array(text.utf8)
+            var offset = 0
+            while offset < bytes.count {
+                let end = min(bytes.count, offset + size)
+                bytes[offset..<end].withUnsafeBytes { reader.feed($0) }
+                offset = end
+            }
+            #expect(reader.usage == TokenUsage(inputTokens: 25, outputTokens: 42, cacheCreationInputTokens: 7, cacheReadInputTokens: 9))
+            #expect(reader.sawStart && reader.sawStop)
+        }
+    }
+
+    @Test func aStreamCutAfterItsStartHasTheStartsCountsAndNoStop() {
+        var reader = StreamUsageReader()
+        let cut = Self.stream.components(separatedBy: "event: message_delta")[0]
+        Array(cut.utf8).withUnsafeBytes { reader.feed($0) }
+        #expect(reader.usage == TokenUsage(inputTokens: 25, outputTokens: 1, cacheCreationInputTokens: 7, cacheReadInputTokens: 9))
+        #expect(reader.sawStart && !reader.sawStop)
+    }
+
+    /// Data-only events (no `event:` line) are recognised by their `type`.
+    @Test func dataOnlyEventsAreReadByTheirType() {
+        var reader = StreamUsageReader()
+        let text = #"data: {"type":"message_start","message":{"usage":{"input_tokens":3,"output_tokens":1}}}"# + "\n\n"
+            + #"data: {"type":"message_delta","usage":{"output_tokens":8}}"# + "\n\n" + #"data: {"type":"message_stop"}"# + "\n\n"
+        Array(text.utf8).withUnsafeBytes { reader.feed($0) }
+        #expect(reader.usage == TokenUsage(inputTokens: 3, outputTokens: 8))
+        #expect(reader.sawStop)
+    }
+
+    /// The per-device limit's sliding window: exact in a fresh minute; the last minute's requests
+    /// weigh by how much of it the window still covers; retry-after says when one more fits.
+    @Test func theSlidingWindowAllowsTheLimitAndSaysWhenMoreFits() {
+        let minuteStart = Date(timeIntervalSince1970: 1_800_000_000 - 1_800_000_000.truncatingRemainder(dividingBy: 60))
+        #expect(UsageLedger.slidingWindowRetry(current: 2, previous: 0, limit: 3, at: minuteStart + 10) == nil)
+        // Full this minute: frees when the next minute has begun and the weight has fallen enough.
+        #expect(UsageLedger.slidingWindowRetry(current: 3, previous: 0, limit: 3, at: minuteStart + 10) == 50 + 20)
+        // Half-way through the minute, 4 last minute count as 2: with 1 this minute, 3 of 3 used.
+        #expect(UsageLedger.slidingWindowRetry(current: 1, previous: 4, limit: 3, at: minuteStart + 30) == 15)
+        #expect(UsageLedger.slidingWindowRetry(current: 0, previous: 4, limit: 3, at: minuteStart + 30) == nil)
+    }
+}
