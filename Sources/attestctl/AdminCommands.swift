@@ -19,11 +19,24 @@ enum AdminCommands {
              (owner or primary owner; the key is stored sealed with AES-256-GCM under the secrets key file,
               never printed: show tells only whether one is set, when, by whom, and its last 4 characters)
            attestctl integrations create --actor EMAIL [--workspace NAME] --name NAME --team-id TEAMID
-             --bundle-id ID [--bundle-id ID]… [--environments development,production] [--json]
+             --bundle-id ID [--bundle-id ID]… [--environments development,production] [POLICY] [--json]
+           attestctl integrations update CLIENT_ID --actor EMAIL [POLICY] [--json]   (admin or above; audited)
+             POLICY: what the app's installs may spend through the Messages relay; 0 means no limit.
+               --models ID,…                   model IDs the app may call (default any; '*' allows any again)
+               --max-tokens N                  ceiling on a request's max_tokens (default none)
+               --device-requests-per-minute N  relayed requests per device key (default 60)
+               --monthly-token-budget N        input + output tokens per calendar month, UTC (default none)
+             every attestd applies a change on its next request, without a restart
            attestctl integrations list [--workspace NAME] [--json]
            attestctl integrations show CLIENT_ID [--json]
            attestctl integrations revoke CLIENT_ID --actor EMAIL --yes
            attestctl audit [--client-id CLIENT_ID] [--limit N] [--json]
+           attestctl usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE]
+             [--by hour|day|model|integration] [--json]
+             what relayed requests cost: requests, tokens, errors by status, cut streams, policy refusals.
+             DATE: 2026-12-01 or 2026-12-01T13:00:00Z (UTC); the ledger is hourly, so every hour that
+             overlaps [since, until) counts whole. Without them: everything, the current hour included
+             (attestd writes usage every second). --json: one object per line.
          every command takes --db PATH|URL (a SQLite file or a postgresql:// URL; default: $ATTESTD_DB, else ./attestd.sqlite) and --secrets-key-file FILE
          (default: $ATTESTD_SECRETS_KEY_FILE, else attestd.key beside the database; init creates it, 32 random bytes, 0600)
     """
@@ -45,7 +58,9 @@ enum AdminCommands {
             case ("integrations", "list"): try listIntegrations(Array(argv.dropFirst()))
             case ("integrations", "show"): try showIntegration(Array(argv.dropFirst()))
             case ("integrations", "revoke"): try revokeIntegration(Array(argv.dropFirst()))
+            case ("integrations", "update"): try updateIntegration(Array(argv.dropFirst()))
             case ("audit", _): try audit(argv)
+            case ("usage", _): try UsageCommand.run(try parse(argv, options: UsageCommand.options, flags: ["json"]))
             default: throw UsageError(usage)
             }
             return 0
@@ -135,18 +150,58 @@ enum AdminCommands {
     }
 
     static func createIntegration(_ argv: [String]) throws {
-        let arguments = try parse(argv, options: ["actor", "workspace", "name", "team-id", "bundle-id", "environments"], flags: ["json"])
+        let arguments = try parse(argv, options: Set(["actor", "workspace", "name", "team-id", "bundle-id", "environments"]).union(policyOptions), flags: ["json"])
         let actor = try Validate.email(try arguments.required("actor"))
         let name = try arguments.required("name"), teamID = try arguments.required("team-id")
         let environments = try arguments.value("environments").map(Validate.environments) ?? [.development, .production]
         let workspace = try arguments.value("workspace") ?? AdminService.defaultWorkspace
+        var policy = IntegrationPolicy()
+        try applyPolicyOptions(arguments, to: &policy)
         let (service, _) = try open(arguments)
         let integration = try service.createIntegration(actor: actor, workspace: workspace, name: name, teamID: teamID,
-                                                        bundleIDs: arguments.all("bundle-id"), environments: environments)
+                                                        bundleIDs: arguments.all("bundle-id"), environments: environments, policy: policy)
         if arguments.has("json") {
             printJSON(record(integration))
         } else {
             print("created integration \(integration.name) in \(integration.workspaceName): client ID \(integration.clientID)")
+            print("policy: \(AdminService.describe(integration.policy))")
+        }
+    }
+
+    static let policyOptions: Set<String> = ["models", "max-tokens", "device-requests-per-minute", "monthly-token-budget"]
+
+    /// The policy options given; the others keep their value.
+    static func applyPolicyOptions(_ arguments: Arguments, to policy: inout IntegrationPolicy) throws {
+        if let models = try arguments.value("models") {
+            let ids = models.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            policy.models = models.trimmingCharacters(in: .whitespaces) == "*" ? nil : ids
+        }
+        let most = 1_000_000_000_000_000
+        if let n = try arguments.integer("max-tokens", range: 0...most) { policy.maxTokens = n }
+        if let n = try arguments.integer("device-requests-per-minute", range: 0...most) { policy.deviceRequestsPerMinute = n }
+        if let n = try arguments.integer("monthly-token-budget", range: 0...most) { policy.monthlyTokenBudget = n }
+    }
+
+    static func updateIntegration(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: Set(["actor"]).union(policyOptions), flags: ["json"], positional: 1)
+        let clientID = arguments.positional[0]
+        let actor = try Validate.email(try arguments.required("actor"))
+        guard policyOptions.contains(where: arguments.has(option:)) else {
+            throw UsageError("nothing to change: give one or more of " + policyOptions.sorted().map { "--" + $0 }.joined(separator: ", "))
+        }
+        var change = IntegrationPolicy()
+        try applyPolicyOptions(arguments, to: &change)
+        let (service, _) = try open(arguments)
+        let integration = try service.updatePolicy(actor: actor, clientID: clientID) { policy in
+            if arguments.has(option: "models") { policy.models = change.models }
+            if arguments.has(option: "max-tokens") { policy.maxTokens = change.maxTokens }
+            if arguments.has(option: "device-requests-per-minute") { policy.deviceRequestsPerMinute = change.deviceRequestsPerMinute }
+            if arguments.has(option: "monthly-token-budget") { policy.monthlyTokenBudget = change.monthlyTokenBudget }
+        }
+        if arguments.has("json") {
+            printJSON(record(integration))
+        } else {
+            print("updated \(clientID): \(AdminService.describe(integration.policy))")
         }
     }
 
@@ -174,6 +229,7 @@ enum AdminCommands {
             for key in ["client_id", "name", "workspace", "team_id", "bundle_ids", "environments", "created_at", "revoked_at", "devices", "live_tokens"] {
                 print("\(key): \(text(record[key]))")
             }
+            print("policy: \(AdminService.describe(try service.integration(arguments.positional[0]).policy))")
         }
     }
 
@@ -241,7 +297,10 @@ enum AdminCommands {
     static func record(_ integration: Integration) -> [String: Any] {
         ["client_id": integration.clientID, "name": integration.name, "workspace": integration.workspaceName,
          "team_id": integration.teamID, "bundle_ids": integration.bundleIDs,
-         "environments": integration.environments.map(\.rawValue).sorted(), "created_at": iso8601(integration.createdAt)]
+         "environments": integration.environments.map(\.rawValue).sorted(), "created_at": iso8601(integration.createdAt),
+         "policy": ["models": integration.policy.models ?? ["*"], "max_tokens": integration.policy.maxTokens,
+                    "device_requests_per_minute": integration.policy.deviceRequestsPerMinute,
+                    "monthly_token_budget": integration.policy.monthlyTokenBudget] as [String: Any]]
     }
 
     /// The record plus usage counts and revocation time, for list and show.

@@ -8,7 +8,9 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   init | members add                       set up the organisation
   migrate                                  apply the schema's migrations (SQLite or PostgreSQL)
   workspaces create|show|set-upstream-key  workspaces and their upstream API keys
-  integrations create|list|show|revoke     manage app integrations
+  integrations create|list|show|update|revoke  manage app integrations and what they may spend
+  usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE] [--by hour|day|model|integration] [--json]
+                                           what relayed Messages requests cost
   audit [--client-id CLID] [--limit N]     newest audit events
   verify attestation|assertion …           verify an App Attest object offline
 every command answers --help; --db PATH|URL (a SQLite file or a postgresql:// URL; default: $ATTESTD_DB, else ./attestd.sqlite) and
@@ -21,7 +23,7 @@ runTool("attestctl") {
     let rest = Array(argv.dropFirst())
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
-    case "init", "migrate", "members", "workspaces", "integrations", "audit": return try AdminCommands.run(argv[0], rest)
+    case "init", "migrate", "members", "workspaces", "integrations", "audit", "usage": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     default: throw UsageError(usage)
     }

@@ -1,0 +1,81 @@
+import AttestWire
+import CommandLineSupport
+import Foundation
+import TokenService
+
+/// `attestctl usage`: the usage ledger, grouped, as a table or one JSON object per line.
+enum UsageCommand {
+    static let options: Set<String> = ["workspace", "client-id", "since", "until", "by"]
+
+    static func run(_ arguments: Arguments) throws {
+        var groupings = Set<UsageGrouping>()
+        if let by = try arguments.value("by") {
+            for part in by.split(separator: ",") {
+                guard let grouping = UsageGrouping(rawValue: part.trimmingCharacters(in: .whitespaces)) else {
+                    throw UsageError("--by \(by): use hour, day, model or integration")
+                }
+                groupings.insert(grouping)
+            }
+        }
+        let since = try arguments.value("since").map { try date($0, "since") }
+        let until = try arguments.value("until").map { try date($0, "until") }
+        let (service, _) = try AdminCommands.open(arguments)
+        let rows = try service.usage(workspace: try arguments.value("workspace"), clientID: try arguments.value("client-id"),
+                                     since: since, until: until)
+        let groups = UsageReport.group(rows, by: groupings)
+        if arguments.has("json") {
+            for group in groups { print(JSONText.object(fields(group))) }
+        } else {
+            printTable(groups)
+        }
+    }
+
+    /// 2026-12-01 (midnight UTC) or an ISO 8601 time.
+    static func date(_ text: String, _ option: String) throws -> Date {
+        if text.utf8.count == 10, let day = parseISO8601(text + "T00:00:00Z") { return day }
+        if let time = parseISO8601(text) { return time }
+        throw UsageError("--\(option) \(text): use 2026-12-01 or 2026-12-01T13:00:00Z")
+    }
+
+    /// The JSON line: the group's fields (those a grouping folds away are left out), then the counts.
+    static func fields(_ group: UsageGroup) -> [(String, Any)] {
+        var fields: [(String, Any)] = []
+        if let workspace = group.workspace { fields.append(("workspace", workspace)) }
+        if let clientID = group.clientID { fields.append(("client_id", clientID)) }
+        if let model = group.model { fields.append(("model", model)) }
+        if let hour = group.hour { fields.append(("hour", UsageReport.hourText(hour))) }
+        if let day = group.day { fields.append(("day", day)) }
+        let c = group.counters
+        fields += [("requests", c.requests), ("input_tokens", c.inputTokens), ("output_tokens", c.outputTokens),
+                   ("cache_creation_input_tokens", c.cacheCreationInputTokens), ("cache_read_input_tokens", c.cacheReadInputTokens),
+                   ("errors", c.errors.sorted { $0.key < $1.key }.map { (String($0.key), $0.value as Any) }),
+                   ("incomplete", c.incomplete),
+                   ("refused", c.refusals.sorted { $0.key < $1.key }.map { ($0.key, $0.value as Any) })]
+        return fields
+    }
+
+    static func printTable(_ groups: [UsageGroup]) {
+        guard !groups.isEmpty else {
+            print("no usage recorded")
+            return
+        }
+        let keys: [(String, (UsageGroup) -> String?)] = [
+            ("WORKSPACE", { $0.workspace }), ("CLIENT_ID", { $0.clientID }), ("MODEL", { $0.model }),
+            ("HOUR", { $0.hour.map(UsageReport.hourText) }), ("DAY", { $0.day }),
+        ].filter { _, get in groups.contains { get($0) != nil } }
+        func counts(_ c: UsageCounters) -> [String] {
+            [String(c.requests), String(c.inputTokens), String(c.outputTokens), String(c.cacheCreationInputTokens), String(c.cacheReadInputTokens),
+             c.errors.isEmpty ? "-" : c.errors.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","),
+             String(c.incomplete),
+             c.refusals.isEmpty ? "-" : c.refusals.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ",")]
+        }
+        let header = keys.map(\.0) + ["REQUESTS", "INPUT", "OUTPUT", "CACHE_WRITE", "CACHE_READ", "ERRORS", "INCOMPLETE", "REFUSED"]
+        var lines = groups.map { group in keys.map { $0.1(group) ?? "-" } + counts(group.counters) }
+        lines.append(keys.enumerated().map { $0.offset == 0 ? "TOTAL" : "" } + counts(UsageReport.total(groups)))
+        let widths = header.indices.map { column in ([header] + lines).map { $0[column].count }.max()! }
+        for line in [header] + lines {
+            print(line.enumerated().map { $0.element.padding(toLength: widths[$0.offset], withPad: " ", startingAt: 0) }
+                .joined(separator: "  ").trimmingCharacters(in: .whitespaces))
+        }
+    }
+}
