@@ -65,7 +65,7 @@ let package = Package(
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CommandLineSupport"]),
         // The developer's tool: simulated devices, load generation, verification benchmarks.
         .executableTarget(name: "attest-sim", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "TestAuthority", "AttestClient",
-                                                             "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport"]),
+                                                             "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport", "ServiceRoutes"]),
 
         // Test support, never linked into the shipped binaries: a stub of the upstream Messages
         // API on raw sockets, and the same as a stand-alone executable for scripts and benchmarks.

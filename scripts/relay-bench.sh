@@ -4,9 +4,10 @@
 # interleaved in rounds so a noisy machine hits all three alike:
 #   direct  — wrk → the fast upstream (nginx answering a fixed Messages reply)
 #   nginx   — wrk → nginx proxy_pass (x-api-key set, Authorization dropped) → upstream
-#   attestd — wrk → attestd (token check + relay) → upstream
+#   attestd — wrk → attestd (token check + relay + usage ledger + the integration's policy) → upstream
+#   attestd-noledger — the same attestd without ledger and policy (--no-usage-ledger): their cost
 # Small non-streaming requests at C connections; prints requests/s and p50/p99 per round and the
-# medians, the ratio attestd/nginx, and the time to first byte of a stream (upstream-stub)
+# medians, the ratios attestd/nginx and ledger on/off, and the time to first byte of a stream (upstream-stub)
 # direct and through attestd.
 #
 # usage: scripts/relay-bench.sh [SECONDS_PER_RUN=5] [ROUNDS=3] [CONNECTIONS=64]
@@ -74,14 +75,23 @@ db="$work/attestd.sqlite"
 $bin/attestctl init --db "$db" --owner bench@example.com >/dev/null
 clid=$($bin/attestctl integrations create --db "$db" --actor bench@example.com --name Bench --team-id ABCDE12345 \
   --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
+# Every policy check active (an allowed model, a max_tokens ceiling, per-device and monthly limits
+# too high to bind), so the run measures what they cost, not what they refuse.
+$bin/attestctl integrations update "$clid" --db "$db" --actor bench@example.com --models claude-bench --max-tokens 4096 \
+  --device-requests-per-minute 1000000000 --monthly-token-budget 1000000000000000 >/dev/null
 echo "$key" > "$work/upstream.key"
-attestd_port=$(free_port)
-$bin/attestd serve --db "$db" --listen "127.0.0.1:$attestd_port" --trust-anchor Fixtures/test-authority/root.pem \
-  --upstream-url "http://127.0.0.1:$upstream_port" --upstream-key-file "$work/upstream.key" \
-  --mint-limit 0 --challenge-limit 0 --registration-quota 0 --threads "${THREADS:-4}" 2>"$work/attestd.log" &
-pids+=($!)
-attestd_pid=$!
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$attestd_port/healthz" >/dev/null && break; sleep 0.05; done
+attestd_port=$(free_port) noledger_port=$(free_port)
+serve() {  # serve PORT [OPTION…]: attestd on the fixed upstream, exchange limits off for load
+  $bin/attestd serve --db "$db" --listen "127.0.0.1:$1" --trust-anchor Fixtures/test-authority/root.pem \
+    --upstream-url "http://127.0.0.1:$upstream_port" --upstream-key-file "$work/upstream.key" \
+    --mint-limit 0 --challenge-limit 0 --registration-quota 0 --threads "${THREADS:-4}" "${@:2}" 2>>"$work/attestd.log" &
+  pids+=($!)
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$1/healthz" >/dev/null && break; sleep 0.05; done
+}
+serve "$attestd_port"
+attestd_pid=${pids[-1]}
+serve "$noledger_port" --no-usage-ledger
+noledger_pid=${pids[-1]}
 
 # A real token from a simulated device (the device's state file holds it; the tool never prints it).
 $bin/attest-sim simulate-device --base-url "http://127.0.0.1:$attestd_port" --client-id "$clid" --state-dir "$work/device" \
@@ -111,33 +121,40 @@ print(f"{rps:.0f} {p50:.3f} {p99:.3f} {non2xx.group(1) if non2xx else 0}")'
 }
 
 echo "relay bench: $seconds s per run, $rounds rounds, $connections connections, attestd threads ${THREADS:-4}"
-printf '%-6s %-8s %10s %9s %9s %7s\n' round target req/s p50_ms p99_ms non2xx
+printf '%-6s %-16s %10s %9s %9s %7s\n' round target req/s p50_ms p99_ms non2xx
 declare -A rps p50 p99
 for round in $(seq "$rounds"); do
-  for target in direct nginx attestd; do
+  for target in direct nginx attestd attestd-noledger; do
     case $target in
       direct) url="http://127.0.0.1:$upstream_port/v1/messages" ;;
       nginx) url="http://127.0.0.1:$proxy_port/v1/messages" ;;
       attestd) url="http://127.0.0.1:$attestd_port/v1/messages" ;;
+      attestd-noledger) url="http://127.0.0.1:$noledger_port/v1/messages" ;;
     esac
     read -r r a b n < <(run "$target" "$url")
-    printf '%-6s %-8s %10s %9s %9s %7s\n' "$round" "$target" "$r" "$a" "$b" "$n"
+    printf '%-6s %-16s %10s %9s %9s %7s\n' "$round" "$target" "$r" "$a" "$b" "$n"
     rps[$target]+="$r " p50[$target]+="$a " p99[$target]+="$b "
   done
 done
 median() { python3 -c 'import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))' $1; }
-for target in direct nginx attestd; do
+for target in direct nginx attestd attestd-noledger; do
   echo "median $target: $(median "${rps[$target]}") req/s, p50 $(median "${p50[$target]}") ms, p99 $(median "${p99[$target]}") ms"
 done
 python3 -c 'import sys; print(f"attestd/nginx requests per second: {float(sys.argv[1])/float(sys.argv[2]):.2f}")' \
   "$(median "${rps[attestd]}")" "$(median "${rps[nginx]}")"
+python3 -c 'import sys; print(f"ledger and policy on/off requests per second: {float(sys.argv[1])/float(sys.argv[2]):.2f}")' \
+  "$(median "${rps[attestd]}")" "$(median "${rps[attestd-noledger]}")"
+# Every request the ledger-on instance answered was recorded (after its last flush).
+sleep 1.5
+recorded=$($bin/attestctl usage --db "$db" --client-id "$clid" --json | python3 -c 'import json,sys; print(sum(json.loads(l)["requests"] for l in sys.stdin))')
+echo "requests in the usage ledger: $recorded"
 
 # Time to first byte of a stream: the stub directly, and through attestd (token check + relay).
 $bin/upstream-stub --api-key "$key" --deltas 5 --delta-interval-ms 50 > "$work/stub.json" &
 pids+=($!)
 for _ in $(seq 100); do [ -s "$work/stub.json" ] && break; sleep 0.05; done
 stub_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$work/stub.json")
-kill "$attestd_pid"; wait "$attestd_pid" 2>/dev/null || true
+kill "$attestd_pid" "$noledger_pid"; wait "$attestd_pid" "$noledger_pid" 2>/dev/null || true
 $bin/attestd serve --db "$db" --listen "127.0.0.1:$attestd_port" --trust-anchor Fixtures/test-authority/root.pem \
   --upstream-url "http://127.0.0.1:$stub_port" --upstream-key-file "$work/upstream.key" 2>>"$work/attestd.log" &
 pids+=($!)

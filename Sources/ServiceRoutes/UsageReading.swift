@@ -2,8 +2,8 @@ import TokenService
 
 /// What the policy needs from a Messages request: `model` and `max_tokens`, read with the bounded
 /// scan. The body itself goes upstream byte for byte.
-enum MessagesRequestFields {
-    static func policyInput(_ body: [UInt8], spendsTokens: Bool) -> PolicyInput {
+public enum MessagesRequestFields {
+    public static func policyInput(_ body: [UInt8], spendsTokens: Bool) -> PolicyInput {
         var input = PolicyInput(spendsTokens: spendsTokens)
         body.withUnsafeBytes { bytes in
             do throws(JSONMemberScan.Failure) {

@@ -3,15 +3,22 @@ import AttestCrypto
 import CBOR
 import CommandLineSupport
 import Foundation
+import ServiceRoutes
 import TestAuthority
 
 /// `attest-sim bench verify`: single-threaded verification throughput, with in-process ECDSA
 /// baselines measured in the same run so the ratios survive a noisy machine.
 enum BenchCommand {
-    static let usage = "usage: attest-sim bench verify [--seconds S] [--sample <fixture.json>] [--breakdown]"
+    static let usage = """
+        usage: attest-sim bench verify [--seconds S] [--sample <fixture.json>] [--breakdown]
+               attest-sim bench scan [--megabytes N] [--seconds S]
+                 the relay policy's bounded scan (model, max_tokens) of an image request of N MB (default 20),
+                 against reading the bytes once (memchr) and a full JSONSerialization decode, in one run
+        """
 
     static func run(_ argv: [String]) throws -> Int32 {
         if wantsHelp(argv) { print(usage); return 0 }
+        if argv.first == "scan" { return try scan(Array(argv.dropFirst())) }
         guard argv.first == "verify" else { throw UsageError(usage) }
         let arguments = try Arguments(Array(argv.dropFirst()), options: ["seconds", "sample"], flags: ["breakdown"])
         let seconds = Double(try arguments.integer("seconds", default: 5, range: 1...3600)!)
@@ -46,6 +53,40 @@ enum BenchCommand {
         print("baseline_ecdsa_p256_verifications_per_second: \(format(p256_))")
         print("attestation_ratio_to_p384: \(String(format: "%.3f", attestations_ / p384_))")
         print("assertion_ratio_to_p256: \(String(format: "%.3f", assertions_ / p256_))")
+        return 0
+    }
+
+    /// µs per scan of a Messages request carrying an N MB base64 image, the fields after it.
+    static func scan(_ argv: [String]) throws -> Int32 {
+        let arguments = try Arguments(argv, options: ["megabytes", "seconds"])
+        let megabytes = try arguments.integer("megabytes", default: 20, range: 1...32)!
+        let seconds = Double(try arguments.integer("seconds", default: 3, range: 1...3600)!)
+        #if DEBUG
+        FileHandle.standardError.write(Data("warning: debug build; benchmark figures are meaningless (use -c release)\n".utf8))
+        #endif
+        let image = String(repeating: "iVBORw0KGgoAAAANSUhEUgAA", count: megabytes * 1_000_000 / 24)
+        let body = Array((#"{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":""#
+            + image + #""}},{"type":"text","text":"What is in this picture?"}]}],"model":"claude-sonnet-4-5","max_tokens":1024}"#).utf8)
+        let input = MessagesRequestFields.policyInput(body, spendsTokens: true)
+        guard input.model == "claude-sonnet-4-5", input.maxTokens == 1024, input.problem == nil else { throw UsageError("the scan misread the body") }
+        var scan = Meter(), read = Meter(), decode = Meter()
+        let rounds = max(3, Int(seconds))
+        for _ in 0..<rounds {
+            try scan.run(seconds: seconds / Double(rounds) / 2) { _ = MessagesRequestFields.policyInput(body, spendsTokens: true) }
+            // Reading every byte once: memchr for a byte the body does not hold.
+            try read.run(seconds: seconds / Double(rounds) / 4) {
+                guard body.withUnsafeBytes({ memchr($0.baseAddress!, 0x01, $0.count) }) == nil else { throw UsageError("unexpected byte") }
+            }
+        }
+        // What the scan avoids: a full decode (slow; a few runs are enough).
+        try decode.run(seconds: 0.5) { _ = try JSONSerialization.jsonObject(with: Data(body)) }
+        let microseconds = { (meter: Meter) in 1e6 / meter.rate }
+        print("body_bytes: \(body.count)")
+        print("bounded_scan_us: \(format(microseconds(scan)))")
+        print("baseline_read_once_memchr_us: \(format(microseconds(read)))")
+        print("baseline_jsonserialization_decode_us: \(format(microseconds(decode)))")
+        print("scan_ratio_to_read_once: \(String(format: "%.2f", microseconds(scan) / microseconds(read)))")
+        print("decode_ratio_to_scan: \(String(format: "%.1f", microseconds(decode) / microseconds(scan)))")
         return 0
     }
 

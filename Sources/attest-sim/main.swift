@@ -8,6 +8,7 @@ usage: attest-sim <command> …
   simulate-device --base-url URL --client-id CLID --state-dir DIR [--app-id TEAMID.bundle] [--messages]
   load --base-url URL --client-id CLID --devices N --seconds S [--concurrency C] [--app-id TEAMID.bundle]
   bench verify [--seconds S] [--sample FILE] [--breakdown]
+  bench scan [--megabytes N] [--seconds S]
 every command answers --help
 """
 
