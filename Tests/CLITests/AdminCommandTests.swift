@@ -222,7 +222,11 @@ import TokenService
         #expect(record["environments"] as? [String] == ["production"])
         let created = try #require((record["created_at"] as? String).flatMap { ISO8601DateFormatter().date(from: $0) })
         #expect(abs(created.timeIntervalSince(started)) < 60)
-        #expect(Set(record.keys) == ["client_id", "name", "workspace", "team_id", "bundle_ids", "environments", "created_at"])
+        #expect(Set(record.keys) == ["client_id", "name", "workspace", "team_id", "bundle_ids", "environments", "created_at", "policy"])
+        // The default policy: any model, no max_tokens ceiling, 60 requests a minute per device, no budget.
+        let policy = try #require(record["policy"] as? [String: Any])
+        #expect(policy["models"] as? [String] == ["*"] && policy["max_tokens"] as? Int == 0)
+        #expect(policy["device_requests_per_minute"] as? Int == 60 && policy["monthly_token_budget"] as? Int == 0)
 
         let stored = try #require(try store().integration(clientID: clientID))
         #expect(stored.bundleIDs == ["com.example.chat", "com.example.chat.beta"])
@@ -231,7 +235,8 @@ import TokenService
         let human = try ok(["integrations", "create", "--actor", "owner@example.com", "--name", "Other", "--team-id", "ABCDE12345", "--bundle-id", "com.example.other"])
         let humanID = try #require(try store().integrations(workspaceID: nil).first { $0.name == "Other" }?.clientID)
         #expect(human.stdout.contains(humanID))
-        #expect(human.stdout.split(separator: "\n").count == 1)
+        #expect(human.stdout.split(separator: "\n").count == 2)
+        #expect(human.stdout.split(separator: "\n").last?.hasPrefix("policy: models *, max_tokens none, device_requests_per_minute 60") == true)
     }
 
     @Test func listAndShowCountDevicesAndLiveTokens() throws {
@@ -328,8 +333,42 @@ import TokenService
         ["members", "add", "--actor", "owner@example.com", "--email", "new@example.com", "--role", "superuser"],
         ["members", "add", "--actor", "owner@example.com", "--email", "not-an-email", "--role", "user"],
         ["audit", "--limit", "0"],
+        ["integrations", "update", "CLID", "--actor", "dev@example.com", "--max-tokens", "5"],
+        ["integrations", "update", "CLID", "--actor", "owner@example.com"],
+        ["integrations", "update", "CLID", "--actor", "owner@example.com", "--models", "claude sonnet"],
+        ["integrations", "update", "CLID", "--actor", "owner@example.com", "--models", ","],
+        ["integrations", "update", "CLID", "--actor", "owner@example.com", "--max-tokens", "-1"],
+        ["integrations", "update", "clid_doesnotexist", "--actor", "owner@example.com", "--max-tokens", "5"],
+        ["integrations", "create", "--actor", "owner@example.com", "--name", "X", "--team-id", "ABCDE12345", "--bundle-id", "com.example.x",
+         "--monthly-token-budget", "lots"],
+        ["usage", "--since", "yesterday"],
+        ["usage", "--by", "week"],
+        ["usage", "--since", "2026-12-02", "--until", "2026-12-01"],
+        ["usage", "--workspace", "nope"],
+        ["usage", "--client-id", "clid_doesnotexist"],
         ["integrations", "frobnicate"],
     ]
+
+    /// A partial update keeps the other settings; admins may update; the audit trail has old and new.
+    @Test func updateChangesOnlyWhatItNamesAndIsAudited() throws {
+        try organisation()
+        let clientID = try createIntegration()
+        let updated = try ok(["integrations", "update", clientID, "--actor", "admin@example.com", "--models", "claude-a, claude-b",
+                              "--monthly-token-budget", "1000000", "--json"])
+        let policy = try #require((try JSONSerialization.jsonObject(with: Data(updated.stdout.utf8)) as? [String: Any])?["policy"] as? [String: Any])
+        #expect(policy["models"] as? [String] == ["claude-a", "claude-b"] && policy["monthly_token_budget"] as? Int == 1_000_000)
+        try ok(["integrations", "update", clientID, "--actor", "owner@example.com", "--max-tokens", "512"])
+        let stored = try #require(try store().integration(clientID: clientID)?.policy)
+        #expect(stored == IntegrationPolicy(models: ["claude-a", "claude-b"], maxTokens: 512, deviceRequestsPerMinute: 60, monthlyTokenBudget: 1_000_000))
+        try ok(["integrations", "update", clientID, "--actor", "owner@example.com", "--models", "*", "--device-requests-per-minute", "0"])
+        #expect(try store().integration(clientID: clientID)?.policy == IntegrationPolicy(maxTokens: 512, deviceRequestsPerMinute: 0, monthlyTokenBudget: 1_000_000))
+        let audit = try ok(["audit", "--client-id", clientID]).stdout
+        #expect(audit.contains("integration.policy_updated") && audit.contains("actor=admin@example.com"))
+        #expect(audit.contains("max_tokens none") && audit.contains("max_tokens 512"))
+        // Nothing relayed yet: the ledger is empty, and says so.
+        #expect(try ok(["usage"]).stdout == "no usage recorded\n")
+        #expect(try ok(["usage", "--json"]).stdout.isEmpty)
+    }
 
     @Test(arguments: refusals)
     func refusedCommandsExit2AndChangeNothing(_ template: [String]) throws {

@@ -136,7 +136,7 @@ struct StoreBehaviourTests {
         #expect(try store.device(clientID: "clid_other", keyID: device.keyID) == nil)
         #expect(try store.liveToken(hash: token.tokenHash, at: t0) == TokenGrant(clientID: app.clientID, workspaceID: app.workspaceID,
                                                                                  workspaceName: "default", issuedAt: token.issuedAt,
-                                                                                 expiresAt: token.expiresAt))
+                                                                                 expiresAt: token.expiresAt, keyID: device.keyID))
         #expect(try store.pendingChallenge(clientID: app.clientID, keyID: device.keyID, at: t0) == next.bytes)
         #expect(try store.counts(clientID: app.clientID, at: t0) == (1, 1))
 
