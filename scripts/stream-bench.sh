@@ -29,7 +29,7 @@ stub_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["por
 db="$work/attestd.sqlite"
 $bin/attestctl init --db "$db" --owner bench@example.com >/dev/null
 clid=$($bin/attestctl integrations create --db "$db" --actor bench@example.com --name Bench --team-id ABCDE12345 \
-  --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
+  --bundle-id com.example.app --device-requests-per-minute 0 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
 port=$(free_port)
 # Every stream comes from 127.0.0.1 here, so the per-address limit is lifted for the run.
 $bin/attestd serve --db "$db" --listen "127.0.0.1:$port" --trust-anchor Fixtures/test-authority/root.pem \

@@ -1,6 +1,7 @@
 import Foundation
 import PostgresTestSupport
 import Testing
+import UpstreamStub
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -221,5 +222,59 @@ import Glibc
         #expect(try await http.messages(token: token).status == 503)   // authenticated again (no upstream key)
         let minted = try await http.token(device, assertion: try device.assertion(challenge: try await http.challengeBytes(device)))
         #expect(minted.status == 200)
+    }
+
+    /// The ledger and the policy on PostgreSQL with two instances relaying to the stub: both
+    /// instances' usage lands in one ledger, a policy change applies on both at the next request,
+    /// and the per-device limit counts the device's requests on either instance.
+    @Test func usageFromBothInstancesAddsUpAndThePolicyAndLimitsAreShared() async throws {
+        let stub = try UpstreamStubServer(UpstreamStubConfiguration())
+        defer { stub.stop() }
+        let deployment = try Deployment(instanceArguments: ["--upstream-url", stub.baseURL])
+        defer { deployment.stop() }
+        // The workspace's upstream key, set with attestctl (sealed in the shared database).
+        let keyFile = deployment.directory.appendingPathComponent("upstream.key").path
+        try Data("pg-scale-out-upstream-key\n".utf8).write(to: URL(fileURLWithPath: keyFile))
+        #expect(try ServerProcess.attestctl(["--db", deployment.url, "--secrets-key-file", deployment.directory.appendingPathComponent("attestd.key").path,
+                                              "workspaces", "set-upstream-key", "--actor", "owner@example.com", "--workspace", "default",
+                                              "--key-file", keyFile]).0 == 0)
+        let http = deployment.http
+        let device = try ManualDevice(clientID: deployment.clientID)
+        let token = try #require(try await http[0].registerFresh(device).json["access_token"] as? String)
+        func post(_ instance: Int, maxTokens: Int = 16) async throws -> Int {
+            try await http[instance].send("POST", "/v1/messages", body: Data(RelayTests.request(maxTokens: maxTokens).utf8),
+                                          contentType: "application/json", headers: ["authorization": "Bearer \(token)"]).status
+        }
+        // The per-device window weighs the last minute's requests down as the minute ages: start
+        // early in a minute so that everything below falls in the same one.
+        let intoMinute = Date().timeIntervalSince1970.truncatingRemainder(dividingBy: 60)
+        if intoMinute > 35 { try await Task.sleep(for: .milliseconds(Int((60.5 - intoMinute) * 1000))) }
+        for round in 0..<6 { #expect(try await post(round % 2) == 200) }
+        func ctl(_ arguments: [String]) throws -> String {
+            let (status, output) = try ServerProcess.attestctl(["--db", deployment.url] + arguments)
+            try #require(status == 0, "attestctl \(arguments)")
+            return output
+        }
+        var recorded = 0
+        for _ in 0..<30 where recorded < 6 {
+            try await Task.sleep(for: .milliseconds(200))
+            recorded = try ctl(["usage", "--json", "--by", "integration"]).split(separator: "\n")
+                .compactMap { (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any] }
+                .reduce(0) { $0 + ($1["requests"] as? Int ?? 0) }
+        }
+        #expect(recorded == 6, "both instances' requests in one ledger")
+        let output = stub.requests.reduce(0) { $0 + ($1.usage?.outputTokens ?? 0) }
+        #expect(try ctl(["usage", "--json", "--by", "integration"]).contains(#""output_tokens":\#(output)"#))
+
+        _ = try ctl(["integrations", "update", deployment.clientID, "--actor", "owner@example.com", "--max-tokens", "8"])
+        #expect(try await post(0) == 400)
+        #expect(try await post(1) == 400)
+        _ = try ctl(["integrations", "update", deployment.clientID, "--actor", "owner@example.com", "--max-tokens", "0",
+                     "--device-requests-per-minute", "8"])
+        // 6 relayed in the last seconds, flushed: 2 more fit in the window across both instances, then 429.
+        var statuses: [Int] = []
+        for round in 0..<4 { statuses.append(try await post(round % 2)); try await Task.sleep(for: .milliseconds(1100)) }
+        #expect(statuses.contains(429), "the device limit counted both instances: \(statuses)")
+        #expect(statuses.filter { $0 == 200 }.count <= 2, "\(statuses)")
     }
 }
