@@ -239,14 +239,21 @@ public final class RawConnection {
         return bytes
     }
 
-    /// Status lines ("HTTP/1.x " at the start of a line) in everything received so far.
+    /// Status lines ("HTTP/1.x NNN ") anywhere in everything received so far: an answer glued
+    /// to the end of another one's body counts too.
     public var statusLinesReceived: Int {
-        var count = 0
-        var lineStart = true
         let prefix = Array("HTTP/1.".utf8)
-        for index in transcript.indices {
-            if lineStart, transcript[index...].starts(with: prefix) { count += 1 }
-            lineStart = transcript[index] == 10
+        func isDigit(_ byte: UInt8) -> Bool { byte >= 48 && byte <= 57 }
+        var count = 0
+        var index = 0
+        while index + 13 <= transcript.count {
+            if transcript[index..<(index + 7)].elementsEqual(prefix), isDigit(transcript[index + 7]), transcript[index + 8] == 32,
+               transcript[(index + 9)..<(index + 12)].allSatisfy(isDigit), transcript[index + 12] == 32 {
+                count += 1
+                index += 13
+            } else {
+                index += 1
+            }
         }
         return count
     }
