@@ -73,15 +73,19 @@ let package = Package(
         .executableTarget(name: "upstream-stub", dependencies: ["UpstreamStub"], path: "Tests/Support/upstream-stub"),
         // A throwaway PostgreSQL cluster that the tests start and stop themselves.
         .target(name: "PostgresTestSupport", dependencies: ["PostgresStore"], path: "Tests/Support/PostgresCluster"),
+        // A raw HTTP/1.1 client on loopback sockets (every byte the server frames, any source
+        // address) and a forwarding proxy that names its clients in X-Forwarded-For.
+        .target(name: "RawHTTP", path: "Tests/Support/RawHTTP"),
 
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR", "AttestWire"]),
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire"]),
         .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
-                                                         "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub", "PostgresTestSupport"]),
+                                                         "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub", "PostgresTestSupport",
+                                                         "RawHTTP"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "AttestWire"]),
         .testTarget(name: "AttestWireTests", dependencies: ["AttestWire"]),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "RawHTTP"]),
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer"]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
         .testTarget(name: "UpstreamClientTests", dependencies: ["UpstreamClient", "UpstreamStub"]),

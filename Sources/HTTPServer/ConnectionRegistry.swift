@@ -252,14 +252,15 @@ final class ConnectionRegistry: Sendable {
     func answerMalformedContentLength(worker: pthread_t) {
         state.withLock { s in
             for record in s.records.values where pthread_equal(record.worker, worker) != 0 {
-                let claim = record.state.withLock { r -> Bool in
+                let claim = record.state.withLock { r -> String? in
                     guard r.phase == .head, !r.framingAnswered, r.reaped == nil,
-                          attest_mhd_request_header_size(record.connection.pointer) > 0 else { return false }
+                          attest_mhd_request_header_size(record.connection.pointer) > 0 else { return nil }
                     r.framingAnswered = true
-                    return true
+                    return r.writer?.target ?? "/"
                 }
-                guard claim else { continue }
-                malformedContentLengthResponse.withUnsafeBytes { bytes in
+                guard let target = claim else { continue }
+                let answer = serialized(configuration.refusalResponse(400, splitTarget(target).path))
+                answer.withUnsafeBytes { bytes in
                     _ = send(record.fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
                 }
                 _ = Glibc.shutdown(record.fd, Int32(SHUT_WR))
@@ -287,11 +288,18 @@ final class ConnectionRegistry: Sendable {
     }
 }
 
-private let malformedContentLengthResponse: [UInt8] = {
-    let body = "invalid Content-Length\n"
-    return Array(("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: text/plain\r\n"
-                  + "Content-Length: \(body.utf8.count)\r\n\r\n" + body).utf8)
-}()
+/// `response` as HTTP/1.1 bytes that close the connection, for answers written to the socket
+/// directly (libmicrohttpd does not frame them).
+private func serialized(_ response: HTTPResponse) -> [UInt8] {
+    let reason = MHD_get_reason_phrase_for(UInt32(response.status)).map { String(cString: $0) } ?? ""
+    var head = "HTTP/1.1 \(response.status) \(reason)\r\nConnection: close\r\n"
+    for (name, value) in response.headers where !asciiCaseInsensitiveEquals(name, "content-length")
+        && !asciiCaseInsensitiveEquals(name, "connection") && !value.utf8.contains(where: { $0 == 10 || $0 == 13 }) {
+        head += "\(name): \(value)\r\n"
+    }
+    head += "Content-Length: \(response.body.count)\r\n\r\n"
+    return Array(head.utf8) + response.body
+}
 
 private func nanoseconds(_ seconds: Double) -> UInt64 {
     seconds > 0 ? UInt64(seconds * 1e9) : 0

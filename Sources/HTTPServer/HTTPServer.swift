@@ -210,6 +210,7 @@ public final class HTTPServer: Sendable {
         try check(config.maxBodyBytes >= 0, "maxBodyBytes must not be negative")
         try check(config.maxBufferedBodyBytes >= 0, "maxBufferedBodyBytes must not be negative")
         try check(config.connectionMemoryBytes >= 1024, "connectionMemoryBytes must be at least 1024")
+        try check(config.maxTargetBytes > 0 && config.maxHeadBytes > 0 && config.maxHeaderFields > 0, "head limits must be positive")
         try check((1...uintMax).contains(config.maxConnections), "maxConnections must be positive")
         try check((0...uintMax).contains(config.maxConnectionsPerIP), "maxConnectionsPerIP must not be negative")
         try check((0...uintMax).contains(config.idleTimeoutSeconds), "idleTimeoutSeconds must not be negative")
@@ -304,6 +305,13 @@ final class ServerCore: Sendable {
 
     func bodyLimit(method: String, path: String) -> Int {
         configuration.bodyLimit?(method, path) ?? configuration.maxBodyBytes
+    }
+
+    /// The configured refusal for `status` on `path`, counted (413 as too large, the rest as
+    /// malformed).
+    func refusal(_ status: Int, path: String) -> HTTPResponse {
+        if status == 413 { totals.tooLarge.add(1, ordering: .relaxed) } else { totals.malformed.add(1, ordering: .relaxed) }
+        return configuration.refusalResponse(status, path)
     }
 }
 
@@ -429,16 +437,17 @@ extension HTTPResponseWriter {
         let method = rawMethod.map { String(cString: $0) } ?? ""
         let (path, query) = splitTarget(target)
         let headers = requestHeaders(connection)
-        let framing = checkFraming(headers, http11: version.map { strcmp($0, "HTTP/1.1") == 0 } ?? false)
-        switch framing {
-        case .malformed:
-            core.totals.malformed.add(1, ordering: .relaxed)
-            return send(badRequest, on: connection)
-        case .unsupportedTransferEncoding:
-            core.totals.malformed.add(1, ordering: .relaxed)
-            return send(notImplemented, on: connection)
-        case .ok:
-            break
+        // Oversize heads first: answered by us, in the route's shape, rather than by
+        // libmicrohttpd once its memory pool is full.
+        let config = core.configuration
+        if target.utf8.count > config.maxTargetBytes { return refuse(414, path: path, on: connection) }
+        if headers.count > config.maxHeaderFields || attest_mhd_request_header_size(connection) > config.maxHeadBytes {
+            return refuse(431, path: path, on: connection)
+        }
+        switch checkFraming(headers, http11: version.map { strcmp($0, "HTTP/1.1") == 0 } ?? false) {
+        case .malformed: return refuse(400, path: path, on: connection)
+        case .unsupportedTransferEncoding: return refuse(501, path: path, on: connection)
+        case .ok: break
         }
         let limit = core.bodyLimit(method: method, path: path)
         var declared: UInt64?
@@ -451,10 +460,7 @@ extension HTTPResponseWriter {
         }
         var reserved = 0
         if let declared {
-            if declared > UInt64(limit) {
-                core.totals.tooLarge.add(1, ordering: .relaxed)
-                return send(payloadTooLarge, on: connection)
-            }
+            if declared > UInt64(limit) { return refuse(413, path: path, on: connection) }
             if declared > 0 {
                 guard core.reserveBodyBytes(Int(declared)) else {
                     core.totals.overloaded.add(1, ordering: .relaxed)
@@ -527,8 +533,7 @@ extension HTTPResponseWriter {
             let total = s.body.count + chunk.count
             var refusal: HTTPResponse?
             if total > s.bodyLimit {
-                refusal = payloadTooLarge
-                core.totals.tooLarge.add(1, ordering: .relaxed)
+                refusal = core.refusal(413, path: s.path)
             } else if total > s.reservedBodyBytes {
                 let more = total - s.reservedBodyBytes
                 if core.reserveBodyBytes(more) {
@@ -575,7 +580,7 @@ extension HTTPResponseWriter {
         }
         switch next {
         case .refuse(let response):
-            return send(response, on: connection)
+            return send(response, on: connection, close: true)
         case .deliver:
             return deliverAnswer(connection: connection)
         case .callHandler(let parts):
@@ -638,10 +643,16 @@ extension HTTPResponseWriter {
         }
     }
 
-    /// Queues a complete response (with `Connection: close` once a graceful shutdown began).
-    private func send(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
+    /// Queues a complete response (with `Connection: close` if asked, or once a graceful
+    /// shutdown began).
+    private func send(_ response: HTTPResponse, on connection: OpaquePointer, close: Bool = false) -> MHD_Result {
         record?.enter(.responding)
-        return queue(response, on: connection, close: core.registry.isDraining)
+        return queue(response, on: connection, close: close || core.registry.isDraining)
+    }
+
+    /// Refuses the request with the configured refusal for `status`, and closes the connection.
+    private func refuse(_ status: Int, path: String, on connection: OpaquePointer) -> MHD_Result {
+        send(core.refusal(status, path: path), on: connection, close: true)
     }
 
     /// Queues a chunked response whose body comes from `readChunk`.
@@ -694,21 +705,9 @@ private struct HTTPRequestParts {
 
 // MARK: - Helpers for the callbacks
 
-private let payloadTooLarge = HTTPResponse(
-    status: 413, headers: [(name: "content-type", value: "text/plain")],
-    body: Array("request body too large\n".utf8))
-
 private let internalError = HTTPResponse(
     status: 500, headers: [(name: "content-type", value: "text/plain")],
     body: Array("internal server error\n".utf8))
-
-private let badRequest = HTTPResponse(
-    status: 400, headers: [(name: "content-type", value: "text/plain"), (name: "connection", value: "close")],
-    body: Array("bad request\n".utf8))
-
-private let notImplemented = HTTPResponse(
-    status: 501, headers: [(name: "content-type", value: "text/plain"), (name: "connection", value: "close")],
-    body: Array("transfer encoding not implemented\n".utf8))
 
 private let serviceUnavailable = HTTPResponse(
     status: 503, headers: [(name: "content-type", value: "text/plain"), (name: "connection", value: "close")],

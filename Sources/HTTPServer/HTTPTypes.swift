@@ -58,6 +58,23 @@ public struct HTTPResponse: Sendable {
         self.body = body
     }
 
+    /// The server's default refusal: a short text/plain line naming the problem.
+    public static func plainRefusal(_ status: Int) -> HTTPResponse {
+        HTTPResponse(status: status, headers: [(name: "content-type", value: "text/plain")], body: Array((refusalText(status) + "\n").utf8))
+    }
+
+    /// What the server's own refusals say, by status (for refusals in other shapes too).
+    public static func refusalText(_ status: Int) -> String {
+        switch status {
+        case 400: "malformed HTTP request"
+        case 413: "request body too large"
+        case 414: "request target too long"
+        case 431: "request header fields too large"
+        case 501: "transfer coding not implemented"
+        default: "request refused"
+        }
+    }
+
     /// A response with `content-type: application/json` and `body` as UTF-8.
     public static func json(_ status: Int, _ body: String,
                             headers: [(name: String, value: String)] = []) -> HTTPResponse {
@@ -102,8 +119,22 @@ public struct HTTPServerConfiguration: Sendable {
         HTTPResponse(status: 503, headers: [(name: "content-type", value: "text/plain"), (name: "retry-after", value: "1")],
                      body: Array("server overloaded, retry later\n".utf8))
     }
-    /// Per-connection memory pool; bounds request line + headers (MHD answers 431/414 itself).
+    /// Per-connection memory pool; bounds request line + headers. A head that does not fit is
+    /// answered by libmicrohttpd itself (431/414 with its own fixed text, whatever the route):
+    /// keep `maxHeadBytes` and `maxTargetBytes` well below it so that the server answers first.
     public var connectionMemoryBytes: Int = 32_768
+    /// A longer request target (path and query) is answered 414. 8 KiB, nginx's default: the
+    /// service's own URLs are short paths without queries.
+    public var maxTargetBytes: Int = 8_192
+    /// A request head (request line and headers) larger than this, or with more header fields
+    /// than `maxHeaderFields`, is answered 431. A real client's head is well under 2 KiB; 100
+    /// fields is Apache's LimitRequestFields.
+    public var maxHeadBytes: Int = 16_384
+    public var maxHeaderFields: Int = 100
+    /// The server's own refusals — 400 (framing), 413, 414, 431, 501 — from the status and the
+    /// request path, so that each route can refuse in its own error shape. The server adds
+    /// `Connection: close` (after a refusal the connection's framing is not trusted).
+    public var refusalResponse: @Sendable (_ status: Int, _ path: String) -> HTTPResponse = { status, _ in .plainRefusal(status) }
     /// Total concurrent connections, split evenly across the pool threads by libmicrohttpd.
     /// 10,000: with epoll an idle socket costs one descriptor and a few KiB, and the service must
     /// hold 1,000 open relayed streams plus token exchanges plus whatever slow clients the
@@ -193,7 +224,7 @@ public struct HTTPServerStats: Sendable {
     /// Since the server object was created:
     public var connectionsAccepted: UInt64 = 0
     public var requestsCompleted: UInt64 = 0
-    /// Refused for their framing (400, 501).
+    /// Refused for their framing (400, 501) or their oversize head (414, 431).
     public var malformedRequests: UInt64 = 0
     /// Refused with 413.
     public var tooLargeRequests: UInt64 = 0

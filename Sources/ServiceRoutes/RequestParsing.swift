@@ -66,3 +66,16 @@ enum RequestParsing {
         return token.isEmpty ? nil : String(token)
     }
 }
+
+extension RequestParsing {
+    /// Whether a `Content-Type` value names `expected` ("type/subtype" in any case; parameters
+    /// such as `charset` ignored). No header is no match: a body is read only as what it says it is.
+    static func hasMediaType(_ header: String?, _ expected: String) -> Bool {
+        guard let header else { return false }
+        var type = Substring(header)
+        if let semicolon = type.firstIndex(of: ";") { type = type[..<semicolon] }
+        while type.first == " " || type.first == "\t" { type.removeFirst() }
+        while type.last == " " || type.last == "\t" { type.removeLast() }
+        return type.lowercased() == expected
+    }
+}

@@ -67,17 +67,25 @@ public final class ServiceRouter: Sendable {
         let methods: [String]
         /// The `endpoint` label of `attestd_rejections_total` (device exchange routes), or nil.
         let endpoint: String?
+        /// The media type of the body the route reads; any other is refused with 415.
+        var contentType: String? = nil
         let handler: @Sendable (ServiceRouter, HTTPRequest, String) throws -> Outcome
+
+        /// Whether the request's body is of the type the route reads (or it reads none).
+        func reads(_ request: HTTPRequest) -> Bool {
+            contentType.map { RequestParsing.hasMediaType(request.header("content-type"), $0) } ?? true
+        }
     }
 
     static let routes: [String: Route] = {
+        let json = "application/json", form = "application/x-www-form-urlencoded"
         let table: [Route] = [
-            Route(path: WireProtocol.challengePath, methods: ["POST"], endpoint: "challenge") { router, request, id in try router.exchange { try router.challenge(request, id) } },
-            Route(path: WireProtocol.registerPath, methods: ["POST"], endpoint: "register") { router, request, id in try router.exchange { try router.register(request, id) } },
-            Route(path: WireProtocol.tokenPath, methods: ["POST"], endpoint: "token") { router, request, id in try router.exchange { try router.token(request, id) } },
-            Route(path: "/v1/oauth/introspect", methods: ["POST"], endpoint: nil) { try $0.introspect($1, $2) },
-            Route(path: WireProtocol.messagesPath, methods: ["POST"], endpoint: nil) { try $0.messages($1, $2) },
-            Route(path: WireProtocol.countTokensPath, methods: ["POST"], endpoint: nil) { try $0.messages($1, $2) },
+            Route(path: WireProtocol.challengePath, methods: ["POST"], endpoint: "challenge", contentType: json) { router, request, id in try router.exchange { try router.challenge(request, id) } },
+            Route(path: WireProtocol.registerPath, methods: ["POST"], endpoint: "register", contentType: json) { router, request, id in try router.exchange { try router.register(request, id) } },
+            Route(path: WireProtocol.tokenPath, methods: ["POST"], endpoint: "token", contentType: form) { router, request, id in try router.exchange { try router.token(request, id) } },
+            Route(path: "/v1/oauth/introspect", methods: ["POST"], endpoint: nil, contentType: form) { try $0.introspect($1, $2) },
+            Route(path: WireProtocol.messagesPath, methods: ["POST"], endpoint: nil, contentType: json) { try $0.messages($1, $2) },
+            Route(path: WireProtocol.countTokensPath, methods: ["POST"], endpoint: nil, contentType: json) { try $0.messages($1, $2) },
             // Liveness: cheap, no database (a load balancer restarts what fails it).
             Route(path: "/healthz", methods: ["GET"], endpoint: nil) { _, _, _ in Outcome(response: .json(200, #"{"status":"ok"}"#)) },
             // Readiness: can this instance serve? (a load balancer takes it out while not).
@@ -99,7 +107,9 @@ public final class ServiceRouter: Sendable {
     /// The server's entry point: relayed Messages API calls answer later (their reply streams from
     /// the upstream client's thread); everything else answers at once.
     public func handle(_ request: HTTPRequest, _ writer: HTTPResponseWriter) -> HTTPHandlerResult {
-        if let relay, request.method == "POST", MessagesRelay.relayedPaths.contains(request.path) {
+        // A body of another type is refused by `handle(_:)` instead (415).
+        if let relay, request.method == "POST", MessagesRelay.relayedPaths.contains(request.path),
+           Self.routes[request.path]?.reads(request) != false {
             return relayMessages(request, writer, relay)
         }
         return .response(handle(request))
@@ -123,11 +133,15 @@ public final class ServiceRouter: Sendable {
         var outcome: Outcome
         do {
             if let route {
-                if route.methods.isEmpty || route.methods.contains(request.method) {
-                    outcome = try route.handler(self, request, requestID)
+                if !route.methods.isEmpty && !route.methods.contains(request.method) {
+                    var refusal = Self.refusal(405, path: route.path, requestID: requestID)
+                    refusal.headers.append(("allow", route.methods.joined(separator: ", ")))
+                    outcome = Outcome(response: refusal, reason: .methodNotAllowed)
+                } else if !route.reads(request) {
+                    outcome = Outcome(response: Self.refusal(415, path: route.path, requestID: requestID), reason: .invalidRequest,
+                                      detail: "content-type \(request.header("content-type")?.prefix(64) ?? "missing") is not \(route.contentType ?? "")")
                 } else {
-                    outcome = Outcome(response: .json(405, OAuthErrorResponse(.invalidRequest).json, headers: [("allow", route.methods.joined(separator: ", "))]),
-                                      reason: .methodNotAllowed)
+                    outcome = try route.handler(self, request, requestID)
                 }
             } else {
                 outcome = Outcome(response: .json(404, #"{"error":"not_found"}"#))

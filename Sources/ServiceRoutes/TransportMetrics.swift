@@ -12,7 +12,7 @@ extension HTTPServerStats {
         out += "attestd_buffered_body_bytes \(bufferedBodyBytes)\n"
         let counters: [(String, String, UInt64)] = [
             ("attestd_connections_accepted_total", "Connections accepted.", connectionsAccepted),
-            ("attestd_malformed_requests_total", "Requests refused for their framing (400, 501).", malformedRequests),
+            ("attestd_malformed_requests_total", "Requests refused for their framing (400, 501) or an oversize head (414, 431).", malformedRequests),
             ("attestd_too_large_requests_total", "Requests refused with 413.", tooLargeRequests),
             ("attestd_overloaded_requests_total", "Requests refused because the body budget was spent (529).", overloadedRequests),
             ("attestd_cancelled_answers_total", "Deferred or streamed answers cut short (client gone, deadline, stop).", cancelledAnswers),

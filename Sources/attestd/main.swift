@@ -229,6 +229,8 @@ func serve(_ options: ServeOptions) throws -> Never {
     configuration.maxConnectionsPerIP = options.maxConnectionsPerIP
     // Image input arrives as base64 in a Messages request: 32 MB there, 64 KiB everywhere else.
     configuration.bodyLimit = { _, path in MessagesRelay.relayedPaths.contains(path) ? MessagesRelay.maxBodyBytes : 65_536 }
+    // The transport's own refusals (framing, oversize heads and bodies) in each route's shape.
+    configuration.refusalResponse = { status, path in ServiceRouter.refusal(status, path: path) }
     // Over the global cap on request bytes held in memory: the API's "overloaded", so clients back off.
     configuration.overloadedResponse = { _ in
         .json(529, APIErrorResponse(type: "overloaded_error", message: "the service is overloaded; retry shortly").json,
@@ -247,6 +249,7 @@ func serve(_ options: ServeOptions) throws -> Never {
         adminConfiguration.host = admin.host
         adminConfiguration.port = admin.port
         adminConfiguration.threads = 1
+        adminConfiguration.refusalResponse = configuration.refusalResponse
         let server = HTTPServer(configuration: adminConfiguration) { router.handleAdmin($0) }
         try server.start()
         adminServer = server

@@ -2,6 +2,7 @@ import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
+import RawHTTP
 import Testing
 @testable import HTTPServer
 
@@ -73,6 +74,48 @@ struct FrontDoorTests {
             #expect(connection.sendAll("GET /after HTTP/1.1\r\nHost: a\r\n\r\n"))
             #expect(connection.readResponse()?.text == "GET /after 0")
         }
+        expectNoLeaks(server)
+    }
+
+    @Test func everyRefusalIsTheConfiguredOneForItsPathAndClosesTheConnection() throws {
+        var config = loopbackConfig()
+        config.refusalResponse = { status, path in
+            HTTPResponse(status: status, headers: [(name: "content-type", value: "application/json")],
+                         body: Array(#"{"refused":\#(status),"path":"\#(path)"}"#.utf8))
+        }
+        let server = try startServer(config) { _ in HTTPResponse(status: 200) }
+        defer { server.stop() }
+        let oversizeChunk = String(repeating: "c", count: 70_000)
+        let refusals: [(name: String, request: String, status: Int)] = [
+            ("two Content-Lengths", "POST /a/b HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400),
+            // Answered from libmicrohttpd's log callback, on the socket directly.
+            ("Content-Length 2^64", "POST /a/b HTTP/1.1\r\nHost: a\r\nContent-Length: 18446744073709551616\r\n\r\n", 400),
+            ("declared body over the limit", "POST /a/b?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 65537\r\n\r\n", 413),
+            ("chunked body over the limit",
+             "POST /a/b HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\(String(oversizeChunk.utf8.count, radix: 16))\r\n\(oversizeChunk)\r\n0\r\n\r\n", 413),
+            ("target over 8 KiB", "GET /a/b?\(String(repeating: "u", count: 8_200)) HTTP/1.1\r\nHost: a\r\n\r\n", 414),
+            ("101 header fields", "GET /a/b HTTP/1.1\r\nHost: a\r\n" + (0..<100).map { "X-\($0): v\r\n" }.joined() + "\r\n", 431),
+            ("head over 16 KiB", "GET /a/b HTTP/1.1\r\nHost: a\r\nX: \(String(repeating: "h", count: 17_000))\r\n\r\n", 431),
+            ("Transfer-Encoding gzip", "POST /a/b HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\nabc", 501),
+        ]
+        for refusal in refusals {
+            let connection = try RawConnection(port: server.port, timeout: 2)
+            _ = connection.sendAll(refusal.request)
+            let response = connection.readFramedResponse()
+            #expect(connection.waitForClose() == .closed, "\(refusal.name): still open")
+            #expect(connection.statusLinesReceived == 1, "\(refusal.name): \(String(decoding: connection.transcript.prefix(300), as: UTF8.self))")
+            #expect(response?.status == refusal.status, "\(refusal.name)")
+            #expect(response?.text == #"{"refused":\#(refusal.status),"path":"/a/b"}"#, "\(refusal.name): \(response?.text ?? "no answer")")
+            #expect(response?.headers["content-type"] == "application/json", "\(refusal.name)")
+            #expect(response?.headers["connection"]?.lowercased() == "close", "\(refusal.name)")
+        }
+        // Just under the limits, the same request is served.
+        let fine = try RawConnection(port: server.port)
+        #expect(fine.sendAll("GET /a/b?\(String(repeating: "u", count: 8_000)) HTTP/1.1\r\nHost: a\r\n"
+                             + (0..<98).map { "X-\($0): v\r\n" }.joined() + "\r\n"))
+        #expect(fine.readResponse()?.status == 200)
+        #expect(server.stats().malformedRequests == 6)
+        #expect(server.stats().tooLargeRequests == 2)
         expectNoLeaks(server)
     }
 

@@ -7,6 +7,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import RawHTTP
 import Testing
 @testable import HTTPServer
 

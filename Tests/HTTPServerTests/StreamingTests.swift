@@ -2,6 +2,7 @@ import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
+import RawHTTP
 import Testing
 @testable import HTTPServer
 
