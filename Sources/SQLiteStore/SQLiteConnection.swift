@@ -71,7 +71,7 @@ final class SQLiteConnection {
         sqlite3_extended_result_codes(db, 1)
         // Short: a write lock held elsewhere (attestctl, another attestd) makes requests wait at
         // most this long and then answer 503, within the 2 s a client should wait for an answer.
-        sqlite3_busy_timeout(db, 1500)
+        sqlite3_busy_timeout(db, 1000)
         try execute("PRAGMA journal_mode = WAL")
         try execute("PRAGMA foreign_keys = ON")
         try execute("PRAGMA synchronous = \(synchronous)")

@@ -204,14 +204,16 @@ import Glibc
         try Self.update(fixture, fixture.clientA, ["--max-tokens", "100"])
         #expect(try await post(fixture.http, RelayTests.request(maxTokens: 500)) == 400)
         #expect(try await post(secondHTTP, RelayTests.request(maxTokens: 500)) == 400)
-        try Self.update(fixture, fixture.clientA, ["--max-tokens", "0", "--device-requests-per-minute", "2"])
+        try Self.update(fixture, fixture.clientA, ["--max-tokens", "0"])
         #expect(try await post(secondHTTP, RelayTests.request(maxTokens: 500)) == 200)
         // The per-device limit is global: a fresh device's requests on the first instance count on
         // the second once flushed (every second).
+        try Self.update(fixture, fixture.clientA, ["--device-requests-per-minute", "2"])
         let device = try ManualDevice(clientID: fixture.clientA)
         let token = try #require(try await fixture.http.registerFresh(device).json["access_token"] as? String)
         for _ in 0..<2 { #expect(try await fixture.post(token: token, body: RelayTests.request()).status == 200) }
-        try await Task.sleep(for: .milliseconds(1600))
+        // 3 of device A before, 2 of the new one: wait until the first instance has flushed them.
+        #expect(Self.total(try await Self.waitForRequests(fixture, 5), "requests") == 5)
         let limited = try await secondHTTP.send("POST", "/v1/messages", body: Data(RelayTests.request().utf8), contentType: "application/json",
                                                 headers: ["authorization": "Bearer \(token)"])
         #expect(limited.status == 429 && limited.header("retry-after") != nil)
