@@ -10,10 +10,15 @@ usage: scripts/attack-bench.py PORT MODES CONNECTIONS SECONDS [ATTESTD_PID]
     head:   a partial request head, one more byte every 5 s (reconnecting when cut)
     body:   a token request whose 60,000-byte body arrives one byte every 5 s
     noread: PIPELINE (default 50) pipelined requests per connection, responses never read
+    head1:  the slow heads of "head", all from one address (the per-address limit's case)
+    flood:  challenge requests as fast as FLOOD_THREADS (default 48) threads can send them, each
+            from a new address (127.1.0.1 upward; CONNECTIONS is ignored): the rate limiter must
+            not lock a new caller out
   CLIENT_ID=clid_… enables the exchange: an integration for APP_ID (default
   ABCDE12345.com.example.app) on a server started with --trust-anchor Fixtures/test-authority/root.pem.
   ATTEST_SIM is the attest-sim binary (default .build/release/attest-sim, else .build/debug/attest-sim).
-  The exchange's time includes starting attest-sim; its time with no attack is printed first.
+  The exchange's time is attest-sim's own (exchange_ms: its start-up left out, the device's key
+  generation and signing in); its time with no attack is printed first.
 e.g. .build/release/attestd serve --listen 127.0.0.1:8090 --trust-anchor Fixtures/test-authority/root.pem &
      CLIENT_ID=clid_… scripts/attack-bench.py 8090 all 5000 30 $!"""
 import json, os, shutil, socket, subprocess, sys, tempfile, threading, time
@@ -22,7 +27,7 @@ if len(sys.argv) < 5:
     sys.exit(__doc__)
 port, modes, count, seconds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 pid = int(sys.argv[5]) if len(sys.argv) > 5 else None
-modes = ["head", "body", "noread"] if modes == "all" else modes.split(",")
+modes = ["head", "body", "noread", "head1", "flood"] if modes == "all" else modes.split(",")
 client_id = os.environ.get("CLIENT_ID")
 app_id = os.environ.get("APP_ID", "ABCDE12345.com.example.app")
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +38,8 @@ if client_id and not attest_sim:
 
 
 def open_one(mode, i):
-    src = "127.0.%d.%d" % (1 + (i % 200) // 250, 2 + (i % 200) % 250)
+    src = "127.0.%d.%d" % (1 + (i % 200) // 250, 2 + (i % 200) % 250) if mode != "head1" else "127.0.1.2"
+    if mode == "head1": mode = "head"
     s = socket.socket(); s.setblocking(True); s.settimeout(2)
     try:
         s.bind((src, 0)); s.connect(("127.0.0.1", port))
@@ -48,6 +54,38 @@ def open_one(mode, i):
         return s
     except OSError:
         s.close(); return None
+
+
+class Flood:
+    """Challenge requests, each from an address not used before, until stop()."""
+    def __init__(self):
+        self.running, self.next, self.lock, self.statuses = True, 0, threading.Lock(), {}
+        self.socks, self.reopened = [], 0
+        body = json.dumps({"client_id": client_id or "clid_flood", "key_id": "A" * 43 + "="}).encode()
+        self.request = (b"POST /v1/oauth/app-attest/challenge HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(int(os.environ.get("FLOOD_THREADS", "48")))]
+        for t in self.threads: t.start()
+
+    def run(self):
+        while self.running:
+            with self.lock:
+                i = self.next; self.next += 1
+            src = "127.%d.%d.%d" % (1 + i // 65025 % 250, i // 255 % 255, 1 + i % 255)
+            status = "error"
+            try:
+                s = socket.socket(); s.settimeout(5); s.bind((src, 0)); s.connect(("127.0.0.1", port)); s.sendall(self.request)
+                head = s.recv(64); s.close()
+                status = head[9:12].decode(errors="replace") or "closed"
+            except OSError:
+                pass
+            with self.lock:
+                self.statuses[status] = self.statuses.get(status, 0) + 1
+
+    def stop(self):
+        self.running = False
+        for t in self.threads: t.join(10)
+        print("  flood: %d addresses, answers %s" % (self.next, dict(sorted(self.statuses.items()))), flush=True)
 
 
 class Attack:
@@ -67,7 +105,7 @@ class Attack:
             alive = []
             for i, s in enumerate(self.socks):
                 try:
-                    if self.mode in ("head", "body"): s.send(b"x")
+                    if self.mode in ("head", "head1", "body"): s.send(b"x")
                     alive.append(s)
                 except OSError:
                     s.close()
@@ -93,27 +131,31 @@ def healthz():
 
 
 def exchange():
-    """A fresh install's whole exchange through the published client's logic: True if registered."""
+    """A fresh install's whole exchange through the published client's logic: its time in seconds
+    as the device measured it (attest-sim's start-up left out), or None if it did not register."""
     state = tempfile.mkdtemp(prefix="attack-bench-device-")
     try:
         done = subprocess.run([attest_sim, "simulate-device", "--base-url", "http://127.0.0.1:%d" % port, "--client-id", client_id,
                                "--state-dir", state, "--app-id", app_id], capture_output=True, timeout=15)
-        line = done.stdout.decode(errors="replace").split("\n")[0]
-        return done.returncode == 0 and json.loads(line).get("source") == "registered"
-    except (subprocess.TimeoutExpired, ValueError):
-        return False
+        line = json.loads(done.stdout.decode(errors="replace").split("\n")[0])
+        if done.returncode != 0 or line.get("source") != "registered": return None
+        return line["exchange_ms"] / 1000.0
+    except (subprocess.TimeoutExpired, ValueError, KeyError):
+        return None
     finally:
         shutil.rmtree(state, ignore_errors=True)
 
 
 def timed(call, latencies):
+    """Runs call; a call that returns its own duration (a float) is timed by it, else by the wall clock."""
     t = time.time()
     try:
         ok = call()
     except OSError:
         ok = False
-    if ok: latencies.append(time.time() - t)
-    return ok
+    if ok is None or ok is False: return False
+    latencies.append(ok if isinstance(ok, float) else time.time() - t)
+    return True
 
 
 def summary(name, ok, total, lat):
@@ -134,19 +176,24 @@ if client_id:
     print(summary("exchange without attack:", len(base), 3, base), flush=True)
 
 for mode in modes:
-    attack = Attack(mode)
+    attack = Flood() if mode == "flood" else Attack(mode)
     time.sleep(2)
     stop = time.time() + seconds
-    health, health_ok, trade, trade_ok, rss, total = [], 0, [], 0, [], 0
+    health, health_ok, trade, trade_ok, rss, total, slow = [], 0, [], 0, [], 0, []
+    began = time.time()
     while time.time() < stop:
         t = time.time(); total += 1
         health_ok += timed(healthz, health)
         if client_id: trade_ok += timed(exchange, trade)
+        # When in the attack the slow answers came (seconds since the measuring began).
+        if health and health[-1] > 0.1: slow.append("healthz %.0f ms at %.0f s" % (health[-1] * 1000, t - began))
+        if trade and trade[-1] > 0.1: slow.append("exchange %.0f ms at %.0f s" % (trade[-1] * 1000, t - began))
         if pid: rss.append(rss_kb())
         time.sleep(max(0, 1 - (time.time() - t)))
     attack.stop()
-    line = "%s x%d, %g s: %s" % (mode, count, seconds, summary("healthz", health_ok, total, health))
+    line = "%s x%d, %g s: %s" % (mode, count if mode != "flood" else attack.next, seconds, summary("healthz", health_ok, total, health))
     if client_id: line += " | " + summary("exchange", trade_ok, total, trade)
     line += " | attestd max RSS %d kB | attacker reconnects %d, sockets at end %d" % (max(rss) if rss else 0, attack.reopened, len(attack.socks))
     print(line, flush=True)
+    if slow: print("  over 100 ms: " + ", ".join(slow), flush=True)
     time.sleep(2)   # the server reaps what the attack left before the next one

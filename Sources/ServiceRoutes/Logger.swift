@@ -14,6 +14,8 @@ public final class Logger: Sendable {
     private final class LineQueue: Sendable {
         let lines = Mutex<[String]>([])
         let wake = DispatchSemaphore(value: 0)
+        /// The writer is blocked on `wake` (the queue was empty): only then does a line wake it.
+        let sleeping = Atomic<Bool>(false)
         let maxPending: Int
         init(maxPending: Int) { self.maxPending = maxPending }
     }
@@ -47,12 +49,25 @@ public final class Logger: Sendable {
         write = Mutex(writeLine)
         let queue = LineQueue(maxPending: maxPending)
         self.queue = queue
+        // Under load the writer writes a batch, naps 10 ms and takes the next one: request threads
+        // never wake it (a wake-up per request was a context switch per request). Idle, it blocks,
+        // and the first new line wakes it.
         let thread = Thread {
             while true {
-                queue.wake.wait()
                 let lines = queue.lines.withLock { lines -> [String] in defer { lines.removeAll(keepingCapacity: true) }; return lines }
-                guard !lines.isEmpty else { continue }
-                writeAll(lines.joined(separator: "\n") + "\n")
+                if !lines.isEmpty {
+                    writeAll(lines.joined(separator: "\n") + "\n")
+                    usleep(10_000)
+                    continue
+                }
+                queue.sleeping.store(true, ordering: .sequentiallyConsistent)
+                // A line queued before the flag was set did not wake us: look once more.
+                if queue.lines.withLock({ !$0.isEmpty }) {
+                    queue.sleeping.store(false, ordering: .sequentiallyConsistent)
+                    continue
+                }
+                queue.wake.wait()
+                queue.sleeping.store(false, ordering: .sequentiallyConsistent)
             }
         }
         thread.name = "log-writer"
@@ -69,7 +84,7 @@ public final class Logger: Sendable {
                 return lines.count
             }
             if let queued {
-                if queued == 1 { queue.wake.signal() }
+                if queued == 1 && queue.sleeping.load(ordering: .sequentiallyConsistent) { queue.wake.signal() }
                 return
             }
         }
