@@ -6,7 +6,7 @@ DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev
 DB ?= attestd.sqlite
 ARGS ?=
 
-.PHONY: all build release run test deps migrations fuzz fuzz-leaf fuzz-wire fuzz-all bench clean
+.PHONY: fuzz-assertion all build release run test deps migrations fuzz fuzz-leaf fuzz-wire fuzz-all bench clean
 
 all: build
 
@@ -60,7 +60,7 @@ fuzz: deps
 	  Sources/CBOR/*.swift Fuzz/CBORFuzz/*.swift -o .build/fuzz/cbor-fuzz
 	-for f in ../shared/fixtures/apple/*.json; do \
 	  python3 -c "import json,base64,sys; d=json.load(open(sys.argv[1])); sys.stdout.buffer.write(base64.b64decode(d['attestation']['object']))" "$$f" > fuzz-corpus/$$(basename $$f .json).cbor; done
-	./.build/fuzz/cbor-fuzz -runs=$(RUNS) -max_len=8192 -rss_limit_mb=6144 fuzz-corpus fuzz-seeds
+	SWIFT_BACKTRACE=enable=no ./.build/fuzz/cbor-fuzz -runs=$(RUNS) -max_len=8192 -rss_limit_mb=6144 fuzz-corpus fuzz-seeds
 
 # libFuzzer over the strict credential-certificate parser, seeded with the test authority's
 # certificates and the real leaves from ../shared when present.
@@ -71,7 +71,7 @@ fuzz-leaf: deps
 	openssl x509 -in Fixtures/test-authority/intermediate.pem -outform der -out fuzz-corpus-leaf/intermediate.der
 	-for f in ../shared/fixtures/apple/*.json; do \
 	  python3 -c "import json,base64,sys; d=json.load(open(sys.argv[1])); o=base64.b64decode(d['attestation']['object']); i=o.find(b'\x59\x02'); n=int.from_bytes(o[i+1:i+3],'big'); sys.stdout.buffer.write(o[i+3:i+3+n])" "$$f" > fuzz-corpus-leaf/$$(basename $$f .json).der; done
-	./.build/fuzz/leaf-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-leaf
+	SWIFT_BACKTRACE=enable=no ./.build/fuzz/leaf-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-leaf
 
 # libFuzzer over the request bodies the device routes parse (form, base64, JSON shapes), seeded
 # with fuzz-seeds-wire/.
@@ -79,10 +79,22 @@ fuzz-wire: deps
 	mkdir -p .build/fuzz fuzz-corpus-wire
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name WireFuzz \
 	  Sources/AttestWire/*.swift Fuzz/WireFuzz/*.swift -o .build/fuzz/wire-fuzz
-	./.build/fuzz/wire-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-wire fuzz-seeds-wire
+	SWIFT_BACKTRACE=enable=no ./.build/fuzz/wire-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-wire fuzz-seeds-wire
+
+# libFuzzer over whole-assertion verification (CBOR, authenticator data, signature, RP ID,
+# counter). The four modules are compiled as one; empty stand-in modules answer their imports.
+fuzz-assertion: deps
+	mkdir -p .build/fuzz/standins fuzz-corpus-assertion fuzz-seeds-assertion
+	for m in CBOR AttestCrypto AttestWire; do echo > .build/fuzz/standins/$$m.swift; \
+	  swiftc -parse-as-library -emit-module -module-name $$m .build/fuzz/standins/$$m.swift -o .build/fuzz/standins/$$m.swiftmodule; done
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name AssertionFuzz -I .build/fuzz/standins -I Sources/COpenSSL \
+	  Sources/CBOR/*.swift Sources/AttestCrypto/*.swift Sources/AttestWire/*.swift Sources/AppAttest/*.swift \
+	  Fuzz/AssertionFuzz/*.swift -lcrypto -o .build/fuzz/assertion-fuzz
+	ASSERTION_SEEDS=fuzz-seeds-assertion SWIFT_BACKTRACE=enable=no ./.build/fuzz/assertion-fuzz -runs=$(RUNS) -max_len=2048 -rss_limit_mb=6144 \
+	  fuzz-corpus-assertion fuzz-seeds-assertion
 
 # Every fuzzer for a bounded count (CI: about 200,000 inputs each, under a minute in all).
-fuzz-all: fuzz fuzz-leaf fuzz-wire
+fuzz-all: fuzz fuzz-leaf fuzz-wire fuzz-assertion
 
 bench: release
 	./.build/release/attest-sim bench verify --seconds 5
