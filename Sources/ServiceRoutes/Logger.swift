@@ -76,7 +76,28 @@ public final class Logger: Sendable {
 
     public func log(_ level: String, _ event: String, _ fields: [(String, Any)] = []) {
         let timestamp = Logger.timestamp()
-        let line = JSONText.object([("ts", timestamp), ("level", level), ("event", event)] + fields)
+        emit(JSONText.object([("ts", timestamp), ("level", level), ("event", event)] + fields))
+    }
+
+    /// A line whose fields the caller rendered already (`"name":value,…`, valid JSON members):
+    /// the access log's path, which runs once per request and so skips the boxed field list.
+    func log(_ level: String, _ event: String, renderedFields: String) {
+        var line = "{\"ts\":\""
+        line.reserveCapacity(96 + renderedFields.utf8.count)
+        line += Logger.timestamp()
+        line += "\",\"level\":"
+        line += JSONText.string(level)
+        line += ",\"event\":"
+        line += JSONText.string(event)
+        if !renderedFields.isEmpty {
+            line += ","
+            line += renderedFields
+        }
+        line += "}"
+        emit(line)
+    }
+
+    private func emit(_ line: String) {
         if let queue {
             let queued = queue.lines.withLock { lines -> Int? in
                 guard lines.count < queue.maxPending else { return nil }
@@ -107,12 +128,26 @@ public final class Logger: Sendable {
         var seconds = now.tv_sec
         var parts = tm()
         gmtime_r(&seconds, &parts)
-        func pad(_ value: Int32, _ width: Int) -> String {
-            let text = String(value)
-            return String(repeating: "0", count: max(0, width - text.count)) + text
+        // "YYYY-MM-DDTHH:MM:SS.mmmZ", digit by digit into the string's own storage.
+        return String(unsafeUninitializedCapacity: 24) { out in
+            var at = 0
+            func put(_ value: Int, _ width: Int) {
+                var divisor = 1
+                for _ in 1..<width { divisor *= 10 }
+                var rest = value
+                for _ in 0..<width {
+                    out[at] = UInt8(0x30 + (rest / divisor) % 10)
+                    rest %= divisor
+                    divisor /= 10
+                    at += 1
+                }
+            }
+            func mark(_ byte: UInt8) { out[at] = byte; at += 1 }
+            put(Int(parts.tm_year) + 1900, 4); mark(0x2d); put(Int(parts.tm_mon) + 1, 2); mark(0x2d); put(Int(parts.tm_mday), 2)
+            mark(0x54); put(Int(parts.tm_hour), 2); mark(0x3a); put(Int(parts.tm_min), 2); mark(0x3a); put(Int(parts.tm_sec), 2)
+            mark(0x2e); put(Int(now.tv_nsec / 1_000_000), 3); mark(0x5a)
+            return at
         }
-        return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
-            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(now.tv_nsec / 1_000_000), 3))Z"
     }
 
     public func info(_ event: String, _ fields: [(String, Any)] = []) { log("info", event, fields) }

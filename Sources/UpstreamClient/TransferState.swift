@@ -130,24 +130,50 @@ final class TransferState {
 
     // MARK: Callbacks (on the event thread, inside curl)
 
+    /// One header line as curl hands it over, read as bytes: Character-by-Character String work
+    /// here cost more than the rest of the relay's request parsing together.
     fileprivate func didReceiveHeaderLine(_ bytes: UnsafeRawBufferPointer) {
         lastActivity = monotonicNanoseconds()
         guard !headDelivered else { return }  // trailers
-        var line = Substring(String(decoding: bytes, as: UTF8.self))
-        while let last = line.last, last.isNewline { line.removeLast() }
-        if line.hasPrefix("HTTP/") {
-            // A new response head (after a 1xx, a fresh one starts).
-            let parts = line.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: true)
-            status = parts.count >= 2 ? Int(parts[1].prefix(3)) ?? 0 : 0
-            headers = []
-        } else if line.isEmpty {
+        func isBlank(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 }
+        func text(_ range: Range<Int>) -> String { String(decoding: UnsafeRawBufferPointer(rebasing: bytes[range]), as: UTF8.self) }
+        func trimmed(_ range: Range<Int>) -> Range<Int> {
+            var (start, end) = (range.lowerBound, range.upperBound)
+            while start < end, isBlank(bytes[start]) { start += 1 }
+            while end > start, isBlank(bytes[end - 1]) { end -= 1 }
+            return start..<end
+        }
+        var end = bytes.count
+        while end > 0, bytes[end - 1] == 0x0a || bytes[end - 1] == 0x0d { end -= 1 }
+        if end == 0 {
             if status >= 200 { deliverHeadIfNeeded() }
-        } else if let first = line.first, first == " " || first == "\t", !headers.isEmpty {
+        } else if end >= 5, bytes[0] == 0x48, bytes[1] == 0x54, bytes[2] == 0x54, bytes[3] == 0x50, bytes[4] == 0x2f {  // "HTTP/"
+            // A new response head (after a 1xx, a fresh one starts): the three digits after the first space.
+            var index = 5
+            while index < end, bytes[index] != 0x20 { index += 1 }
+            while index < end, bytes[index] == 0x20 { index += 1 }
+            var code = 0, digits = 0
+            while index < end, digits < 3, bytes[index] >= 0x30, bytes[index] <= 0x39 {
+                code = code * 10 + Int(bytes[index] - 0x30)
+                index += 1
+                digits += 1
+            }
+            status = digits == 3 ? code : 0
+            headers = []
+        } else if isBlank(bytes[0]) {
             // Obsolete line folding: a continuation of the previous value.
-            headers[headers.count - 1].value += " " + line.trimmingWhitespace()
-        } else if let colon = line.firstIndex(of: ":") {
-            headers.append((name: line[..<colon].trimmingWhitespace().lowercased(),
-                            value: line[line.index(after: colon)...].trimmingWhitespace()))
+            if !headers.isEmpty { headers[headers.count - 1].value += " " + text(trimmed(0..<end)) }
+        } else if let colon = (0..<end).first(where: { bytes[$0] == 0x3a }) {
+            let name = trimmed(0..<colon)
+            // ASCII lowercase, byte by byte.
+            let lowered = String(unsafeUninitializedCapacity: name.count) { buffer in
+                for (offset, index) in name.enumerated() {
+                    let b = bytes[index]
+                    buffer[offset] = b >= 0x41 && b <= 0x5a ? b | 0x20 : b
+                }
+                return name.count
+            }
+            headers.append((name: lowered, value: text(trimmed((colon + 1)..<end))))
         }
     }
 
@@ -229,15 +255,6 @@ private func isTokenByte(_ byte: UInt8) -> Bool {
         return true
     default:
         return "!#$%&'*+-.^_`|~".utf8.contains(byte)
-    }
-}
-
-extension Substring {
-    fileprivate func trimmingWhitespace() -> String {
-        var slice = self[...]
-        while let first = slice.first, first == " " || first == "\t" { slice.removeFirst() }
-        while let last = slice.last, last == " " || last == "\t" { slice.removeLast() }
-        return String(slice)
     }
 }
 
