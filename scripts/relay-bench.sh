@@ -115,7 +115,7 @@ def ms(v):
     if not m: sys.exit("relay-bench: cannot read wrk output:\n" + text)
     return float(m.group(1)) * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000, "": 1000}[m.group(2)]
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-p50 = ms(re.search(r"50%\s+(\S+)", text).group(1)); p99 = ms(re.search(r"99%\s+(\S+)", text).group(1))
+p50 = ms(re.search(r"^\s*50%\s+(\S+)", text, re.M).group(1)); p99 = ms(re.search(r"^\s*99%\s+(\S+)", text, re.M).group(1))
 non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
 print(f"{rps:.0f} {p50:.3f} {p99:.3f} {non2xx.group(1) if non2xx else 0}")'
 }

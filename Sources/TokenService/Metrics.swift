@@ -34,6 +34,14 @@ public final class Metrics: Sendable {
         state.withLock { $0.counters[name, default: [:]][key, default: 0] += value }
     }
 
+    /// Several increments of one counter under one lock (a request's token counts by kind).
+    public func increment(_ name: String, each increments: [(labels: [(String, String)], value: Double)]) {
+        let rendered = increments.map { (Metrics.render($0.labels), $0.value) }
+        state.withLock { state in
+            for (key, value) in rendered { state.counters[name, default: [:]][key, default: 0] += value }
+        }
+    }
+
     /// - Parameter buckets: the bucket bounds, fixed by a histogram's first observation.
     public func observe(_ name: String, seconds: Double, labels: [(String, String)] = [], buckets: [Double] = Metrics.latencyBuckets) {
         let key = Metrics.render(labels)

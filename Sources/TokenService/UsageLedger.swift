@@ -232,10 +232,10 @@ public final class UsageLedger: Sendable {
             let spent = usage.inputTokens + usage.outputTokens
             if spent > 0 { state.pending.monthTokens[ticket.month, default: 0] += spent }
         }
-        for (kind, count) in [("input", usage.inputTokens), ("output", usage.outputTokens),
-                              ("cache_creation_input", usage.cacheCreationInputTokens), ("cache_read_input", usage.cacheReadInputTokens)] where count > 0 {
-            metrics.increment("attestd_upstream_tokens_total", labels: [("kind", kind)], by: Double(count))
-        }
+        let counts = [("input", usage.inputTokens), ("output", usage.outputTokens),
+                      ("cache_creation_input", usage.cacheCreationInputTokens), ("cache_read_input", usage.cacheReadInputTokens)]
+            .filter { $0.1 > 0 }.map { (labels: [("kind", $0.0)], value: Double($0.1)) }
+        if !counts.isEmpty { metrics.increment("attestd_upstream_tokens_total", each: counts) }
     }
 
     // MARK: Flushing
