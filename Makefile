@@ -6,7 +6,7 @@ DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev
 DB ?= attestd.sqlite
 ARGS ?=
 
-.PHONY: fuzz-assertion all build release run test deps migrations fuzz fuzz-leaf fuzz-wire fuzz-all bench clean
+.PHONY: all build release run test deps migrations fuzz fuzz-leaf fuzz-wire fuzz-assertion fuzz-all bench clean
 
 all: build
 
