@@ -54,3 +54,5 @@ CREATE TABLE device_request_minutes (
     requests  INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (key_id, client_id, minute)
 );
+-- The flush forgets minutes older than two every second: by minute, not by a scan.
+CREATE INDEX device_request_minutes_minute ON device_request_minutes (minute);
