@@ -132,6 +132,44 @@ import TokenService
         #expect(try store.auditEvents(limit: 10_000, clientID: nil).count == before + 50)
     }
 
+    /// A flush the store refuses keeps its batch: the usage is written once the lock is gone, once
+    /// (not twice), and the limits meanwhile still count it.
+    @Test func usageIsKeptAndRetriedWhileTheStoreRefusesIt() async throws {
+        let (directory, db, clientID) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let store = try SQLiteTokenStore(path: db, readers: 1)
+        let metrics = Metrics()
+        let ledger = UsageLedger(store: store, metrics: metrics)
+        let grant = TokenGrant(clientID: clientID, workspaceName: "default", issuedAt: Date(), expiresAt: Date() + 3600,
+                               keyID: Array(repeating: 7, count: 32), policy: IntegrationPolicy(deviceRequestsPerMinute: 3))
+        let now = Date()
+        var tickets: [UsageTicket] = []
+        for _ in 0..<3 {
+            guard case .success(let ticket) = ledger.admit(grant, PolicyInput(model: "claude-x"), commitsBeforeRead: ledger.commitCount, at: now) else {
+                Issue.record("refused under the limit"); return
+            }
+            tickets.append(ticket)
+        }
+        for ticket in tickets {
+            ledger.finish(ticket, RelayOutcome(status: 200, usage: TokenUsage(inputTokens: 10, outputTokens: 5), incomplete: false))
+        }
+        let lock = try WriteLockHolder(db)
+        try await Task.sleep(nanoseconds: 200_000_000)
+        #expect(ledger.flush() == false)
+        #expect(metrics.prometheusText().contains("attestd_usage_flush_failures_total 1"))
+        // Still counted by the limit while unwritten.
+        guard case .failure(.deviceRateLimited) = ledger.admit(grant, PolicyInput(model: "claude-x"), commitsBeforeRead: ledger.commitCount, at: now) else {
+            Issue.record("the unwritten requests were forgotten by the limit"); return
+        }
+        lock.release()
+        #expect(ledger.flush())
+        #expect(ledger.flush())   // nothing left: the batch is not written twice
+        let rows = try store.usage(UsageFilter(clientID: clientID))
+        #expect(rows.map(\.counters.requests) == [3])
+        #expect(rows.first?.counters.inputTokens == 30 && rows.first?.counters.outputTokens == 15)
+        #expect(rows.first?.counters.refusals == ["device_rate_limited": 1])
+    }
+
     @Test func aDeletedDatabaseFileStopsWritesAndReadinessWhileLivenessStays() async throws {
         let (directory, db, clientID) = try makeDatabase()
         defer { try? FileManager.default.removeItem(at: directory) }
