@@ -305,7 +305,9 @@ do {
         if ["help", "--help", "-h"].contains(arguments.first ?? "") { print(usage); exit(0) }
         throw StartupError(usage)
     }
-    try serve(try ServeOptions(Array(arguments.dropFirst())))
+    let options = Array(arguments.dropFirst())
+    if options.contains(where: { ["--help", "-h", "help"].contains($0) }) { print(usage); exit(0) }
+    try serve(try ServeOptions(options))
 } catch {
     logger.error("startup_failed", [("error", String(describing: error))])
     logger.drain()

@@ -89,6 +89,18 @@ import Testing
         #expect(stdout.contains(expected))
     }
 
+    /// Every attestd option, the ledger's included, is in `attestd serve --help` (on stdout, exit 0).
+    @Test(arguments: [["--help"], ["serve", "--help"], ["serve", "--listen", "127.0.0.1:0", "-h"]])
+    func attestdAnswersHelpWithEveryOption(_ arguments: [String]) throws {
+        let attestd = URL(fileURLWithPath: AdminCommandTests.binary).deletingLastPathComponent().appendingPathComponent("attestd").path
+        let (status, stdout) = try Self.run(attestd, arguments)
+        #expect(status == 0)
+        for option in ["--upstream-url", "--upstream-key-file", "--secrets-key-file", "--admin-listen", "--trusted-proxy", "--head-deadline",
+                       "--usage-flush-interval", "--no-usage-ledger", "--shutdown-grace"] {
+            #expect(stdout.contains(option), "\(option) missing from attestd \(arguments.joined(separator: " "))")
+        }
+    }
+
     @Test func simulationCommandsAreGoneFromAttestctl() throws {
         for command in ["simulate-device", "load", "bench"] {
             #expect(try Self.run(AdminCommandTests.binary, [command, "--help"]).0 == 2)
