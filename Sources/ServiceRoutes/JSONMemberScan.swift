@@ -20,27 +20,16 @@ struct JSONMemberScan {
     }
 
     /// The value ranges of `names`, in their order (nil when absent).
-    static func members(of names: [String], in bytes: UnsafeRawBufferPointer, stopWhenFound: Bool = false) throws(Failure) -> [Range<Int>?] {
-        try members(of: names, in: bytes, within: 0..<bytes.count, stopWhenFound: stopWhenFound)
+    static func members(of names: [String], in bytes: UnsafeRawBufferPointer) throws(Failure) -> [Range<Int>?] {
+        try members(of: names, in: bytes, within: 0..<bytes.count)
     }
 
     /// The same for the object in `bytes[range]` (a nested value); ranges are into `bytes`.
-    static func members(of names: [String], in bytes: UnsafeRawBufferPointer, within range: Range<Int>,
-                        stopWhenFound: Bool = false) throws(Failure) -> [Range<Int>?] {
+    static func members(of names: [String], in bytes: UnsafeRawBufferPointer, within range: Range<Int>) throws(Failure) -> [Range<Int>?] {
         guard range.lowerBound >= 0, range.upperBound <= bytes.count else { throw .notAnObject }
         var scanner = Scanner(bytes: UnsafeBufferPointer(rebasing: bytes.bindMemory(to: UInt8.self)[range]))
-        return try scanner.members(names.map { Array($0.utf8) }, names: names, stopWhenFound: stopWhenFound)
+        return try scanner.members(names)
             .map { $0.map { ($0.lowerBound + range.lowerBound)..<($0.upperBound + range.lowerBound) } }
-    }
-
-    static func members(of names: [String], in bytes: [UInt8], stopWhenFound: Bool = false) throws(Failure) -> [Range<Int>?] {
-        do {
-            return try bytes.withUnsafeBytes { raw in try members(of: names, in: raw, stopWhenFound: stopWhenFound) }
-        } catch let failure as Failure {
-            throw failure
-        } catch {
-            throw .notAnObject
-        }
     }
 
     /// An integer value (`-?[0-9]+`); nil for anything else. Saturates instead of overflowing.
@@ -129,9 +118,9 @@ struct JSONMemberScan {
             }
         }
 
-        mutating func members(_ wanted: [[UInt8]], names: [String], stopWhenFound: Bool) throws(Failure) -> [Range<Int>?] {
+        mutating func members(_ names: [String]) throws(Failure) -> [Range<Int>?] {
+            let wanted = names.map { Array($0.utf8) }
             var found = [Range<Int>?](repeating: nil, count: wanted.count)
-            var remaining = wanted.count
             skipWhitespace()
             guard index < bytes.count, bytes[index] == 0x7b else { throw .notAnObject }
             index += 1
@@ -155,8 +144,6 @@ struct JSONMemberScan {
                     if let slot = wanted.firstIndex(where: { $0.elementsEqual(name) }) {
                         guard found[slot] == nil else { throw .duplicate(names[slot]) }
                         found[slot] = valueStart..<index
-                        remaining -= 1
-                        if stopWhenFound && remaining == 0 { return found }
                     }
                     skipWhitespace()
                     guard index < bytes.count else { throw .malformed(at: index) }

@@ -75,8 +75,8 @@ public final class Logger: Sendable {
     }
 
     public func log(_ level: String, _ event: String, _ fields: [(String, Any)] = []) {
-        let timestamp = Logger.timestamp()
-        emit(JSONText.object([("ts", timestamp), ("level", level), ("event", event)] + fields))
+        // The object's members without its braces.
+        log(level, event, renderedFields: fields.isEmpty ? "" : String(JSONText.object(fields).dropFirst().dropLast()))
     }
 
     /// A line whose fields the caller rendered already (`"name":value,…`, valid JSON members):

@@ -60,23 +60,51 @@ public enum UsageClock {
     /// Unix time / 60.
     public static func minute(_ time: Date) -> Int64 { Int64((time.timeIntervalSince1970 / 60).rounded(.down)) }
 
-    private static let utc: Calendar = {
-        var calendar = Calendar(identifier: .gregorian)
-        calendar.timeZone = TimeZone(identifier: "UTC")!
-        return calendar
-    }()
-
-    /// The calendar month as YYYYMM.
+    /// The calendar month as YYYYMM. Integer arithmetic: the token check asks for it on every
+    /// relayed request, and Foundation's Calendar costs microseconds each time on Linux.
     public static func month(_ time: Date) -> Int64 {
-        let parts = utc.dateComponents([.year, .month], from: time)
-        return Int64(parts.year! * 100 + parts.month!)
+        let date = civil(days(time))
+        return date.year * 100 + date.month
     }
 
     /// The start of the next calendar month (when a spent budget renews).
     public static func nextMonthStart(after time: Date) -> Date {
-        let parts = utc.dateComponents([.year, .month], from: time)
-        let start = utc.date(from: DateComponents(year: parts.year, month: parts.month, day: 1))!
-        return utc.date(byAdding: .month, value: 1, to: start)!
+        let date = civil(days(time))
+        let next = date.month == 12 ? (year: date.year + 1, month: Int64(1)) : (year: date.year, month: date.month + 1)
+        return Date(timeIntervalSince1970: TimeInterval(daysFromCivil(year: next.year, month: next.month, day: 1) * 86_400))
+    }
+
+    /// `2026-12-01` for the day holding `seconds` (Unix time).
+    public static func dayText(_ seconds: Int64) -> String {
+        let date = civil(Int64((Double(seconds) / 86_400).rounded(.down)))
+        func padded(_ value: Int64, _ width: Int) -> String {
+            let text = String(value)
+            return String(repeating: "0", count: max(0, width - text.count)) + text
+        }
+        return "\(padded(date.year, 4))-\(padded(date.month, 2))-\(padded(date.day, 2))"
+    }
+
+    private static func days(_ time: Date) -> Int64 { Int64((time.timeIntervalSince1970 / 86_400).rounded(.down)) }
+
+    /// The proleptic Gregorian date of a day number (days since 1970-01-01), and back: the
+    /// well-known era arithmetic (400-year cycles of 146,097 days, years starting in March).
+    static func civil(_ days: Int64) -> (year: Int64, month: Int64, day: Int64) {
+        let z = days + 719_468
+        let era = (z >= 0 ? z : z - 146_096) / 146_097
+        let dayOfEra = z - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let shiftedMonth = (5 * dayOfYear + 2) / 153
+        let month = shiftedMonth < 10 ? shiftedMonth + 3 : shiftedMonth - 9
+        return (yearOfEra + era * 400 + (month <= 2 ? 1 : 0), month, dayOfYear - (153 * shiftedMonth + 2) / 5 + 1)
+    }
+
+    static func daysFromCivil(year: Int64, month: Int64, day: Int64) -> Int64 {
+        let y = month <= 2 ? year - 1 : year
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yearOfEra = y - era * 400
+        let dayOfYear = (153 * (month > 2 ? month - 3 : month + 9) + 2) / 5 + day - 1
+        return era * 146_097 + yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear - 719_468
     }
 }
 

@@ -96,10 +96,9 @@ public final class UsageLedger: Sendable {
         var pending = UsageBatch()
         /// The batch being written now (still counted by the limits until it is committed).
         var flushing: UsageBatch?
-        /// The batch committed last, and how many commits there have been: a request whose
-        /// database read began before that commit may not have seen it, so it counts it too.
+        /// The batch committed last (`commits` counts them): a request whose database read began
+        /// before that commit may not have seen it, so it counts it too.
         var lastFlushed = UsageBatch()
-        var commits = 0
         var modelsSeen: [HourOfIntegration: Set<String>] = [:]
     }
 
@@ -108,6 +107,8 @@ public final class UsageLedger: Sendable {
     let flushInterval: TimeInterval
     private let report: @Sendable (String) -> Void
     private let state = Mutex(State())
+    /// Flushes committed so far; changed under `state`'s lock, read without it on every request.
+    private let commits = Atomic<Int>(0)
     /// One flush at a time (the timer's and the final one).
     private let flushLock = Mutex(())
     private let stopped = Atomic<Bool>(false)
@@ -124,7 +125,7 @@ public final class UsageLedger: Sendable {
     }
 
     /// The commit count to read before the token check's database query (see `admit`).
-    public var commitCount: Int { state.withLock { $0.commits } }
+    public var commitCount: Int { commits.load(ordering: .acquiring) }
 
     // MARK: Policy
 
@@ -149,7 +150,7 @@ public final class UsageLedger: Sendable {
         let thisMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute)
         let lastMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute - 1)
         let outcome: Result<UsageTicket, PolicyRefusal> = state.withLock { state in
-            let missed = state.commits != commitsBeforeRead ? state.lastFlushed : UsageBatch()
+            let missed = commits.load(ordering: .relaxed) != commitsBeforeRead ? state.lastFlushed : UsageBatch()
             func unflushed<K: Hashable>(_ table: KeyPath<UsageBatch, [K: Int64]>, _ key: K) -> Int64 {
                 state.pending[keyPath: table][key, default: 0] + (state.flushing?[keyPath: table][key] ?? 0) + missed[keyPath: table][key, default: 0]
             }
@@ -258,7 +259,7 @@ public final class UsageLedger: Sendable {
                 state.withLock { state in
                     state.flushing = nil
                     state.lastFlushed = batch
-                    state.commits += 1
+                    commits.add(1, ordering: .releasing)
                     let hour = UsageClock.hour(time)
                     state.modelsSeen = state.modelsSeen.filter { $0.key.hour >= hour - 3600 }
                 }

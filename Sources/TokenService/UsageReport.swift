@@ -32,7 +32,7 @@ public enum UsageReport {
             }
             if all || groupings.contains(.model) { group.model = row.key.model }
             if all || groupings.contains(.hour) { group.hour = row.key.hour }
-            if groupings.contains(.day) && !groupings.contains(.hour) { group.day = day(row.key.hour) }
+            if groupings.contains(.day) && !groupings.contains(.hour) { group.day = UsageClock.dayText(row.key.hour) }
             let key = [group.workspace ?? "", group.clientID ?? "", group.model ?? "", group.hour.map(String.init) ?? "", group.day ?? ""]
                 .joined(separator: "\u{1f}")
             if let at = index[key] {
@@ -57,14 +57,4 @@ public enum UsageReport {
         return total
     }
 
-    public static func day(_ hour: Int64) -> String {
-        String(hourText(hour).prefix(10))
-    }
-
-    /// `2026-12-01T13:00:00Z`.
-    public static func hourText(_ hour: Int64) -> String {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime]
-        return formatter.string(from: Date(timeIntervalSince1970: TimeInterval(hour)))
-    }
 }

@@ -23,9 +23,7 @@ enum BenchCommand {
         let arguments = try Arguments(Array(argv.dropFirst()), options: ["seconds", "sample"], flags: ["breakdown"])
         let seconds = Double(try arguments.integer("seconds", default: 5, range: 1...3600)!)
         let workload = try arguments.value("sample").map(sampleWorkload) ?? authorityWorkload()
-        #if DEBUG
-        FileHandle.standardError.write(Data("warning: debug build; benchmark figures are meaningless (use -c release)\n".utf8))
-        #endif
+        warnIfDebugBuild()
         print("workload: \(workload.name)")
 
         // Warm up once (also proves the inputs verify) before timing.
@@ -56,14 +54,18 @@ enum BenchCommand {
         return 0
     }
 
+    static func warnIfDebugBuild() {
+        #if DEBUG
+        FileHandle.standardError.write(Data("warning: debug build; benchmark figures are meaningless (use -c release)\n".utf8))
+        #endif
+    }
+
     /// µs per scan of a Messages request carrying an N MB base64 image, the fields after it.
     static func scan(_ argv: [String]) throws -> Int32 {
         let arguments = try Arguments(argv, options: ["megabytes", "seconds"])
         let megabytes = try arguments.integer("megabytes", default: 20, range: 1...32)!
         let seconds = Double(try arguments.integer("seconds", default: 3, range: 1...3600)!)
-        #if DEBUG
-        FileHandle.standardError.write(Data("warning: debug build; benchmark figures are meaningless (use -c release)\n".utf8))
-        #endif
+        warnIfDebugBuild()
         let image = String(repeating: "iVBORw0KGgoAAAANSUhEUgAA", count: megabytes * 1_000_000 / 24)
         let body = Array((#"{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":""#
             + image + #""}},{"type":"text","text":"What is in this picture?"}]}],"model":"claude-sonnet-4-5","max_tokens":1024}"#).utf8)

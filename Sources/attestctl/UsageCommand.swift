@@ -37,13 +37,16 @@ enum UsageCommand {
         throw UsageError("--\(option) \(text): use 2026-12-01 or 2026-12-01T13:00:00Z")
     }
 
+    /// `2026-12-01T13:00:00Z`.
+    static func hourText(_ hour: Int64) -> String { AdminCommands.iso8601(Date(timeIntervalSince1970: TimeInterval(hour))) }
+
     /// The JSON line: the group's fields (those a grouping folds away are left out), then the counts.
     static func fields(_ group: UsageGroup) -> [(String, Any)] {
         var fields: [(String, Any)] = []
         if let workspace = group.workspace { fields.append(("workspace", workspace)) }
         if let clientID = group.clientID { fields.append(("client_id", clientID)) }
         if let model = group.model { fields.append(("model", model)) }
-        if let hour = group.hour { fields.append(("hour", UsageReport.hourText(hour))) }
+        if let hour = group.hour { fields.append(("hour", hourText(hour))) }
         if let day = group.day { fields.append(("day", day)) }
         let c = group.counters
         fields += [("requests", c.requests), ("input_tokens", c.inputTokens), ("output_tokens", c.outputTokens),
@@ -61,7 +64,7 @@ enum UsageCommand {
         }
         let keys: [(String, (UsageGroup) -> String?)] = [
             ("WORKSPACE", { $0.workspace }), ("CLIENT_ID", { $0.clientID }), ("MODEL", { $0.model }),
-            ("HOUR", { $0.hour.map(UsageReport.hourText) }), ("DAY", { $0.day }),
+            ("HOUR", { $0.hour.map(hourText) }), ("DAY", { $0.day }),
         ].filter { _, get in groups.contains { get($0) != nil } }
         func counts(_ c: UsageCounters) -> [String] {
             [String(c.requests), String(c.inputTokens), String(c.outputTokens), String(c.cacheCreationInputTokens), String(c.cacheReadInputTokens),
