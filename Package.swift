@@ -38,12 +38,16 @@ let package = Package(
         .target(name: "PostgresStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CPostgres"]),
         // The store a --db value names: PostgreSQL for a connection URL, SQLite for a path.
         .target(name: "Stores", dependencies: ["TokenService", "SQLiteStore", "PostgresStore"]),
-        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD"]),
-        // Client for the upstream Messages API: libcurl multi on one event thread.
-        .target(name: "UpstreamClient", dependencies: ["CCurl"]),
+        // Event loops (one thread, one epoll set each) that the HTTP server and the upstream
+        // client share, so that a relayed request never changes threads.
+        .target(name: "CEventLoop"),
+        .target(name: "EventLoops", dependencies: ["CEventLoop"]),
+        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD", "EventLoops"]),
+        // Client for the upstream Messages API: a libcurl multi handle on each event loop.
+        .target(name: "UpstreamClient", dependencies: ["CCurl", "EventLoops"]),
         // The service's HTTP API: routes from HTTP requests to the token service and back, and the
         // Messages API relay.
-        .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto", "AttestWire", "UpstreamClient"]),
+        .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto", "AttestWire", "UpstreamClient", "EventLoops"]),
 
         // Device side: the client module (Foundation and the wire module only; SHA-256 from
         // CryptoKit on Apple platforms, from AttestCrypto on Linux), and a simulated device on the
@@ -59,7 +63,7 @@ let package = Package(
         .target(name: "HTTPClient"),
         .target(name: "CommandLineSupport", dependencies: ["AttestWire"]),
 
-        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "Stores", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto",
+        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "Stores", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto", "EventLoops",
                                                           "AttestWire", "UpstreamClient"]),
         // The operator's tool: administration and offline verification. No test authority.
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CommandLineSupport"]),

@@ -22,10 +22,11 @@
  * array carries MHD_OPTION_SOCK_ADDR. */
 static inline struct MHD_Daemon *
 attest_mhd_start_daemon(unsigned int flags,
+                        MHD_AcceptPolicyCallback policy, void *policy_cls,
                         MHD_AccessHandlerCallback handler, void *handler_cls,
                         struct MHD_OptionItem *options)
 {
-  return MHD_start_daemon(flags, 0, NULL, NULL, handler, handler_cls,
+  return MHD_start_daemon(flags, 0, policy, policy_cls, handler, handler_cls,
                           MHD_OPTION_ARRAY, options, MHD_OPTION_END);
 }
 
@@ -36,6 +37,15 @@ attest_mhd_bind_port(struct MHD_Daemon *daemon)
   const union MHD_DaemonInfo *info =
     MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_BIND_PORT);
   return (NULL == info) ? 0 : info->port;
+}
+
+/* The epoll descriptor of a daemon in external-polling epoll mode, or -1. */
+static inline int
+attest_mhd_epoll_fd(struct MHD_Daemon *daemon)
+{
+  const union MHD_DaemonInfo *info =
+    MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_EPOLL_FD);
+  return (NULL == info) ? -1 : info->epoll_fd;
 }
 
 /* The peer address of a connection, or NULL. */

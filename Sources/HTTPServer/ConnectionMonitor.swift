@@ -1,4 +1,5 @@
 import CMicroHTTPD
+import EventLoops
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -60,16 +61,11 @@ final class ConnectionMonitor: Sendable {
     }
 
     func start() throws {
-        let context = Unmanaged.passRetained(self).toOpaque()
-        var handle = pthread_t()
-        let result = pthread_create(&handle, nil, { raw in
-            let monitor = Unmanaged<ConnectionMonitor>.fromOpaque(raw!).takeRetainedValue()
-            monitor.run()
-            return nil
-        }, context)
-        guard result == 0 else {
-            Unmanaged<ConnectionMonitor>.fromOpaque(context).release()
-            throw HTTPServerError("cannot start the connection monitor thread: error \(result)")
+        let handle: pthread_t
+        do {
+            handle = try spawnThread { [self] in run() }
+        } catch {
+            throw HTTPServerError("cannot start the connection monitor thread: \(error)")
         }
         thread.withLock { $0 = handle }
     }
@@ -166,11 +162,4 @@ final class ConnectionMonitor: Sendable {
             }
         }
     }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds.
-func monotonicNanoseconds() -> UInt64 {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
 }

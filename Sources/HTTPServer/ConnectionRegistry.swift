@@ -1,4 +1,5 @@
 import CMicroHTTPD
+import EventLoops
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -25,17 +26,23 @@ enum ConnectionPhase: Sendable {
 final class ConnectionRecord: Sendable {
     let connection: ConnectionHandle
     let fd: Int32
-    /// The libmicrohttpd worker that owns the connection (all its callbacks run there).
+    /// The event loop thread whose daemon owns the connection (all its callbacks run there).
     let worker: pthread_t
+    /// The peer's IP address, for the per-address limit (nil: not IPv4 or IPv6).
+    let address: PeerAddress?
+    /// The daemon (and so the loop) that owns the connection: told when it is resumed.
+    let driver: DaemonDriver?
     let state: Mutex<RecordState>
     /// For streams: since when unsent bytes have waited without the client taking any (monotonic
     /// nanoseconds; 0 = nothing waiting). Written by the writer, read by the reaper.
     let streamStalledSince = Atomic<UInt64>(0)
 
-    init(connection: ConnectionHandle, fd: Int32, worker: pthread_t, now: UInt64) {
+    init(connection: ConnectionHandle, fd: Int32, worker: pthread_t, address: PeerAddress?, driver: DaemonDriver?, now: UInt64) {
         self.connection = connection
         self.fd = fd
         self.worker = worker
+        self.address = address
+        self.driver = driver
         self.state = Mutex(RecordState(phaseSince: now, headSince: now))
     }
 
@@ -108,6 +115,7 @@ final class ConnectionRegistry: Sendable {
     private struct State {
         var records: [ObjectIdentifier: ConnectionRecord] = [:]
         var perWorker: [pthread_t: Int] = [:]
+        var perAddress: [PeerAddress: Int] = [:]
         var draining = false
     }
 
@@ -119,10 +127,10 @@ final class ConnectionRegistry: Sendable {
     private let evictAbove: Int
     private let evictDownTo: Int
 
-    init(configuration: HTTPServerConfiguration, totals: ServerTotals) {
+    init(configuration: HTTPServerConfiguration, workers: Int, totals: ServerTotals) {
         self.configuration = configuration
         self.totals = totals
-        let workers = max(1, configuration.threads)
+        let workers = max(1, workers)
         workerLimit = max(1, configuration.maxConnections / workers)
         evictAbove = max(1, Int(Double(workerLimit) * configuration.slotEvictionThreshold))
         evictDownTo = max(0, evictAbove - max(1, workerLimit / 20))
@@ -142,9 +150,24 @@ final class ConnectionRegistry: Sendable {
             s.records[ObjectIdentifier(record)] = record
             let count = (s.perWorker[record.worker] ?? 0) + 1
             s.perWorker[record.worker] = count
+            if let address = record.address {
+                let sameAddress = (s.perAddress[address] ?? 0) + 1
+                s.perAddress[address] = sameAddress
+                // Two loops accepting from one address at once can both pass `admits`: the
+                // later one is closed here.
+                let limit = configuration.maxConnectionsPerIP
+                if limit > 0, sameAddress > limit { _ = Glibc.shutdown(record.fd, Int32(SHUT_RDWR)) }
+            }
             if s.draining { _ = reap(record, .shutdown) }
             return count > evictAbove
         }
+    }
+
+    /// Whether a connection from `address` may be accepted (under `maxConnectionsPerIP`).
+    func admits(_ address: PeerAddress) -> Bool {
+        let limit = configuration.maxConnectionsPerIP
+        guard limit > 0 else { return true }
+        return state.withLock { ($0.perAddress[address] ?? 0) < limit }
     }
 
     func closed(_ record: ConnectionRecord) {
@@ -152,6 +175,10 @@ final class ConnectionRegistry: Sendable {
             guard s.records.removeValue(forKey: ObjectIdentifier(record)) != nil else { return }
             let count = (s.perWorker[record.worker] ?? 1) - 1
             s.perWorker[record.worker] = count > 0 ? count : nil
+            if let address = record.address {
+                let sameAddress = (s.perAddress[address] ?? 1) - 1
+                s.perAddress[address] = sameAddress > 0 ? sameAddress : nil
+            }
         }
         record.state.withLock { $0.writer = nil }
     }
@@ -303,6 +330,28 @@ private func serialized(_ response: HTTPResponse) -> [UInt8] {
 
 private func nanoseconds(_ seconds: Double) -> UInt64 {
     seconds > 0 ? UInt64(seconds * 1e9) : 0
+}
+
+/// A peer's IP address as a dictionary key.
+struct PeerAddress: Hashable, Sendable {
+    private let high: UInt64
+    private let low: UInt64
+    private let isIPv6: Bool
+
+    init?(_ address: UnsafePointer<sockaddr>) {
+        switch Int32(address.pointee.sa_family) {
+        case AF_INET:
+            let ipv4 = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr.s_addr }
+            (high, low, isIPv6) = (0, UInt64(ipv4), false)
+        case AF_INET6:
+            let bytes = address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_addr }
+            let words = withUnsafeBytes(of: bytes) { ($0.loadUnaligned(fromByteOffset: 0, as: UInt64.self),
+                                                      $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) }
+            (high, low, isIPv6) = (words.0, words.1, true)
+        default:
+            return nil
+        }
+    }
 }
 
 /// Totals since the server was created (they survive restarts).

@@ -1,4 +1,5 @@
 import CMicroHTTPD
+import EventLoops
 import Synchronization
 
 /// Handed to the handler with every request; the way to answer later (`respond`) or in pieces
@@ -160,6 +161,7 @@ public final class HTTPResponseWriter: Sendable {
         s.suspended = false
         core.monitor.unwatch(key: monitorKey, fd: s.fd)
         MHD_resume_connection(connection.pointer)
+        record?.driver?.kick()
     }
 
     /// Suspends the connection until the producer acts (connection's own thread, lock held).

@@ -1,16 +1,22 @@
 import CMicroHTTPD
+import EventLoops
 import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// HTTP/1.1 server on libmicrohttpd. The handler is called on libmicrohttpd's pool threads, once
-/// per complete request; it answers at once (`.response`) or later through the
-/// `HTTPResponseWriter` (`.deferred`), possibly as a stream, from any thread.
+/// HTTP/1.1 server on libmicrohttpd: one daemon per event loop, all accepting from one
+/// listening socket. The handler is called on the loop that owns the connection, once per
+/// complete request; it answers at once (`.response`) or later through the
+/// `HTTPResponseWriter` (`.deferred`), possibly as a stream, from any thread. Work the handler
+/// starts on the same loop (an upstream transfer on a client sharing the group) answers without
+/// a thread hand-off.
 ///
-/// Do not call `stop()` from inside the handler: stopping joins the pool threads.
+/// Do not call `stop()` from inside the handler: stopping waits for the loops.
 public final class HTTPServer: Sendable {
     private let configuration: HTTPServerConfiguration
+    /// The loops given at creation; nil: the server starts `configuration.threads` of its own.
+    private let sharedLoops: EventLoopGroup?
     private let handler: @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult
     private let counters = ServerCounters()
     private let totals = ServerTotals()
@@ -19,21 +25,25 @@ public final class HTTPServer: Sendable {
     private let boundPort = Atomic<UInt16>(0)
 
     private struct Running {
-        let daemon: DaemonHandle
+        let drivers: [DaemonDriver]
         let core: ServerCore
+        /// Started by this run (and stopped with it) when no loops were given.
+        let ownLoops: EventLoopGroup?
     }
 
-    /// A server whose handler may answer later or stream (see `HTTPHandlerResult`).
-    public init(configuration: HTTPServerConfiguration,
+    /// A server whose handler may answer later or stream (see `HTTPHandlerResult`), on `loops`
+    /// (one daemon per loop) or, when nil, on `configuration.threads` loops of its own.
+    public init(configuration: HTTPServerConfiguration, loops: EventLoopGroup? = nil,
                 handler: @escaping @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult) {
         self.configuration = configuration
+        self.sharedLoops = loops
         self.handler = handler
     }
 
     /// A server whose handler always answers at once.
-    public convenience init(configuration: HTTPServerConfiguration,
+    public convenience init(configuration: HTTPServerConfiguration, loops: EventLoopGroup? = nil,
                             handler: @escaping @Sendable (HTTPRequest) -> HTTPResponse) {
-        self.init(configuration: configuration) { request, _ in .response(handler(request)) }
+        self.init(configuration: configuration, loops: loops) { request, _ in .response(handler(request)) }
     }
 
     deinit { stop() }
@@ -50,9 +60,9 @@ public final class HTTPServer: Sendable {
     public func start() throws {
         try running.withLock { running in
             guard running == nil else { throw HTTPServerError("server already started") }
-            let (daemon, core) = try launch()
-            running = Running(daemon: daemon, core: core)
-            boundPort.store(attest_mhd_bind_port(daemon.pointer), ordering: .releasing)
+            let launched = try launch()
+            running = launched.running
+            boundPort.store(launched.port, ordering: .releasing)
         }
     }
 
@@ -64,9 +74,10 @@ public final class HTTPServer: Sendable {
             // libmicrohttpd aborts if stopped with suspended connections, so first refuse new
             // suspensions and wake every suspended connection with its request cancelled.
             for writer in current.core.monitor.beginStop() { writer.abort() }
-            // Joins the pool threads; completion callbacks release the remaining request contexts.
-            MHD_stop_daemon(current.daemon.pointer)
+            // Each daemon stops on its loop; completion callbacks release the remaining request contexts.
+            for driver in current.drivers { driver.stop() }
             current.core.monitor.shutdown()
+            current.ownLoops?.shutdown()
             running = nil
             boundPort.store(0, ordering: .releasing)
         }
@@ -118,80 +129,110 @@ public final class HTTPServer: Sendable {
         return stats
     }
 
-    private func launch() throws -> (DaemonHandle, ServerCore) {
+    private func launch() throws -> (running: Running, port: UInt16) {
         let config = configuration
         try Self.validate(config)
         var address = try SocketAddress(host: config.host, port: config.port)
         let endpoint = address.isIPv6 ? "[\(address.host)]:\(config.port)" : "\(address.host):\(config.port)"
         raiseDescriptorLimit(toFit: config.maxConnections)
 
-        let registry = ConnectionRegistry(configuration: config, totals: totals)
+        let listener: ListeningSocket
+        let family = address.isIPv6 ? AF_INET6 : AF_INET
+        do throws(ListenError) {
+            listener = try address.withSockaddr { (pointer, length) throws(ListenError) in
+                try ListeningSocket(address: pointer, length: length, family: family,
+                                    backlog: Int32(min(config.maxConnections, 4096)))
+            }
+        } catch {
+            throw HTTPServerError("cannot listen on \(endpoint): \(Self.describeStartFailure(errno: error.code, log: []))")
+        }
+        defer { listener.close() }  // every daemon holds its own duplicate
+
+        let ownLoops = sharedLoops == nil ? try EventLoopGroup(loops: config.threads, name: "http") : nil
+        let loops = (sharedLoops ?? ownLoops!).loops
+        let registry = ConnectionRegistry(configuration: config, workers: loops.count, totals: totals)
         let monitor = try ConnectionMonitor(tickMilliseconds: Self.tickMilliseconds(config)) { registry.sweep() }
         let core = ServerCore(configuration: config, handler: handler, counters: counters, totals: totals,
                               registry: registry, monitor: monitor)
-        let corePointer = Unmanaged.passUnretained(core).toOpaque()
-
-        var flags = MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_ERROR_LOG.rawValue
-            | MHD_ALLOW_SUSPEND_RESUME.rawValue
-        #if os(Linux)
-        flags |= MHD_USE_EPOLL.rawValue
-        #else
-        flags |= MHD_USE_AUTO.rawValue
-        #endif
-        if address.isIPv6 { flags |= MHD_USE_IPv6.rawValue }
-
-        let (daemonPointer, startErrno, startLog) = address.withSockaddr { sockaddr in
-            var options: [MHD_OptionItem] = [
-                // First, so that start-up failures are captured rather than printed.
-                MHD_OptionItem(option: .EXTERNAL_LOGGER,
-                               value: unsafeBitCast(logCallback as MHD_LogCallback, to: Int.self), ptr_value: corePointer),
-                MHD_OptionItem(option: .SOCK_ADDR, value: 0, ptr_value: sockaddr),
-                MHD_OptionItem(option: .CONNECTION_MEMORY_LIMIT,
-                               value: config.connectionMemoryBytes, ptr_value: nil),
-                MHD_OptionItem(option: .CONNECTION_LIMIT, value: config.maxConnections, ptr_value: nil),
-                MHD_OptionItem(option: .PER_IP_CONNECTION_LIMIT,
-                               value: config.maxConnectionsPerIP, ptr_value: nil),
-                MHD_OptionItem(option: .CONNECTION_TIMEOUT, value: config.idleTimeoutSeconds, ptr_value: nil),
-                MHD_OptionItem(option: .URI_LOG_CALLBACK,
-                               value: unsafeBitCast(uriCallback as UriLogCallback, to: Int.self), ptr_value: corePointer),
-                MHD_OptionItem(option: .NOTIFY_COMPLETED,
-                               value: unsafeBitCast(completedCallback as MHD_RequestCompletedCallback, to: Int.self),
-                               ptr_value: corePointer),
-                MHD_OptionItem(option: .NOTIFY_CONNECTION,
-                               value: unsafeBitCast(connectionCallback as MHD_NotifyConnectionCallback, to: Int.self),
-                               ptr_value: corePointer),
-            ]
-            // A "pool" of one is just the internal polling thread.
-            if config.threads > 1 {
-                options.append(MHD_OptionItem(option: .THREAD_POOL_SIZE,
-                                              value: config.threads, ptr_value: nil))
-            }
-            options.append(MHD_OptionItem(option: .END, value: 0, ptr_value: nil))
-
-            core.startupLog.withLock { $0 = [] }
-            errno = 0
-            let result = options.withUnsafeMutableBufferPointer { buffer in
-                attest_mhd_start_daemon(flags, accessHandler, corePointer, buffer.baseAddress)
-            }
-            let code = errno  // read before anything else can clobber it
-            let log = core.startupLog.withLock { lines -> [String] in
-                defer { lines = nil }
-                return lines ?? []
-            }
-            return (result.map(DaemonHandle.init), code, log)
-        }
-
-        guard let daemon = daemonPointer else {
-            let reason = Self.describeStartFailure(errno: startErrno, log: startLog)
-            throw HTTPServerError("cannot listen on \(endpoint): \(reason)")
+        var drivers: [DaemonDriver] = []
+        func unwind() {
+            drivers.forEach { $0.stop() }
+            ownLoops?.shutdown()
         }
         do {
+            for (index, loop) in loops.enumerated() {
+                // libmicrohttpd's own split of a connection limit across workers.
+                let share = config.maxConnections / loops.count + (index < config.maxConnections % loops.count ? 1 : 0)
+                let daemon = try startDaemon(core: core, listener: listener, connectionLimit: max(1, share), endpoint: endpoint)
+                let driver: DaemonDriver
+                do {
+                    driver = try DaemonDriver(daemon: daemon, loop: loop)
+                } catch {
+                    MHD_stop_daemon(daemon)
+                    throw error
+                }
+                core.setDriver(driver, forLoop: loop.index)
+                guard loop.run(andWait: { driver.attach() }) == true else {
+                    MHD_stop_daemon(daemon)
+                    throw HTTPServerError("cannot listen on \(endpoint): the event loop refused the daemon (errno \(errno))")
+                }
+                drivers.append(driver)
+            }
             try monitor.start()
         } catch {
-            MHD_stop_daemon(daemon.pointer)
+            unwind()
             throw error
         }
-        return (daemon, core)
+        return (Running(drivers: drivers, core: core, ownLoops: ownLoops), listener.port)
+    }
+
+    /// One daemon on a duplicate of the listening socket, in external-polling epoll mode.
+    private func startDaemon(core: ServerCore, listener: ListeningSocket, connectionLimit: Int,
+                             endpoint: String) throws -> OpaquePointer {
+        let config = configuration
+        let corePointer = Unmanaged.passUnretained(core).toOpaque()
+        let listenFD = listener.duplicate()
+        guard listenFD >= 0 else {
+            throw HTTPServerError("cannot listen on \(endpoint): \(String(cString: strerror(errno)))")
+        }
+        var flags = MHD_USE_ERROR_LOG.rawValue | MHD_ALLOW_SUSPEND_RESUME.rawValue
+        #if os(Linux)
+        flags |= MHD_USE_EPOLL.rawValue
+        #endif
+        var options: [MHD_OptionItem] = [
+            // First, so that start-up failures are captured rather than printed.
+            MHD_OptionItem(option: .EXTERNAL_LOGGER,
+                           value: unsafeBitCast(logCallback as MHD_LogCallback, to: Int.self), ptr_value: corePointer),
+            MHD_OptionItem(option: .LISTEN_SOCKET, value: Int(listenFD), ptr_value: nil),
+            MHD_OptionItem(option: .CONNECTION_MEMORY_LIMIT, value: config.connectionMemoryBytes, ptr_value: nil),
+            MHD_OptionItem(option: .CONNECTION_LIMIT, value: connectionLimit, ptr_value: nil),
+            MHD_OptionItem(option: .CONNECTION_TIMEOUT, value: config.idleTimeoutSeconds, ptr_value: nil),
+            MHD_OptionItem(option: .URI_LOG_CALLBACK,
+                           value: unsafeBitCast(uriCallback as UriLogCallback, to: Int.self), ptr_value: corePointer),
+            MHD_OptionItem(option: .NOTIFY_COMPLETED,
+                           value: unsafeBitCast(completedCallback as MHD_RequestCompletedCallback, to: Int.self),
+                           ptr_value: corePointer),
+            MHD_OptionItem(option: .NOTIFY_CONNECTION,
+                           value: unsafeBitCast(connectionCallback as MHD_NotifyConnectionCallback, to: Int.self),
+                           ptr_value: corePointer),
+            MHD_OptionItem(option: .END, value: 0, ptr_value: nil),
+        ]
+        core.startupLog.withLock { $0 = [] }
+        errno = 0
+        // The per-address limit is the registry's (across every daemon), checked on accept.
+        let daemon = options.withUnsafeMutableBufferPointer { buffer in
+            attest_mhd_start_daemon(flags, acceptPolicy, corePointer, accessHandler, corePointer, buffer.baseAddress)
+        }
+        let code = errno
+        let log = core.startupLog.withLock { lines -> [String] in
+            defer { lines = nil }
+            return lines ?? []
+        }
+        guard let daemon else {
+            close(listenFD)
+            throw HTTPServerError("cannot listen on \(endpoint): \(Self.describeStartFailure(errno: code, log: log))")
+        }
+        return daemon
     }
 
     /// How often the reaper looks: a quarter of the shortest deadline, between 10 and 250 ms.
@@ -247,12 +288,6 @@ private func raiseDescriptorLimit(toFit connections: Int) {
     _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
 }
 
-/// A libmicrohttpd daemon pointer.
-/// @unchecked Sendable: only used under the server's `running` lock (start, stop, port).
-private struct DaemonHandle: @unchecked Sendable {
-    let pointer: OpaquePointer
-}
-
 /// Counters that outlive one run of the server (tests read them after `stop`).
 final class ServerCounters: Sendable {
     let liveRequests = Atomic<Int>(0)
@@ -275,6 +310,18 @@ final class ServerCore: Sendable {
     /// libmicrohttpd log lines while the daemon starts (nil otherwise: runtime messages such as
     /// "connection limit reached" are routine under load and dropped).
     let startupLog = Mutex<[String]?>(nil)
+    /// The daemon on each loop, by loop index (set before the daemon accepts anything).
+    private let drivers = Mutex<[Int: DaemonDriver]>([:])
+
+    func setDriver(_ driver: DaemonDriver, forLoop index: Int) {
+        drivers.withLock { $0[index] = driver }
+    }
+
+    /// The daemon whose callback is running on this thread.
+    func currentDriver() -> DaemonDriver? {
+        guard let loop = EventLoop.current else { return nil }
+        return drivers.withLock { $0[loop.index] }
+    }
 
     init(configuration: HTTPServerConfiguration,
          handler: @escaping @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult,
@@ -347,13 +394,21 @@ private func connectionCallback(_ cls: UnsafeMutableRawPointer?, _ connection: O
     if code == .CONNECTION_NOTIFY_STARTED {
         let record = ConnectionRecord(connection: ConnectionHandle(pointer: connection),
                                       fd: attest_mhd_connection_fd(connection), worker: pthread_self(),
-                                      now: monotonicNanoseconds())
+                                      address: attest_mhd_client_address(connection).flatMap(PeerAddress.init),
+                                      driver: core.currentDriver(), now: monotonicNanoseconds())
         socketContext.pointee = Unmanaged.passRetained(record).toOpaque()
         if core.registry.opened(record) { core.monitor.wake() }
     } else if let raw = socketContext.pointee {
         socketContext.pointee = nil
         core.registry.closed(Unmanaged<ConnectionRecord>.fromOpaque(raw).takeRetainedValue())
     }
+}
+
+/// Before libmicrohttpd takes a new connection: refused (closed at once) when its address
+/// already holds `maxConnectionsPerIP` connections across every daemon of the server.
+private func acceptPolicy(_ cls: UnsafeMutableRawPointer?, _ address: UnsafePointer<sockaddr>?, _ length: socklen_t) -> MHD_Result {
+    guard let cls, let address, let peer = PeerAddress(address) else { return .YES }
+    return Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue().registry.admits(peer) ? .YES : .NO
 }
 
 /// Our record for a connection (nil only if the notification callback did not run).
@@ -854,9 +909,11 @@ private struct SocketAddress {
         }
     }
 
-    /// Runs `body` with a pointer to the sockaddr (only valid during the call).
-    mutating func withSockaddr<T>(_ body: (UnsafeMutableRawPointer) -> T) -> T {
-        isIPv6 ? withUnsafeMutablePointer(to: &ipv6) { body($0) }
-               : withUnsafeMutablePointer(to: &ipv4) { body($0) }
+    /// Runs `body` with a pointer to the sockaddr and its length (only valid during the call).
+    mutating func withSockaddr<T, E: Error>(_ body: (UnsafeMutableRawPointer, socklen_t) throws(E) -> T) throws(E) -> T {
+        if isIPv6 {
+            return try withUnsafeMutablePointer(to: &ipv6) { pointer throws(E) in try body(pointer, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
+        }
+        return try withUnsafeMutablePointer(to: &ipv4) { pointer throws(E) in try body(pointer, socklen_t(MemoryLayout<sockaddr_in>.size)) }
     }
 }

@@ -1,5 +1,6 @@
 import AttestCrypto
 import AttestWire
+import EventLoops
 import Foundation
 import HTTPServer
 import Synchronization
@@ -13,22 +14,22 @@ public struct RelayConfiguration: Sendable {
     public var defaultKey: String?
     /// Opens the workspaces' sealed keys (`--secrets-key-file`); nil when the file is absent.
     public var secrets: SecretBox?
-    /// Upstream event threads (each one libcurl multi handle), taken in turn by new requests:
-    /// one thread's share of the work bounds the relay's throughput on a multi-core machine.
-    public var upstreamThreads: Int
+    /// The event loops the HTTP server runs on: each relayed request's upstream transfer then
+    /// runs on the loop that took the request. Nil: the relay's client has one loop of its own.
+    public var loops: EventLoopGroup?
 
-    public init(upstream: UpstreamConfiguration, defaultKey: String? = nil, secrets: SecretBox? = nil, upstreamThreads: Int = 2) {
+    public init(upstream: UpstreamConfiguration, defaultKey: String? = nil, secrets: SecretBox? = nil, loops: EventLoopGroup? = nil) {
         self.upstream = upstream
         self.defaultKey = defaultKey
         self.secrets = secrets
-        self.upstreamThreads = max(1, upstreamThreads)
+        self.loops = loops
     }
 }
 
 /// Relays the Messages API to the upstream with the workspace's own key: the device's token
 /// never leaves this process, the key never reaches the device. Replies stream through chunk by
-/// chunk, on the upstream client's one thread; the HTTP worker that took the request is free as
-/// soon as the transfer starts.
+/// chunk on the event loop that took the request, which is free for other connections while the
+/// transfer waits.
 public final class MessagesRelay: Sendable {
     public static let relayedPaths: Set<String> = [WireProtocol.messagesPath, WireProtocol.countTokensPath]
     /// The largest request body relayed: image input arrives as base64 in the JSON.
@@ -37,8 +38,7 @@ public final class MessagesRelay: Sendable {
     /// Request headers passed through to the upstream (besides the key and the version).
     static let forwardedRequestHeaders: Set<String> = ["anthropic-beta", "content-type", "accept", "user-agent"]
 
-    let upstreams: [UpstreamClient]
-    private let nextUpstream = Atomic<Int>(0)
+    let upstream: UpstreamClient
     let defaultKey: String?
     let secrets: SecretBox?
     /// Opened workspace keys, by workspace, with the sealed bytes they came from: a key set again
@@ -46,19 +46,18 @@ public final class MessagesRelay: Sendable {
     private let openedKeys = Mutex<[Int64: (sealed: [UInt8], key: String)]>([:])
 
     public init(_ configuration: RelayConfiguration) throws {
-        upstreams = try (0..<configuration.upstreamThreads).map { _ in try UpstreamClient(configuration.upstream) }
+        upstream = try UpstreamClient(configuration.upstream, loops: configuration.loops)
         defaultKey = configuration.defaultKey
         secrets = configuration.secrets
     }
 
-    public func shutdown() { upstreams.forEach { $0.shutdown() } }
+    public func shutdown() { upstream.shutdown() }
 
-    public var activeTransfers: Int { upstreams.reduce(0) { $0 + $1.activeTransfers } }
+    public var activeTransfers: Int { upstream.activeTransfers }
 
-    /// Starts a transfer on the next upstream thread in turn.
+    /// Starts a transfer, on the calling event loop when called on one.
     func start(_ request: UpstreamRequest, delegate: any UpstreamDelegate) -> UpstreamTransfer {
-        let turn = nextUpstream.wrappingAdd(1, ordering: .relaxed).oldValue
-        return upstreams[Int(UInt(bitPattern: turn) % UInt(upstreams.count))].start(request, delegate: delegate)
+        upstream.start(request, delegate: delegate)
     }
 
     /// Why a request could not be relayed before anything was sent upstream.

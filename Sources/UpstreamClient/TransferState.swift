@@ -1,4 +1,5 @@
 import CCurl
+import EventLoops
 #if canImport(Glibc)
 import Glibc
 #endif

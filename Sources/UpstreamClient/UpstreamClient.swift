@@ -1,4 +1,5 @@
 import CCurl
+import EventLoops
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -6,50 +7,49 @@ import Glibc
 
 /// An HTTP client for the upstream Messages API on libcurl's multi interface.
 ///
-/// One event thread, owned by the client, drives every transfer through curl's socket
-/// interface on epoll: an open stream costs a socket, a curl easy handle and a few hundred
-/// bytes of state, never a thread. Connections are pooled per client (one curl multi handle
-/// is one connection cache), and HTTP/2 is negotiated over TLS when the upstream offers it.
+/// Every event loop of its group drives its own curl multi handle through curl's socket
+/// interface: an open stream costs a socket, a curl easy handle and a few hundred bytes of state,
+/// never a thread. A transfer started on one of the group's loops (an HTTP request being
+/// handled there) runs on that same loop, so the request and its upstream transfer never change
+/// threads; from elsewhere the loops are taken in turn. Each multi handle is one connection
+/// cache, and HTTP/2 is negotiated over TLS when the upstream offers it.
 ///
-/// curl handles are touched only on the event thread. `start`, `cancel` and `resume` from
-/// other threads queue a command behind a mutex and wake the thread through an eventfd.
+/// curl handles are touched only on their loop's thread. `start`, `cancel` and `resume` queue
+/// a task on that loop (without a lock or a system call when already on it).
 public final class UpstreamClient: Sendable {
     public let configuration: UpstreamConfiguration
-    private let shared: EventLoopShared
-    private let thread: pthread_t
-    private let joined = Mutex(false)
+    private let group: EventLoopGroup
+    private let ownsGroup: Bool
+    /// One per loop, by loop index.
+    private let drivers: [CurlDriver]
+    private let counters = ClientCounters()
+    private let stopped = Atomic<Bool>(false)
 
-    public init(_ configuration: UpstreamConfiguration) throws {
+    /// A client on `loops` (shared with the HTTP server that relays through it), or on one
+    /// loop of its own.
+    public init(_ configuration: UpstreamConfiguration, loops: EventLoopGroup? = nil) throws {
         try CurlGlobal.ensureInitialized()
         let settings = try LoopSettings(configuration)
         self.configuration = configuration
-
-        let epollFD = epoll_create1(Int32(EPOLL_CLOEXEC))
-        guard epollFD >= 0 else { throw UpstreamClientError("epoll_create1 failed: errno \(errno)") }
-        let wakeFD = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
-        guard wakeFD >= 0 else {
-            close(epollFD)
-            throw UpstreamClientError("eventfd failed: errno \(errno)")
+        if let loops {
+            group = loops
+            ownsGroup = false
+        } else {
+            group = try EventLoopGroup(loops: 1, name: "upstream-curl")
+            ownsGroup = true
         }
-        var event = epoll_event()
-        event.events = EPOLLIN.rawValue
-        event.data.fd = wakeFD
-        guard epoll_ctl(epollFD, EPOLL_CTL_ADD, wakeFD, &event) == 0, let multi = curl_multi_init() else {
-            close(epollFD)
-            close(wakeFD)
-            throw UpstreamClientError("could not set up the event loop")
-        }
-        let shared = EventLoopShared(wakeFD: wakeFD)
-        self.shared = shared
-        let handover = MultiHandover(multi: multi, epollFD: epollFD)
+        let counters = self.counters
         do {
-            thread = try spawnThread(stackSize: 1 << 20) {
-                EventLoop(shared: shared, multi: handover.multi, epollFD: handover.epollFD, settings: settings).run()
-            }
+            drivers = try group.loops.map { try CurlDriver(loop: $0, counters: counters, settings: settings) }
         } catch {
-            curl_multi_cleanup(multi)
-            close(epollFD)
+            if ownsGroup { group.shutdown() }
             throw error
+        }
+        for driver in drivers {
+            let loop = driver.loop
+            guard loop.execute({ loop.add(driver) }) else {
+                throw UpstreamClientError("the event loops are stopped")
+            }
         }
     }
 
@@ -59,47 +59,54 @@ public final class UpstreamClient: Sendable {
     /// `shutdown()`, the transfer ends at once with `.cancelled`, on the calling thread.
     @discardableResult
     public func start(_ request: UpstreamRequest, delegate: any UpstreamDelegate) -> UpstreamTransfer {
-        let transfer = UpstreamTransfer(id: shared.nextID.add(1, ordering: .relaxed).newValue, loop: shared)
-        shared.active.add(1, ordering: .relaxed)
-        if !shared.submit(.start(transfer, request, delegate)) {
-            shared.active.subtract(1, ordering: .relaxed)
+        let loop = group.preferred()
+        let driver = drivers[loop.index]
+        let transfer = UpstreamTransfer(id: counters.nextID.add(1, ordering: .relaxed).newValue, driver: driver)
+        counters.active.add(1, ordering: .relaxed)
+        let accepted = !stopped.load(ordering: .acquiring) && loop.execute { driver.start(transfer, request, delegate) }
+        if !accepted {
+            counters.active.subtract(1, ordering: .relaxed)
             delegate.upstreamDidFinish(UpstreamError(kind: .cancelled, detail: "the upstream client is shut down"))
         }
         return transfer
     }
 
-    /// Cancels every transfer (each delegate gets `.cancelled`), closes every connection and
-    /// joins the event thread. Idempotent. Called from a delegate callback, it stops the loop
-    /// but cannot join the thread it runs on.
+    /// Cancels every transfer (each delegate gets `.cancelled`) and closes every connection;
+    /// stops the loop if the client owns it. Idempotent. Called on one of the loops (from a
+    /// delegate callback), that loop's part happens just after the callback returns.
     public func shutdown() {
-        shared.close()
-        let mustJoin = joined.withLock { done -> Bool in
-            if done { return false }
-            done = true
-            return true
+        guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        for driver in drivers {
+            let loop = driver.loop
+            if loop.inLoop {
+                loop.execute { driver.shutdown() }
+            } else {
+                _ = loop.run(andWait: { driver.shutdown() })
+            }
         }
-        guard mustJoin else { return }
-        if pthread_equal(pthread_self(), thread) != 0 {
-            pthread_detach(thread)
-        } else {
-            pthread_join(thread, nil)
-        }
+        if ownsGroup { group.shutdown() }
     }
 
     /// Transfers started and not yet finished.
-    public var activeTransfers: Int { shared.active.load(ordering: .relaxed) }
+    public var activeTransfers: Int { counters.active.load(ordering: .relaxed) }
+}
+
+/// Counters shared by a client's drivers.
+final class ClientCounters: Sendable {
+    let active = Atomic<Int>(0)
+    let nextID = Atomic<UInt64>(0)
 }
 
 /// A handle on one transfer. Thread-safe: `cancel` and `resume` may be called from any thread,
 /// any number of times, before or after the transfer ends.
 public final class UpstreamTransfer: Sendable {
     public let id: UInt64
-    private let loop: EventLoopShared
+    private let driver: CurlDriver
     let cancelRequested = Atomic(false)
 
-    init(id: UInt64, loop: EventLoopShared) {
+    init(id: UInt64, driver: CurlDriver) {
         self.id = id
-        self.loop = loop
+        self.driver = driver
     }
 
     /// Ends the transfer: once this returns, no further chunk delivery starts, and the delegate
@@ -108,14 +115,16 @@ public final class UpstreamTransfer: Sendable {
     /// mid-response), an HTTP/2 stream is reset.
     public func cancel() {
         if !cancelRequested.exchange(true, ordering: .acquiringAndReleasing) {
-            _ = loop.submit(.cancel(id))
+            let driver = self.driver, id = self.id
+            driver.loop.execute { driver.cancel(id) }
         }
     }
 
     /// Lets a transfer paused by its delegate (`upstreamDidReceive` returned `false`) deliver
     /// again. A resume that finds the transfer not paused does nothing.
     public func resume() {
-        _ = loop.submit(.resume(id))
+        let driver = self.driver, id = self.id
+        driver.loop.execute { driver.resume(id) }
     }
 }
 
@@ -128,12 +137,4 @@ enum CurlGlobal {
             throw UpstreamClientError("curl_global_init failed: \(String(cString: curl_easy_strerror(result)))")
         }
     }
-}
-
-/// The multi handle and epoll descriptor, created in `init` (so that failures throw there) and
-/// handed to the event thread.
-private struct MultiHandover: @unchecked Sendable {
-    // Safe: after the handover the event thread is the only user of these.
-    let multi: UnsafeMutableRawPointer
-    let epollFD: Int32
 }

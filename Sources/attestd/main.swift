@@ -1,6 +1,7 @@
 import AttestWire
 import AppAttest
 import AttestCrypto
+import EventLoops
 import Foundation
 import HTTPServer
 import ServiceRoutes
@@ -209,7 +210,12 @@ func serve(_ options: ServeOptions) throws -> Never {
     (store as? SQLiteTokenStore)?.startWatching()
     let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
     let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
-    let relay = try MessagesRelay(try relayConfiguration(options))
+    // One event loop per --threads: each runs a libmicrohttpd daemon and a curl multi handle, so
+    // a relayed request is taken, checked, sent upstream and answered on one thread.
+    let loops = try EventLoopGroup(loops: options.threads)
+    var relayOptions = try relayConfiguration(options)
+    relayOptions.loops = loops
+    let relay = try MessagesRelay(relayOptions)
     let ledger = options.usageLedger
         ? UsageLedger(store: store, metrics: service.metrics, flushInterval: options.usageFlushInterval,
                       report: { logger.error("usage_flush_failed", [("error", $0)]) })
@@ -236,7 +242,7 @@ func serve(_ options: ServeOptions) throws -> Never {
         .json(529, APIErrorResponse(type: "overloaded_error", message: "the service is overloaded; retry shortly").json,
               headers: [("retry-after", "1")])
     }
-    let server = HTTPServer(configuration: configuration) { router.handle($0, $1) }
+    let server = HTTPServer(configuration: configuration, loops: loops) { router.handle($0, $1) }
     router.reportTransport {
         server.stats().prometheusText
             + "# HELP attestd_audit_pending Audit events waiting to be written (they are kept and retried, never dropped).\n"

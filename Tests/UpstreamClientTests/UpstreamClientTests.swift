@@ -259,14 +259,14 @@ struct UpstreamClientTests {
         let client = try UpstreamClient(UpstreamConfiguration(baseURL: stub.baseURL))
         defer { client.shutdown() }
         // The suite is serialized and every earlier client joined its thread: this one is alone.
-        #expect(await waitFor(timeout: .seconds(2)) { threadCount(named: "upstream-curl") == 1 })
+        #expect(await waitFor(timeout: .seconds(2)) { threadCount(named: "upstream-curl-0") == 1 })
 
         let recorders = (0..<200).map { _ in Recorder() }
         for recorder in recorders { client.start(messagesRequest(stream: true), delegate: recorder) }
         // All 200 are open upstream at the same time.
         #expect(await stub.waitUntil(timeout: .seconds(10)) { $0.openStreams == 200 })
         #expect(client.activeTransfers == 200)
-        #expect(threadCount(named: "upstream-curl") == 1)
+        #expect(threadCount(named: "upstream-curl-0") == 1)
 
         #expect(await waitFor(timeout: .seconds(10)) { recorders.allSatisfy(\.finished) })
         for recorder in recorders {

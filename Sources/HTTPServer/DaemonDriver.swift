@@ -1,0 +1,122 @@
+import CMicroHTTPD
+import EventLoops
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One libmicrohttpd daemon in external-polling epoll mode, driven by one event loop: the loop
+/// watches the daemon's epoll descriptor and calls `MHD_run` when it is ready or when the
+/// daemon's own time-out (idle connections) falls due. Every daemon of a server accepts from the
+/// same listening socket, so each loop takes connections as it has time for them.
+///
+/// libmicrohttpd without an internal thread is single-threaded except for
+/// `MHD_resume_connection` (its cleanup mutex and inter-thread channel make that safe from
+/// anywhere): every other call on the daemon happens on its loop's thread.
+final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
+    // @unchecked: `ready` and `deadline` are confined to the loop's thread; the daemon pointer
+    // is used there, and by `stop` only once the loop no longer runs it.
+    let daemon: OpaquePointer
+    let loop: EventLoop
+    let epollFD: Int32
+    private var ready = true
+    private var deadline: UInt64? = 0
+
+    init(daemon: OpaquePointer, loop: EventLoop) throws {
+        self.daemon = daemon
+        self.loop = loop
+        epollFD = attest_mhd_epoll_fd(daemon)
+        guard epollFD >= 0 else { throw HTTPServerError("libmicrohttpd did not report its epoll descriptor") }
+    }
+
+    func handleEvent(fd: Int32, events: UInt32) {
+        ready = true
+    }
+
+    /// A connection of this daemon was resumed. Without an internal thread libmicrohttpd has no
+    /// wake-up channel of its own (it drops MHD_USE_ITC), so the loop must run the daemon again:
+    /// at once in this turn when called on the loop, else through the loop's task queue.
+    func kick() {
+        if loop.inLoop {
+            ready = true
+        } else {
+            loop.execute { [self] in ready = true }
+        }
+    }
+
+    func poll(now: UInt64) -> UInt64? {
+        guard ready || deadline.map({ now >= $0 }) ?? false else { return deadline }
+        ready = false
+        _ = MHD_run(daemon)
+        var milliseconds: UInt64 = 0
+        // 0 when connections still hold unprocessed data: the loop turns again without sleeping.
+        deadline = MHD_get_timeout(daemon, &milliseconds) == .YES
+            ? now &+ min(milliseconds, 3_600_000) &* 1_000_000 : nil
+        return deadline
+    }
+
+    /// Joins the loop (on the loop's thread).
+    func attach() -> Bool {
+        guard loop.watch(fd: epollFD, events: UInt32(EPOLLIN.rawValue), for: self) else { return false }
+        loop.add(self)
+        return true
+    }
+
+    /// Leaves the loop and stops the daemon: on the loop's thread while it runs, else here.
+    func stop() {
+        let stopped = loop.run(andWait: { [self] in
+            loop.remove(self)
+            MHD_stop_daemon(daemon)
+            return true
+        })
+        if stopped == nil { MHD_stop_daemon(daemon) }
+    }
+}
+
+/// A listening TCP socket (non-blocking, close-on-exec, SO_REUSEADDR) shared by every daemon
+/// of a server; each daemon gets its own duplicate, since libmicrohttpd closes its listening
+/// descriptor when it stops.
+struct ListeningSocket {
+    let fd: Int32
+    let port: UInt16
+
+    /// Binds and listens; the error is errno's.
+    init(address: UnsafeMutableRawPointer, length: socklen_t, family: Int32, backlog: Int32) throws(ListenError) {
+        let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw ListenError(code: errno) }
+        var on: Int32 = 1
+        _ = setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, socklen_t(MemoryLayout<Int32>.size))
+        if family == AF_INET6 {
+            _ = setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &on, socklen_t(MemoryLayout<Int32>.size))
+        }
+        guard bind(fd, address.assumingMemoryBound(to: sockaddr.self), length) == 0, listen(fd, backlog) == 0 else {
+            let code = errno
+            Glibc.close(fd)
+            throw ListenError(code: code)
+        }
+        var bound = sockaddr_storage()
+        var boundLength = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let named = withUnsafeMutablePointer(to: &bound) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &boundLength) }
+        }
+        guard named == 0 else {
+            let code = errno
+            Glibc.close(fd)
+            throw ListenError(code: code)
+        }
+        self.fd = fd
+        port = withUnsafePointer(to: &bound) { pointer in
+            family == AF_INET6
+                ? pointer.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin6_port) }
+                : pointer.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin_port) }
+        }
+    }
+
+    /// A new descriptor for the same socket (close-on-exec), or -1.
+    func duplicate() -> Int32 { fcntl(fd, F_DUPFD_CLOEXEC, 0) }
+
+    func close() { _ = Glibc.close(fd) }
+}
+
+struct ListenError: Error {
+    let code: Int32
+}

@@ -1,0 +1,207 @@
+import CCurl
+import EventLoops
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One curl multi handle on one event loop: the transfers started there and the sockets curl
+/// asked to watch. Created off the loop, then touched only on the loop's thread (curl's callbacks
+/// reach it through an unretained pointer, on that thread, from inside curl calls made there).
+final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
+    // @unchecked: all state is confined to `loop`'s thread; other threads only hold the reference
+    // to queue tasks on the loop.
+    let loop: EventLoop
+    let counters: ClientCounters
+    private let multi: UnsafeMutableRawPointer
+    let settings: LoopSettings
+
+    private var transfers: [UInt64: TransferState] = [:]
+    private var byEasy: [UnsafeMutableRawPointer: TransferState] = [:]
+    /// When curl wants `socket_action(CURL_SOCKET_TIMEOUT)`, in monotonic nanoseconds.
+    private var timerDeadline: UInt64?
+    private var nextIdleCheck: UInt64 = 0
+    private let idleCheckInterval: UInt64
+    private var stopped = false
+
+    init(loop: EventLoop, counters: ClientCounters, settings: LoopSettings) throws {
+        guard let multi = curl_multi_init() else { throw UpstreamClientError("curl_multi_init failed") }
+        self.loop = loop
+        self.counters = counters
+        self.multi = multi
+        self.settings = settings
+        // Idle time-outs are checked by a scan; a tenth of the time-out keeps the error small
+        // (at most 10% late) without scanning more than a few times a second in production.
+        idleCheckInterval = min(max(settings.idleTimeoutNanoseconds / 10, 5_000_000), 1_000_000_000)
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        attest_curl_multi_setopt_socket_function(multi, socketCallback)
+        attest_curl_multi_setopt_pointer(multi, CURLMOPT_SOCKETDATA, me)
+        attest_curl_multi_setopt_timer_function(multi, timerCallback)
+        attest_curl_multi_setopt_pointer(multi, CURLMOPT_TIMERDATA, me)
+        attest_curl_multi_setopt_long(multi, CURLMOPT_PIPELINING, attest_CURLPIPE_MULTIPLEX)
+        if settings.maxIdleConnections > 0 {
+            attest_curl_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, settings.maxIdleConnections)
+        }
+    }
+
+    // MARK: EventLoopParticipant
+
+    func handleEvent(fd: Int32, events: UInt32) {
+        var mask: Int32 = 0
+        if events & EPOLLIN.rawValue != 0 { mask |= CURL_CSELECT_IN }
+        if events & EPOLLOUT.rawValue != 0 { mask |= CURL_CSELECT_OUT }
+        if events & (EPOLLERR.rawValue | EPOLLHUP.rawValue) != 0 { mask |= CURL_CSELECT_ERR }
+        socketAction(fd, mask)
+    }
+
+    func poll(now: UInt64) -> UInt64? {
+        if let deadline = timerDeadline, now >= deadline {
+            timerDeadline = nil
+            socketAction(attest_CURL_SOCKET_TIMEOUT, 0)
+        }
+        collectCompleted()
+        checkIdle()
+        var next = timerDeadline
+        if !transfers.isEmpty { next = min(next ?? nextIdleCheck, nextIdleCheck) }
+        return next
+    }
+
+    /// Ends every transfer as cancelled, frees the multi handle and leaves the loop. Idempotent.
+    func shutdown() {
+        guard !stopped else { return }
+        stopped = true
+        let shutdown = UpstreamError(kind: .cancelled, detail: "the upstream client is shut down")
+        for state in Array(transfers.values) { finish(state, shutdown, closeConnection: true) }
+        curl_multi_cleanup(multi)
+        loop.remove(self)
+    }
+
+    // MARK: Commands
+
+    func start(_ handle: UpstreamTransfer, _ request: UpstreamRequest, _ delegate: any UpstreamDelegate) {
+        if stopped {
+            counters.active.subtract(1, ordering: .relaxed)
+            delegate.upstreamDidFinish(UpstreamError(kind: .cancelled, detail: "the upstream client is shut down"))
+            return
+        }
+        if handle.cancelRequested.load(ordering: .acquiring) {
+            counters.active.subtract(1, ordering: .relaxed)
+            delegate.upstreamDidFinish(UpstreamError(kind: .cancelled, detail: "cancelled before it started"))
+            return
+        }
+        guard let easy = curl_easy_init() else {
+            counters.active.subtract(1, ordering: .relaxed)
+            delegate.upstreamDidFinish(UpstreamError(kind: .other, detail: "curl_easy_init failed"))
+            return
+        }
+        let state = TransferState(handle: handle, request: request, delegate: delegate, easy: easy)
+        if let problem = state.configure(settings) {
+            state.release()
+            counters.active.subtract(1, ordering: .relaxed)
+            delegate.upstreamDidFinish(UpstreamError(kind: .other, detail: problem))
+            return
+        }
+        transfers[handle.id] = state
+        byEasy[easy] = state
+        let added = curl_multi_add_handle(multi, easy)
+        if added != CURLM_OK {
+            finish(state, UpstreamError(kind: .other, detail: "curl_multi_add_handle: \(String(cString: curl_multi_strerror(added)))"),
+                   closeConnection: false)
+        }
+    }
+
+    func cancel(_ id: UInt64) {
+        if let state = transfers[id] {
+            finish(state, UpstreamError(kind: .cancelled, detail: "cancelled"), closeConnection: true)
+        }
+    }
+
+    func resume(_ id: UInt64) {
+        if let state = transfers[id], state.paused {
+            state.paused = false
+            state.lastActivity = monotonicNanoseconds()
+            // May deliver buffered data (and so call the delegate) before it returns.
+            curl_easy_pause(state.easy, attest_CURLPAUSE_CONT)
+        }
+    }
+
+    // MARK: curl
+
+    private func socketAction(_ fd: Int32, _ mask: Int32) {
+        var running: Int32 = 0
+        _ = curl_multi_socket_action(multi, fd, mask, &running)
+    }
+
+    fileprivate func watch(_ fd: Int32, _ what: Int32) {
+        if what == CURL_POLL_REMOVE {
+            loop.unwatch(fd: fd)
+            return
+        }
+        var events: UInt32 = 0
+        if what & CURL_POLL_IN != 0 { events |= EPOLLIN.rawValue }
+        if what & CURL_POLL_OUT != 0 { events |= EPOLLOUT.rawValue }
+        loop.watch(fd: fd, events: events, for: self)
+    }
+
+    fileprivate func setTimer(_ milliseconds: Int) {
+        timerDeadline = milliseconds < 0 ? nil : monotonicNanoseconds() + UInt64(milliseconds) * 1_000_000
+    }
+
+    private func collectCompleted() {
+        var remaining: Int32 = 0
+        while let message = curl_multi_info_read(multi, &remaining) {
+            guard message.pointee.msg == CURLMSG_DONE, let easy = message.pointee.easy_handle,
+                  let state = byEasy[easy] else { continue }
+            let code = attest_curl_msg_result(message)
+            if code == CURLE_OK {
+                state.deliverHeadIfNeeded()
+                finish(state, nil, closeConnection: false)
+            } else {
+                finish(state, state.error(for: code), closeConnection: false)
+            }
+        }
+    }
+
+    private func checkIdle() {
+        guard !transfers.isEmpty else { return }
+        let now = monotonicNanoseconds()
+        guard now >= nextIdleCheck else { return }
+        nextIdleCheck = now + idleCheckInterval
+        let limit = settings.idleTimeoutNanoseconds
+        let expired = transfers.values.filter { !$0.paused && now &- $0.lastActivity >= limit }
+        for state in expired {
+            let seconds = Double(now - state.lastActivity) / 1e9
+            finish(state, UpstreamError(kind: .idleTimeout,
+                                        detail: "no data for \((seconds * 1000).rounded() / 1000) s (idle timeout \(Double(limit) / 1e9) s)"),
+                   closeConnection: true)
+        }
+    }
+
+    /// Removes the transfer from curl and from the loop, then tells the delegate. A transfer
+    /// ended early has its connection closed, not pooled.
+    private func finish(_ state: TransferState, _ error: UpstreamError?, closeConnection: Bool) {
+        guard transfers.removeValue(forKey: state.handle.id) != nil else { return }
+        byEasy.removeValue(forKey: state.easy)
+        if closeConnection {
+            // Read in curl's "done" step: a connection in mid-response never goes back to the
+            // pool. (An HTTP/2 connection still carrying other streams stays; this stream is reset.)
+            attest_curl_easy_setopt_long(state.easy, CURLOPT_FORBID_REUSE, 1)
+        }
+        curl_multi_remove_handle(multi, state.easy)
+        let delegate = state.delegate
+        state.release()
+        counters.active.subtract(1, ordering: .relaxed)
+        // A transfer the caller cancelled reports that, even if curl finished it meanwhile.
+        let cancelled = state.handle.cancelRequested.load(ordering: .acquiring) && error?.kind != .cancelled
+        delegate.upstreamDidFinish(cancelled ? UpstreamError(kind: .cancelled, detail: "cancelled") : error)
+    }
+}
+
+private let socketCallback: curl_socket_callback = { _, fd, what, context, _ in
+    Unmanaged<CurlDriver>.fromOpaque(context!).takeUnretainedValue().watch(fd, what)
+    return 0
+}
+
+private let timerCallback: curl_multi_timer_callback = { _, milliseconds, context in
+    Unmanaged<CurlDriver>.fromOpaque(context!).takeUnretainedValue().setTimer(milliseconds)
+    return 0
+}
