@@ -17,10 +17,13 @@ import Glibc
 /// not mistaken for a hang-up); when one fires the request is aborted: its producer's `onCancel`
 /// runs and the connection is resumed so that libmicrohttpd closes it.
 ///
-/// Registration follows the writer's `suspended` flag under the writer's lock, so a socket is
-/// only ever in this set while its connection is suspended — and a suspended connection's socket
-/// is never closed by libmicrohttpd (the server resumes every suspended connection before it
-/// stops the daemon), so a descriptor here can never have been reused for another connection.
+/// A connection joins this set once it has stayed suspended for a reaper tick (the reaper
+/// registers it, `HTTPResponseWriter.watchIfLongSuspended`): a relayed answer that comes back
+/// within milliseconds never pays for the watch, and a hang-up during a long wait is seen within
+/// about two ticks. Registration and removal happen under the writer's lock while its
+/// `suspended` flag is set — and a suspended connection's socket is never closed by
+/// libmicrohttpd (the server resumes every open request before it stops the daemon), so a
+/// descriptor here can never have been reused for another connection.
 final class ConnectionMonitor: Sendable {
     private struct State {
         /// No new registrations: the server is stopping.
@@ -88,13 +91,18 @@ final class ConnectionMonitor: Sendable {
         }
     }
 
-    /// Refuses new registrations and returns every writer whose connection is suspended now.
+    /// Refuses new registrations (and suspensions) and returns every watched writer.
     func beginStop() -> [HTTPResponseWriter] {
-        state.withLock { s in
+        stoppingFlag.store(true, ordering: .releasing)
+        return state.withLock { s in
             s.stopping = true
             return Array(s.watched.values)
         }
     }
+
+    /// The server is stopping: no connection may be suspended any more.
+    var isStopping: Bool { stoppingFlag.load(ordering: .acquiring) }
+    private let stoppingFlag = Atomic<Bool>(false)
 
     /// Runs the tick (the reaper) now rather than at the next interval.
     func wake() {

@@ -127,9 +127,13 @@ final class ConnectionRegistry: Sendable {
     private let evictAbove: Int
     private let evictDownTo: Int
 
-    init(configuration: HTTPServerConfiguration, workers: Int, totals: ServerTotals) {
+    /// How often `sweep` runs: a request suspended for longer joins the hang-up watch.
+    private let tickNanoseconds: Int
+
+    init(configuration: HTTPServerConfiguration, workers: Int, tickMilliseconds: Int32, totals: ServerTotals) {
         self.configuration = configuration
         self.totals = totals
+        self.tickNanoseconds = Int(tickMilliseconds) * 1_000_000
         let workers = max(1, workers)
         workerLimit = max(1, configuration.maxConnections / workers)
         evictAbove = max(1, Int(Double(workerLimit) * configuration.slotEvictionThreshold))
@@ -202,6 +206,12 @@ final class ConnectionRegistry: Sendable {
         let slowHead = head > 0 ? min(1_000_000_000, head / 10) : 1_000_000_000
         // Workers move their records' clocks concurrently: a time may be later than `now`.
         func age(_ since: UInt64) -> UInt64 { now > since ? now - since : 0 }
+        // Requests waiting for their producer: long waits join the hang-up watch (after the lock).
+        var waiting: [HTTPResponseWriter] = []
+        defer {
+            let cutoff = now &- UInt64(tickNanoseconds)
+            for writer in waiting { writer.watchIfLongSuspended(since: cutoff) }
+        }
         state.withLock { s in
             let draining = s.draining
             var live: [pthread_t: Int] = [:]
@@ -228,10 +238,11 @@ final class ConnectionRegistry: Sendable {
                     case .responding:
                         if write > 0, age(r.phaseSince) > write { return (.writeTimeout, 0, 0) }
                     case .streaming:
+                        if let writer = r.writer { waiting.append(writer) }
                         let stalled = record.streamStalledSince.load(ordering: .relaxed)
                         if write > 0, stalled != 0, age(stalled) > write { return (.writeTimeout, 0, 0) }
                     case .handling:
-                        break
+                        if let writer = r.writer { waiting.append(writer) }
                     }
                     return (nil, 2, 0)
                 }
@@ -268,6 +279,12 @@ final class ConnectionRegistry: Sendable {
     }
 
     var openConnections: Int { state.withLock { $0.records.count } }
+
+    /// The writers of every request in progress.
+    func currentWriters() -> [HTTPResponseWriter] {
+        let records = state.withLock { Array($0.records.values) }
+        return records.compactMap { record in record.state.withLock { $0.writer } }
+    }
 
     /// libmicrohttpd 0.9.75 answers an invalid or overflowing Content-Length itself, from
     /// parse_connection_headers, before the access handler runs, and its state machine then

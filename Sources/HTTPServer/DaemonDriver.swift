@@ -20,6 +20,15 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     let epollFD: Int32
     private var ready = true
     private var deadline: UInt64? = 0
+    /// Connections suspended on this daemon, oldest first, from `suspensionsHead` on: each is
+    /// looked at once `hangUpWatchDelay` has passed, and joins the monitor's hang-up watch if it
+    /// is still in that same suspension.
+    private var suspensions: [(writer: HTTPResponseWriter, since: UInt64)] = []
+    private var suspensionsHead = 0
+    /// Most relayed answers come back well within this: they never pay for the watch (two
+    /// epoll_ctl calls and the monitor's lock), and a hang-up during a longer wait is seen
+    /// this much later at most.
+    static let hangUpWatchDelay: UInt64 = 20_000_000
 
     init(daemon: OpaquePointer, loop: EventLoop) throws {
         self.daemon = daemon
@@ -44,14 +53,37 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     }
 
     func poll(now: UInt64) -> UInt64? {
-        guard ready || deadline.map({ now >= $0 }) ?? false else { return deadline }
-        ready = false
-        _ = MHD_run(daemon)
-        var milliseconds: UInt64 = 0
-        // 0 when connections still hold unprocessed data: the loop turns again without sleeping.
-        deadline = MHD_get_timeout(daemon, &milliseconds) == .YES
-            ? now &+ min(milliseconds, 3_600_000) &* 1_000_000 : nil
-        return deadline
+        if ready || deadline.map({ now >= $0 }) ?? false {
+            ready = false
+            _ = MHD_run(daemon)
+            var milliseconds: UInt64 = 0
+            // 0 when connections still hold unprocessed data: the loop turns again without sleeping.
+            deadline = MHD_get_timeout(daemon, &milliseconds) == .YES
+                ? now &+ min(milliseconds, 3_600_000) &* 1_000_000 : nil
+        }
+        let watchBy = watchLongSuspensions(now: now)
+        guard let watchBy else { return deadline }
+        return min(deadline ?? watchBy, watchBy)
+    }
+
+    /// A connection of this daemon was suspended (loop thread: libmicrohttpd's callbacks).
+    func noteSuspended(_ writer: HTTPResponseWriter, since: UInt64) {
+        suspensions.append((writer, since))
+    }
+
+    /// Puts suspensions older than the delay in the hang-up watch; returns when the next one is due.
+    private func watchLongSuspensions(now: UInt64) -> UInt64? {
+        while suspensionsHead < suspensions.count {
+            let (writer, since) = suspensions[suspensionsHead]
+            guard since &+ Self.hangUpWatchDelay <= now else { return since &+ Self.hangUpWatchDelay }
+            suspensionsHead += 1
+            writer.watchIfLongSuspended(since: since)
+        }
+        if suspensionsHead > 0 {
+            suspensions.removeAll(keepingCapacity: suspensions.capacity <= 4096)
+            suspensionsHead = 0
+        }
+        return nil
     }
 
     /// Joins the loop (on the loop's thread).
@@ -66,6 +98,7 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         let stopped = loop.run(andWait: { [self] in
             loop.remove(self)
             MHD_stop_daemon(daemon)
+            suspensions = []
             return true
         })
         if stopped == nil { MHD_stop_daemon(daemon) }

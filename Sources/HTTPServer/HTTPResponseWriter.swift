@@ -159,19 +159,39 @@ public final class HTTPResponseWriter: Sendable {
     func resumeIfSuspended(_ s: inout WriterState) {
         guard s.suspended else { return }
         s.suspended = false
-        core.monitor.unwatch(key: monitorKey, fd: s.fd)
+        if s.watched {
+            s.watched = false
+            core.monitor.unwatch(key: monitorKey, fd: s.fd)
+        }
         MHD_resume_connection(connection.pointer)
         record?.driver?.kick()
     }
 
     /// Suspends the connection until the producer acts (connection's own thread, lock held).
     /// False when the server is stopping; the caller must then end the request instead.
+    ///
+    /// The socket joins the monitor's hang-up watch only once the suspension has lasted
+    /// `DaemonDriver.hangUpWatchDelay` (20 ms; the reaper's tick if the daemon is unknown): most
+    /// relayed answers come back within a millisecond, and watching each one would cost two
+    /// epoll_ctl calls and the monitor's lock per request.
     func suspend(_ s: inout WriterState) -> Bool {
+        guard !core.monitor.isStopping else { return false }
         if s.fd < 0 { s.fd = attest_mhd_connection_fd(connection.pointer) }
-        guard core.monitor.watch(self, key: monitorKey, fd: s.fd) else { return false }
         s.suspended = true
+        s.suspendedSince = monotonicNanoseconds()
+        record?.driver?.noteSuspended(self, since: s.suspendedSince)
         MHD_suspend_connection(connection.pointer)
         return true
+    }
+
+    /// Puts the socket in the monitor's hang-up watch if the connection has been suspended since
+    /// `cutoff` or earlier, without a resume in between. Under the writer's lock, so the
+    /// connection is still suspended while registered and libmicrohttpd cannot have closed the socket.
+    func watchIfLongSuspended(since cutoff: UInt64) {
+        state.withLock { s in
+            guard s.suspended, !s.watched, s.suspendedSince <= cutoff else { return }
+            s.watched = core.monitor.watch(self, key: monitorKey, fd: s.fd)
+        }
     }
 
     /// The connection is gone or must go (peer closed while suspended, server stopping): marks
@@ -316,6 +336,10 @@ struct WriterState {
     /// A libmicrohttpd response has been queued for this request.
     var queued = false
     var suspended = false
+    /// When the connection was last suspended (monotonic nanoseconds).
+    var suspendedSince: UInt64 = 0
+    /// The suspended connection's socket is in the monitor's hang-up watch.
+    var watched = false
     var fd: Int32 = -1
     /// Stream bytes not yet handed to libmicrohttpd start at `sentOffset`.
     var pending: [UInt8] = []
