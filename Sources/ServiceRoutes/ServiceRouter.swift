@@ -5,6 +5,9 @@ import HTTPServer
 import Synchronization
 import TokenService
 
+/// Requests numbered since start-up (see `ServiceRouter.newRequestID`).
+private let requestCounter = Atomic<UInt64>(0)
+
 /// Maps HTTP to the token service and back. Each route decodes, calls one service method and
 /// encodes; errors to the network are opaque, the exact reason goes to the log and metrics.
 public final class ServiceRouter: Sendable {
@@ -169,10 +172,29 @@ public final class ServiceRouter: Sendable {
         return outcome.response
     }
 
-    /// `req_` and 16 random bytes, URL-safe: on every response (`request-id`), in error bodies
-    /// of the Messages API's shape (`request_id`) and in the log, so a user's report can be found.
+    /// `req_` and 16 bytes, URL-safe: on every response (`request-id`), in error bodies of the
+    /// Messages API's shape (`request_id`) and in the log, so a user's report can be found.
+    ///
+    /// An identifier, not a secret: 8 random bytes drawn once per process, then a counter
+    /// scrambled by a bijection (unique within the process, unrelated-looking across requests).
+    /// Drawing 16 bytes from OpenSSL's DRBG for every request cost about 7 µs, 3.5% of a relayed
+    /// request's CPU.
     static func newRequestID() -> String {
-        "req_" + Base64.encode(secureRandomBytes(16), urlSafe: true, padded: false)
+        let count = requestCounter.wrappingAdd(1, ordering: .relaxed).newValue
+        var bytes = requestIDPrefix
+        withUnsafeBytes(of: scrambled(count &+ requestIDOffset).bigEndian) { bytes.append(contentsOf: $0) }
+        return "req_" + Base64.encode(bytes, urlSafe: true, padded: false)
+    }
+
+    private static let requestIDPrefix = Array(secureRandomBytes(8))
+    private static let requestIDOffset = secureRandomBytes(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+
+    /// SplitMix64's finalizer: a bijection on 64-bit values that spreads every input bit.
+    static func scrambled(_ value: UInt64) -> UInt64 {
+        var z = value
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 
     // MARK: Device token exchange
