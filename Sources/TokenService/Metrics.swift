@@ -16,6 +16,13 @@ public final class Metrics: Sendable {
         var buckets: [String: [Int]] = [:]   // labels → cumulative-free bucket counts (+Inf last)
         var sums: [String: Double] = [:]
         var counts: [String: Int] = [:]
+
+        mutating func observe(_ seconds: Double, key: String) {
+            let slot = bounds.firstIndex(where: { seconds <= $0 }) ?? bounds.count
+            buckets[key, default: [Int](repeating: 0, count: bounds.count + 1)][slot] += 1
+            sums[key, default: 0] += seconds
+            counts[key, default: 0] += 1
+        }
     }
 
     public static let latencyBuckets: [Double] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25]
@@ -46,13 +53,9 @@ public final class Metrics: Sendable {
     public func observe(_ name: String, seconds: Double, labels: [(String, String)] = [], buckets: [Double] = Metrics.latencyBuckets) {
         let key = Metrics.render(labels)
         state.withLock { state in
-            var histogram = state.histograms[name] ?? Histogram(bounds: buckets)
-            var bucket = histogram.buckets[key] ?? [Int](repeating: 0, count: histogram.bounds.count + 1)
-            bucket[histogram.bounds.firstIndex(where: { seconds <= $0 }) ?? histogram.bounds.count] += 1
-            histogram.buckets[key] = bucket
-            histogram.sums[key, default: 0] += seconds
-            histogram.counts[key, default: 0] += 1
-            state.histograms[name] = histogram
+            // Mutated in place: a copy taken out of the dictionary and stored back would copy
+            // its bucket tables on every observation (this runs on every relayed request).
+            state.histograms[name, default: Histogram(bounds: buckets)].observe(seconds, key: key)
         }
     }
 
