@@ -40,9 +40,9 @@ final class TransferState {
         lastActivity = monotonicNanoseconds()
     }
 
-    /// Frees the curl handle; the transfer must already be out of the multi handle.
+    /// Frees what the transfer allocated; the transfer must already be out of the multi handle.
+    /// The easy handle itself goes back to its driver (which resets it for the next transfer).
     func release() {
-        curl_easy_cleanup(easy)
         if let list = headerList { curl_slist_free_all(list) }
         headerList = nil
         errorBuffer.deallocate()
