@@ -99,8 +99,9 @@ public struct HTTPServerConfiguration: Sendable {
     public var host: String = "127.0.0.1"
     /// 0 = let the kernel pick a free port (see `HTTPServer.port`).
     public var port: UInt16 = 8080
-    /// Size of libmicrohttpd's internal thread pool; handlers run on these threads. Deferred and
-    /// streaming answers hold none of them while they wait.
+    /// How many event loops the server starts when it is not given a group: one libmicrohttpd
+    /// daemon and thread each; handlers run on them. Deferred and streaming answers hold none of
+    /// them while they wait.
     public var threads: Int = 4
     /// Larger bodies are answered with 413 (the default for every route; see `bodyLimit`).
     public var maxBodyBytes: Int = 65_536
@@ -135,7 +136,7 @@ public struct HTTPServerConfiguration: Sendable {
     /// request path, so that each route can refuse in its own error shape. The server adds
     /// `Connection: close` (after a refusal the connection's framing is not trusted).
     public var refusalResponse: @Sendable (_ status: Int, _ path: String) -> HTTPResponse = { status, _ in .plainRefusal(status) }
-    /// Total concurrent connections, split evenly across the pool threads by libmicrohttpd.
+    /// Total concurrent connections, split evenly across the event loops' daemons.
     /// 10,000: with epoll an idle socket costs one descriptor and a few KiB, and the service must
     /// hold 1,000 open relayed streams plus token exchanges plus whatever slow clients the
     /// deadlines have not reaped yet. The server raises the process's soft descriptor limit to

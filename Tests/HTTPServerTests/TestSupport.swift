@@ -78,7 +78,7 @@ final class Counter: Sendable {
     var current: Int { value.load(ordering: .relaxed) }
 }
 
-/// Runs `body` on a new thread (a producer, like the relay's libcurl thread).
+/// Runs `body` on a new thread (a producer answering from off the server's loops).
 func onAnotherThread(after delay: Double = 0, _ body: @escaping @Sendable () -> Void) {
     Thread.detachNewThread {
         if delay > 0 { Thread.sleep(forTimeInterval: delay) }
