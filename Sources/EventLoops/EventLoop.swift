@@ -44,6 +44,8 @@ public final class EventLoop: @unchecked Sendable {
     private var handlers: [Int32: any EventLoopParticipant] = [:]
     private var participants: [any EventLoopParticipant] = []
     private var localTasks: [() -> Void] = []
+    /// Set during a turn when a participant has work for the next one: that turn does not wait.
+    private var turnAgain = false
 
     init(index: Int, name: String) throws {
         self.index = index
@@ -129,6 +131,12 @@ public final class EventLoop: @unchecked Sendable {
         _ = attest_event_loop_ctl(epollFD, EPOLL_CTL_DEL, fd, 0)
     }
 
+    /// A participant has work (for itself or another participant already polled this turn):
+    /// the next turn does not wait for an event or a deadline.
+    public func requestTurn() {
+        turnAgain = true
+    }
+
     /// Adds a participant: its `poll` runs every turn from now on.
     public func add(_ participant: any EventLoopParticipant) {
         participants.append(participant)
@@ -175,7 +183,7 @@ public final class EventLoop: @unchecked Sendable {
         var closed = false
         while true {
             let timeout: Int32
-            if !localTasks.isEmpty || closed {
+            if !localTasks.isEmpty || closed || turnAgain {
                 timeout = 0
             } else if let deadline {
                 let now = monotonicNanoseconds()
@@ -184,6 +192,7 @@ public final class EventLoop: @unchecked Sendable {
             } else {
                 timeout = 1000
             }
+            turnAgain = false
             let count = attest_event_loop_wait(epollFD, &fds, &masks, Int32(capacity), timeout)
             for slot in 0..<Int(max(0, count)) {
                 let fd = fds[slot]

@@ -47,6 +47,9 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     func kick() {
         if loop.inLoop {
             ready = true
+            // This daemon may already have been polled this turn (the curl driver delivers
+            // upstream data after it, or its own callbacks resumed a connection).
+            loop.requestTurn()
         } else {
             loop.execute { [self] in ready = true }
         }
