@@ -2,6 +2,7 @@ import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
+import EventLoops
 import RawHTTP
 import Testing
 @testable import HTTPServer
@@ -14,6 +15,35 @@ extension HTTPServerTests {
 struct StreamingTests {
 
     // MARK: Deferred answers
+
+    /// libmicrohttpd without a thread of its own has no wake-up channel: a resumed connection
+    /// must wake its loop, or the answer waits for the loop's next time-out (up to a second).
+    @Test(arguments: [false, true])
+    func aDeferredAnswerGoesOutAtOnceFromAnyThread(fromTheLoop: Bool) throws {
+        var config = loopbackConfig()
+        config.threads = 2
+        let server = try startServer(config) { _, writer in
+            let answer: @Sendable () -> Void = { writer.respond(HTTPResponse(status: 200, body: Array("late".utf8))) }
+            if fromTheLoop {
+                // Later on the loop that took the request (as an upstream transfer answers).
+                let loop = try! #require(EventLoop.current)
+                onAnotherThread(after: 0.02) { loop.execute(answer) }
+            } else {
+                onAnotherThread(after: 0.02, answer)
+            }
+            return .deferred
+        }
+        defer { server.stop() }
+        let connection = try RawConnection(port: server.port)
+        var slowest = 0.0
+        for _ in 0..<10 {
+            let started = Date()
+            #expect(connection.sendAll("GET /late HTTP/1.1\r\nHost: a\r\n\r\n"))
+            #expect(connection.readResponse()?.text == "late")
+            slowest = max(slowest, Date().timeIntervalSince(started))
+        }
+        #expect(slowest < 0.2, "an answer given 20 ms in arrived after \(slowest) s")
+    }
 
     @Test func deferredResponseIsAnsweredFromAnotherThreadWithoutHoldingAWorker() throws {
         var config = loopbackConfig()
