@@ -56,31 +56,37 @@ final class TransferState {
             return "invalid path: it must start with / and hold no space or control character"
         }
 
-        var lines: [String] = []
+        // Each line is built as C bytes in one reusable buffer and copied by curl: building a
+        // Swift String per line and converting it was a quarter of a relayed request's mallocs.
+        var line: [CChar] = []
+        line.reserveCapacity(256)
+        func append(_ parts: String...) -> Bool {
+            line.removeAll(keepingCapacity: true)
+            for part in parts { for byte in part.utf8 { line.append(CChar(bitPattern: byte)) } }
+            line.append(0)
+            guard let list = line.withUnsafeBufferPointer({ curl_slist_append(headerList, $0.baseAddress) }) else { return false }
+            headerList = list
+            return true
+        }
         var has = (accept: false, expect: false, contentType: false)
         for (name, value) in request.headers {
             guard !name.isEmpty, name.utf8.allSatisfy(isTokenByte) else { return "invalid header name \(name)" }
             guard !value.utf8.contains(where: { $0 == 0x0D || $0 == 0x0A || $0 == 0x00 }) else {
                 return "header \(name) holds CR, LF or NUL"
             }
-            switch name.lowercased() {
-            case "content-length", "transfer-encoding": continue  // curl frames the body
-            case "accept": has.accept = true
-            case "expect": has.expect = true
-            case "content-type": has.contentType = true
-            default: break
+            if asciiCaseInsensitiveEquals(name, "content-length") || asciiCaseInsensitiveEquals(name, "transfer-encoding") {
+                continue  // curl frames the body
             }
+            if asciiCaseInsensitiveEquals(name, "accept") { has.accept = true }
+            if asciiCaseInsensitiveEquals(name, "expect") { has.expect = true }
+            if asciiCaseInsensitiveEquals(name, "content-type") { has.contentType = true }
             // "Name:" would tell curl to remove its own header; "Name;" sends an empty value.
-            lines.append(value.isEmpty ? "\(name);" : "\(name): \(value)")
+            guard value.isEmpty ? append(name, ";") : append(name, ": ", value) else { return "out of memory" }
         }
         // Headers curl adds by itself unless told not to: none of them was asked for.
-        if !has.accept { lines.append("Accept:") }
-        if !has.expect { lines.append("Expect:") }
-        if !has.contentType { lines.append("Content-Type:") }
-        for line in lines {
-            guard let list = curl_slist_append(headerList, line) else { return "out of memory" }
-            headerList = list
-        }
+        if !has.accept, !append("Accept:") { return "out of memory" }
+        if !has.expect, !append("Expect:") { return "out of memory" }
+        if !has.contentType, !append("Content-Type:") { return "out of memory" }
 
         let me = Unmanaged.passUnretained(self).toOpaque()
         var ok = true
@@ -250,6 +256,17 @@ final class TransferState {
 }
 
 /// RFC 9110 token characters (method and header names).
+/// ASCII case-insensitive comparison with a lowercase literal, without allocating.
+private func asciiCaseInsensitiveEquals(_ text: String, _ lowercase: StaticString) -> Bool {
+    let bytes = text.utf8
+    guard bytes.count == lowercase.utf8CodeUnitCount else { return false }
+    return lowercase.withUTF8Buffer { expected in
+        zip(bytes, expected).allSatisfy { actual, wanted in
+            (actual >= 0x41 && actual <= 0x5A ? actual | 0x20 : actual) == wanted
+        }
+    }
+}
+
 private func isTokenByte(_ byte: UInt8) -> Bool {
     switch byte {
     case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
