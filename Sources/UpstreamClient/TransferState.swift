@@ -16,6 +16,12 @@ final class TransferState {
     /// The request body, until a response arrives (curl may rewind it before, never after).
     private var body: [UInt8]
     private var bodyOffset = 0
+    /// A small body's copy, handed to curl as CURLOPT_POSTFIELDS (freed in `release`).
+    private var postFields: UnsafeMutableRawBufferPointer?
+    /// Bodies up to this size go out in the same send as the request head (curl's own limit for
+    /// that, MAX_INITIAL_POST_SIZE): one system call and one loopback packet fewer than a body
+    /// read through the callback, which curl always sends on its own.
+    static let inlineBodyLimit = 64 << 10
     private var headerList: UnsafeMutablePointer<curl_slist>?
     private let errorBuffer: UnsafeMutablePointer<CChar>
 
@@ -43,6 +49,8 @@ final class TransferState {
     /// Frees what the transfer allocated; the transfer must already be out of the multi handle.
     /// The easy handle itself goes back to its driver (which resets it for the next transfer).
     func release() {
+        postFields?.deallocate()
+        postFields = nil
         if let list = headerList { curl_slist_free_all(list) }
         headerList = nil
         errorBuffer.deallocate()
@@ -122,14 +130,23 @@ final class TransferState {
         case "HEAD":
             set(attest_curl_easy_setopt_long(easy, CURLOPT_NOBODY, 1))
         default:
-            // The body streams from the request's own array (no copy); the seek callback lets
-            // curl send it again when a reused connection turns out to be dead.
             set(attest_curl_easy_setopt_long(easy, CURLOPT_POST, 1))
             set(attest_curl_easy_setopt_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(body.count)))
-            set(attest_curl_easy_setopt_read_function(easy, readCallback))
-            set(attest_curl_easy_setopt_pointer(easy, CURLOPT_READDATA, me))
-            set(attest_curl_easy_setopt_seek_function(easy, seekCallback))
-            set(attest_curl_easy_setopt_pointer(easy, CURLOPT_SEEKDATA, me))
+            if body.count <= Self.inlineBodyLimit {
+                // A copy curl reads in place (and again if a reused connection turns out dead).
+                let copy = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, body.count), alignment: 1)
+                body.withUnsafeBytes { if let base = $0.baseAddress { copy.baseAddress!.copyMemory(from: base, byteCount: $0.count) } }
+                postFields = copy
+                body = []
+                set(attest_curl_easy_setopt_pointer(easy, CURLOPT_POSTFIELDS, copy.baseAddress))
+            } else {
+                // A large body streams from the request's own array (no copy); the seek callback
+                // lets curl send it again when a reused connection turns out to be dead.
+                set(attest_curl_easy_setopt_read_function(easy, readCallback))
+                set(attest_curl_easy_setopt_pointer(easy, CURLOPT_READDATA, me))
+                set(attest_curl_easy_setopt_seek_function(easy, seekCallback))
+                set(attest_curl_easy_setopt_pointer(easy, CURLOPT_SEEKDATA, me))
+            }
             if method != "POST" { set(attest_curl_easy_setopt_string(easy, CURLOPT_CUSTOMREQUEST, method)) }
         }
         return ok ? nil : "curl refused an option"

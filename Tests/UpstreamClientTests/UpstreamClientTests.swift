@@ -382,6 +382,26 @@ struct UpstreamClientTests {
         #expect(stub.requests.last?.bodySize == big.body.count)
         #expect(stub.requests.last?.body == nil)  // too big to keep
 
+        // Either side of the size up to which the body is handed to curl whole (sent with the
+        // head) rather than read through the callback: both arrive byte for byte.
+        let recording = try UpstreamStubServer(.init(recordBodyLimit: 1 << 20))
+        defer { recording.stop() }
+        let recordingClient = try UpstreamClient(UpstreamConfiguration(baseURL: recording.baseURL))
+        defer { recordingClient.shutdown() }
+        for size in [64 << 10, (64 << 10) + 1] {
+            var request = messagesRequest(prompt: "")
+            let at = try #require(request.body.lastIndex(of: UInt8(ascii: "\"")).map { request.body.index(before: $0) })
+            let filler = (0..<(size - request.body.count)).map { UInt8(ascii: "a") + UInt8($0 % 26) }
+            request.body.insert(contentsOf: filler, at: at + 1)
+            #expect(request.body.count == size)
+            let sized = Recorder()
+            recordingClient.start(request, delegate: sized)
+            #expect(await sized.waitForFinish(timeout: .seconds(10)))
+            #expect(sized.snapshot.error == nil && sized.snapshot.status == 200)
+            let intact = recording.requests.last?.body == request.body
+            #expect(intact, "a \(size)-byte body changed on the way")
+        }
+
         // A chunked request body, and cache usage from "cache_control".
         let json = "{\"model\":\"m\",\"max_tokens\":3,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\",\"cache_control\":{\"type\":\"ephemeral\"}}]}]}"
         let bytes = Array(json.utf8)
