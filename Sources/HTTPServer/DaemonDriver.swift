@@ -76,17 +76,26 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
 
     /// Puts suspensions older than the delay in the hang-up watch; returns when the next one is due.
     private func watchLongSuspensions(now: UInt64) -> UInt64? {
+        var next: UInt64?
         while suspensionsHead < suspensions.count {
             let (writer, since) = suspensions[suspensionsHead]
-            guard since &+ Self.hangUpWatchDelay <= now else { return since &+ Self.hangUpWatchDelay }
+            guard since &+ Self.hangUpWatchDelay <= now else {
+                next = since &+ Self.hangUpWatchDelay
+                break
+            }
             suspensionsHead += 1
             writer.watchIfLongSuspended(since: since)
         }
-        if suspensionsHead > 0 {
+        // Drop what was looked at as it goes: under steady load a recent suspension is always
+        // pending, and the entries (each holding its request's writer) would otherwise pile up.
+        if suspensionsHead == suspensions.count {
             suspensions.removeAll(keepingCapacity: suspensions.capacity <= 4096)
             suspensionsHead = 0
+        } else if suspensionsHead >= 64, suspensionsHead * 2 >= suspensions.count {
+            suspensions.removeFirst(suspensionsHead)
+            suspensionsHead = 0
         }
-        return nil
+        return next
     }
 
     /// Joins the loop (on the loop's thread).

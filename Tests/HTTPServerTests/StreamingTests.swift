@@ -16,6 +16,33 @@ struct StreamingTests {
 
     // MARK: Deferred answers
 
+    /// Each loop keeps its suspended requests in order to watch the long ones for hang-ups. Under
+    /// steady load a recent suspension is always pending, so what was already looked at must be
+    /// dropped as it goes, not only when the list empties: otherwise every request's context
+    /// stays alive for as long as the load lasts.
+    @Test func steadyDeferredLoadDoesNotKeepFinishedRequestsAlive() throws {
+        var config = loopbackConfig()
+        config.threads = 1
+        let server = try startServer(config) { _, writer in
+            onAnotherThread { writer.respond(HTTPResponse(status: 200, body: Array("ok".utf8))) }
+            return .deferred
+        }
+        defer { server.stop() }
+        // Two clients in turn, so that some request is always waiting on the loop.
+        let connections = try (0..<2).map { _ in try RawConnection(port: server.port) }
+        var answered = 0
+        var mostAlive = 0
+        let started = Date()
+        while Date().timeIntervalSince(started) < 1.5 {
+            for connection in connections { #expect(connection.sendAll("GET /d HTTP/1.1\r\nHost: a\r\n\r\n")) }
+            for connection in connections where connection.readResponse()?.text == "ok" { answered += 1 }
+            mostAlive = max(mostAlive, server.liveRequestContexts)
+        }
+        #expect(answered > 300)
+        #expect(mostAlive < 200, "\(mostAlive) request contexts alive after \(answered) requests")
+        expectNoLeaks(server)
+    }
+
     /// libmicrohttpd without a thread of its own has no wake-up channel: a resumed connection
     /// must wake its loop, or the answer waits for the loop's next time-out (up to a second).
     @Test(arguments: [false, true])
