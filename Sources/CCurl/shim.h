@@ -2,14 +2,9 @@
 #define ATTEST_CCURL_SHIM_H
 #include <stddef.h>
 #include <curl/curl.h>
-/* The event loop drives curl's socket interface with epoll and wakes up through an eventfd;
- * Swift's Glibc module does not export these two headers. */
+/* The curl driver maps epoll's event flags to curl's; Swift's Glibc module does not export
+ * this header. */
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/prctl.h>
-
-/* Names the calling thread (prctl is variadic). */
-static inline void attest_set_thread_name(const char *name) { prctl(PR_SET_NAME, (unsigned long)name, 0, 0, 0); }
 
 /* Swift cannot call C variadic functions: curl_easy_setopt, curl_multi_setopt and
  * curl_easy_getinfo get one fixed-signature wrapper per argument type the

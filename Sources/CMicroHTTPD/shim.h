@@ -30,15 +30,6 @@ attest_mhd_start_daemon(unsigned int flags,
                           MHD_OPTION_ARRAY, options, MHD_OPTION_END);
 }
 
-/* The port the daemon is listening on (resolves port 0); 0 if unknown. */
-static inline uint16_t
-attest_mhd_bind_port(struct MHD_Daemon *daemon)
-{
-  const union MHD_DaemonInfo *info =
-    MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_BIND_PORT);
-  return (NULL == info) ? 0 : info->port;
-}
-
 /* The epoll descriptor of a daemon in external-polling epoll mode, or -1. */
 static inline int
 attest_mhd_epoll_fd(struct MHD_Daemon *daemon)

@@ -17,17 +17,15 @@ import Glibc
 /// not mistaken for a hang-up); when one fires the request is aborted: its producer's `onCancel`
 /// runs and the connection is resumed so that libmicrohttpd closes it.
 ///
-/// A connection joins this set once it has stayed suspended for a reaper tick (the reaper
-/// registers it, `HTTPResponseWriter.watchIfLongSuspended`): a relayed answer that comes back
-/// within milliseconds never pays for the watch, and a hang-up during a long wait is seen within
-/// about two ticks. Registration and removal happen under the writer's lock while its
+/// A connection joins this set once it has stayed suspended for `DaemonDriver.hangUpWatchDelay`
+/// (its loop registers it, `HTTPResponseWriter.watchIfLongSuspended`): a relayed answer that comes
+/// back within milliseconds never pays for the watch, and a hang-up during a long wait is seen
+/// that much later at most. Registration and removal happen under the writer's lock while its
 /// `suspended` flag is set — and a suspended connection's socket is never closed by
 /// libmicrohttpd (the server resumes every open request before it stops the daemon), so a
 /// descriptor here can never have been reused for another connection.
 final class ConnectionMonitor: Sendable {
     private struct State {
-        /// No new registrations: the server is stopping.
-        var stopping = false
         var exit = false
         /// Run `tick` as soon as possible (a worker is near its connection limit).
         var tickNow = false
@@ -74,10 +72,10 @@ final class ConnectionMonitor: Sendable {
     }
 
     /// Watches `fd` for the peer going away while its connection is suspended. False when the
-    /// server is stopping (the caller must not suspend).
+    /// server is stopping (its open requests are being aborted anyway).
     func watch(_ writer: HTTPResponseWriter, key: UInt64, fd: Int32) -> Bool {
         state.withLock { s in
-            guard !s.stopping else { return false }
+            guard !isStopping else { return false }
             if fd >= 0 { _ = attest_watch_add(epollFD, fd, key) }
             s.watched[key] = writer
             return true
@@ -91,16 +89,12 @@ final class ConnectionMonitor: Sendable {
         }
     }
 
-    /// Refuses new registrations (and suspensions) and returns every watched writer.
-    func beginStop() -> [HTTPResponseWriter] {
+    /// Refuses new registrations and suspensions: the server is stopping.
+    func beginStop() {
         stoppingFlag.store(true, ordering: .releasing)
-        return state.withLock { s in
-            s.stopping = true
-            return Array(s.watched.values)
-        }
     }
 
-    /// The server is stopping: no connection may be suspended any more.
+    /// The server is stopping: no connection may be suspended or watched any more.
     var isStopping: Bool { stoppingFlag.load(ordering: .acquiring) }
     private let stoppingFlag = Atomic<Bool>(false)
 

@@ -127,13 +127,9 @@ final class ConnectionRegistry: Sendable {
     private let evictAbove: Int
     private let evictDownTo: Int
 
-    /// How often `sweep` runs: a request suspended for longer joins the hang-up watch.
-    private let tickNanoseconds: Int
-
-    init(configuration: HTTPServerConfiguration, workers: Int, tickMilliseconds: Int32, totals: ServerTotals) {
+    init(configuration: HTTPServerConfiguration, workers: Int, totals: ServerTotals) {
         self.configuration = configuration
         self.totals = totals
-        self.tickNanoseconds = Int(tickMilliseconds) * 1_000_000
         let workers = max(1, workers)
         workerLimit = max(1, configuration.maxConnections / workers)
         evictAbove = max(1, Int(Double(workerLimit) * configuration.slotEvictionThreshold))
@@ -206,12 +202,6 @@ final class ConnectionRegistry: Sendable {
         let slowHead = head > 0 ? min(1_000_000_000, head / 10) : 1_000_000_000
         // Workers move their records' clocks concurrently: a time may be later than `now`.
         func age(_ since: UInt64) -> UInt64 { now > since ? now - since : 0 }
-        // Requests waiting for their producer: long waits join the hang-up watch (after the lock).
-        var waiting: [HTTPResponseWriter] = []
-        defer {
-            let cutoff = now &- UInt64(tickNanoseconds)
-            for writer in waiting { writer.watchIfLongSuspended(since: cutoff) }
-        }
         state.withLock { s in
             let draining = s.draining
             var live: [pthread_t: Int] = [:]
@@ -238,11 +228,10 @@ final class ConnectionRegistry: Sendable {
                     case .responding:
                         if write > 0, age(r.phaseSince) > write { return (.writeTimeout, 0, 0) }
                     case .streaming:
-                        if let writer = r.writer { waiting.append(writer) }
                         let stalled = record.streamStalledSince.load(ordering: .relaxed)
                         if write > 0, stalled != 0, age(stalled) > write { return (.writeTimeout, 0, 0) }
                     case .handling:
-                        if let writer = r.writer { waiting.append(writer) }
+                        break
                     }
                     return (nil, 2, 0)
                 }

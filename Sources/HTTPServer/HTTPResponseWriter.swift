@@ -171,7 +171,7 @@ public final class HTTPResponseWriter: Sendable {
     /// False when the server is stopping; the caller must then end the request instead.
     ///
     /// The socket joins the monitor's hang-up watch only once the suspension has lasted
-    /// `DaemonDriver.hangUpWatchDelay` (20 ms; the reaper's tick if the daemon is unknown): most
+    /// `DaemonDriver.hangUpWatchDelay` (20 ms; the loop's driver registers it): most
     /// relayed answers come back within a millisecond, and watching each one would cost two
     /// epoll_ctl calls and the monitor's lock per request.
     func suspend(_ s: inout WriterState) -> Bool {

@@ -72,10 +72,10 @@ public final class HTTPServer: Sendable {
         running.withLock { running in
             guard let current = running else { return }
             // libmicrohttpd aborts if stopped with suspended connections, so first refuse new
-            // suspensions and wake every suspended connection with its request cancelled.
-            // (Suspended connections are not all in the monitor's watch, so every open request is aborted.)
-            let watched = current.core.monitor.beginStop()
-            for writer in watched + current.core.registry.currentWriters() { writer.abort() }
+            // suspensions and wake every suspended connection with its request cancelled (not
+            // every suspended connection is in the monitor's watch, so every open request is).
+            current.core.monitor.beginStop()
+            for writer in current.core.registry.currentWriters() { writer.abort() }
             // Each daemon stops on its loop; completion callbacks release the remaining request contexts.
             for driver in current.drivers { driver.stop() }
             current.core.monitor.shutdown()
@@ -152,9 +152,8 @@ public final class HTTPServer: Sendable {
 
         let ownLoops = sharedLoops == nil ? try EventLoopGroup(loops: config.threads, name: "http") : nil
         let loops = (sharedLoops ?? ownLoops!).loops
-        let tick = Self.tickMilliseconds(config)
-        let registry = ConnectionRegistry(configuration: config, workers: loops.count, tickMilliseconds: tick, totals: totals)
-        let monitor = try ConnectionMonitor(tickMilliseconds: tick) { registry.sweep() }
+        let registry = ConnectionRegistry(configuration: config, workers: loops.count, totals: totals)
+        let monitor = try ConnectionMonitor(tickMilliseconds: Self.tickMilliseconds(config)) { registry.sweep() }
         let core = ServerCore(configuration: config, handler: handler, counters: counters, totals: totals,
                               registry: registry, monitor: monitor)
         var drivers: [DaemonDriver] = []

@@ -85,28 +85,19 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
     // MARK: Commands
 
     func start(_ handle: UpstreamTransfer, _ request: UpstreamRequest, _ delegate: any UpstreamDelegate) {
-        if stopped {
+        /// Ends a transfer that never reached curl.
+        func refuse(_ kind: UpstreamError.Kind, _ detail: String) {
             counters.active.subtract(1, ordering: .relaxed)
-            delegate.upstreamDidFinish(UpstreamError(kind: .cancelled, detail: "the upstream client is shut down"))
-            return
+            delegate.upstreamDidFinish(UpstreamError(kind: kind, detail: detail))
         }
-        if handle.cancelRequested.load(ordering: .acquiring) {
-            counters.active.subtract(1, ordering: .relaxed)
-            delegate.upstreamDidFinish(UpstreamError(kind: .cancelled, detail: "cancelled before it started"))
-            return
-        }
-        guard let easy = spareEasies.popLast() ?? curl_easy_init() else {
-            counters.active.subtract(1, ordering: .relaxed)
-            delegate.upstreamDidFinish(UpstreamError(kind: .other, detail: "curl_easy_init failed"))
-            return
-        }
+        if stopped { return refuse(.cancelled, "the upstream client is shut down") }
+        if handle.cancelRequested.load(ordering: .acquiring) { return refuse(.cancelled, "cancelled before it started") }
+        guard let easy = spareEasies.popLast() ?? curl_easy_init() else { return refuse(.other, "curl_easy_init failed") }
         let state = TransferState(handle: handle, request: request, delegate: delegate, easy: easy)
         if let problem = state.configure(settings) {
             state.release()
             recycle(easy)
-            counters.active.subtract(1, ordering: .relaxed)
-            delegate.upstreamDidFinish(UpstreamError(kind: .other, detail: problem))
-            return
+            return refuse(.other, problem)
         }
         transfers[handle.id] = state
         byEasy[easy] = state
