@@ -39,7 +39,9 @@ struct StreamingTests {
             mostAlive = max(mostAlive, server.liveRequestContexts)
         }
         #expect(answered > 300)
-        #expect(mostAlive < 200, "\(mostAlive) request contexts alive after \(answered) requests")
+        // Kept: the last 20 ms of requests plus up to twice the compaction step (64), so the bound
+        // follows the machine's speed; the leak kept every one of them.
+        #expect(mostAlive < max(200, answered / 10), "\(mostAlive) request contexts alive after \(answered) requests")
         expectNoLeaks(server)
     }
 
