@@ -48,6 +48,7 @@ final class LockedSQLiteConnection: @unchecked Sendable {
 final class SQLiteConnection {
     private let db: OpaquePointer
     private var statements: [String: OpaquePointer] = [:]
+    private var dataVersionStatement: OpaquePointer?
 
     init(path: String, synchronous: String = "FULL") throws {
         // A new database is created 0600 (SQLite would make it 0644, world-readable); its -wal and
@@ -79,6 +80,7 @@ final class SQLiteConnection {
 
     deinit {
         for statement in statements.values { sqlite3_finalize(statement) }
+        if let dataVersionStatement { sqlite3_finalize(dataVersionStatement) }
         sqlite3_close_v2(db)
     }
 
@@ -104,6 +106,23 @@ final class SQLiteConnection {
         guard status == SQLITE_OK, let statement else { throw error(status) }
         statements[sql] = statement
         return statement
+    }
+
+    /// `PRAGMA data_version`: the same number as on this connection's last call means no other
+    /// connection, in this process or another, has committed since. Its own statement, so the
+    /// per-request check hashes no SQL text.
+    func dataVersion() throws -> Int64 {
+        if dataVersionStatement == nil {
+            var statement: OpaquePointer?
+            let status = sqlite3_prepare_v3(db, "PRAGMA data_version", -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+            guard status == SQLITE_OK, let statement else { throw error(status) }
+            dataVersionStatement = statement
+        }
+        let statement = dataVersionStatement!
+        defer { sqlite3_reset(statement) }
+        let status = sqlite3_step(statement)
+        guard status == SQLITE_ROW else { throw error(status) }
+        return sqlite3_column_int64(statement, 0)
     }
 
     /// Runs `sql` with `values` bound and hands each result row to `row`.

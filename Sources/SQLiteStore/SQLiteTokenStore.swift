@@ -20,6 +20,8 @@ public final class SQLiteTokenStore: TokenStore {
     /// out a lock never holds the request path's writer: a request waits for the file lock once.
     private let background: LockedSQLiteConnection
     private let readers: [LockedSQLiteConnection]
+    /// One per reader, used under that reader's lock (see `liveToken`).
+    private let grantCaches: [GrantCache]
     private let nextReader = Atomic<Int>(0)
 
     /// Opens (creating if needed) and migrates the database.
@@ -34,6 +36,7 @@ public final class SQLiteTokenStore: TokenStore {
         identity = Self.fileIdentity(path)
         background = LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous))
         readers = try (0..<max(1, readerCount)).map { _ in LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous)) }
+        grantCaches = readers.map { _ in GrantCache() }
     }
 
     private func writeInBackground<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
@@ -48,8 +51,13 @@ public final class SQLiteTokenStore: TokenStore {
 
     /// Readers in turn; each is locked only for the duration of one read.
     private func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
-        let turn = nextReader.wrappingAdd(1, ordering: .relaxed).oldValue
-        return try readers[Int(UInt(bitPattern: turn) % UInt(readers.count))].withConnection(body)
+        try readWithCache { db, _ in try body(db) }
+    }
+
+    private func readWithCache<T>(_ body: (SQLiteConnection, GrantCache) throws -> T) throws -> T {
+        let turn = Int(UInt(bitPattern: nextReader.wrappingAdd(1, ordering: .relaxed).oldValue) % UInt(readers.count))
+        let cache = grantCaches[turn]
+        return try readers[turn].withConnection { db in try body(db, cache) }
     }
 
     private static func fileIdentity(_ path: String) -> (device: UInt64, inode: UInt64)? {
@@ -370,10 +378,18 @@ public final class SQLiteTokenStore: TokenStore {
         }
     }
 
+    /// Every relayed request asks this, so a reader keeps its answers while the database stays as it
+    /// was: `PRAGMA data_version` (one empty read transaction) tells whether any other connection,
+    /// this process's writers or attestctl's, has committed since. A revocation, a policy change
+    /// or a usage flush is therefore seen by the next request, as with the query itself; only the
+    /// time-dependent parts are checked here: the expiry, and the minute the usage counts are for.
     public func liveToken(hash: [UInt8], at time: Date) throws -> TokenGrant? {
         let minute = UsageClock.minute(time)
-        return try read { db in
-            try db.first("""
+        return try readWithCache { db, cache in
+            // Read before the query: a commit in between makes the next call query again.
+            let version = try db.dataVersion()
+            if let grant = cache.grant(hash: hash, minute: minute, version: version, at: time) { return grant }
+            let grant = try db.first("""
                 SELECT t.client_id, w.name, t.issued_at, t.expires_at, t.token_hash, w.id,
                        k.sealed_key, k.last4, k.set_at, k.set_by, t.key_id,
                        i.allowed_models, i.max_tokens, i.device_requests_per_minute, i.monthly_token_budget,
@@ -394,6 +410,8 @@ public final class SQLiteTokenStore: TokenStore {
                                       recorded: RecordedUsage(monthTokens: row.int(15), deviceRequestsThisMinute: row.int(16),
                                                               deviceRequestsLastMinute: row.int(17)))
                 } ?? nil
+            if let grant { cache.keep(grant, hash: hash, minute: minute) }
+            return grant
         }
     }
 
@@ -546,5 +564,41 @@ public final class SQLiteTokenStore: TokenStore {
             }
             return events
         }
+    }
+}
+
+/// A reader's live-token answers for one database version (see `SQLiteTokenStore.liveToken`).
+/// Only tokens found live are kept, so unknown tokens cannot fill it; it is bounded all the same.
+final class GrantCache: @unchecked Sendable {
+    private struct Entry {
+        let hash: [UInt8]
+        let minute: Int64
+        let grant: TokenGrant
+    }
+    static let capacity = 4096
+    private var version: Int64 = -1
+    /// Keyed by the hash's first 8 bytes; the whole hash is compared on a hit.
+    private var entries: [UInt64: Entry] = [:]
+
+    /// The kept grant when the database is still at `version`, the usage counts are for `minute`
+    /// and the token has not expired by `time`. A new version empties the cache.
+    func grant(hash: [UInt8], minute: Int64, version: Int64, at time: Date) -> TokenGrant? {
+        guard version == self.version else {
+            entries.removeAll(keepingCapacity: true)
+            self.version = version
+            return nil
+        }
+        guard let entry = entries[Self.slot(hash)], entry.minute == minute, constantTimeEquals(entry.hash, hash),
+              time < entry.grant.expiresAt else { return nil }
+        return entry.grant
+    }
+
+    func keep(_ grant: TokenGrant, hash: [UInt8], minute: Int64) {
+        if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
+        entries[Self.slot(hash)] = Entry(hash: hash, minute: minute, grant: grant)
+    }
+
+    private static func slot(_ hash: [UInt8]) -> UInt64 {
+        hash.prefix(8).reduce(0) { $0 << 8 | UInt64($1) }
     }
 }
