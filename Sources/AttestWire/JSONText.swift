@@ -34,7 +34,7 @@ public enum JSONText {
     /// A JSON string literal: quotes, backslashes and control characters escaped.
     public static func string(_ text: String) -> String {
         // Nearly every string needs no escaping: check the bytes once and copy it whole.
-        if !text.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+        if !needsEscaping(text) {
             return "\"" + text + "\""
         }
         let hex: [Character] = Array("0123456789abcdef")
@@ -55,5 +55,20 @@ public enum JSONText {
             }
         }
         return out + "\""
+    }
+
+    /// `string(text)` appended to `out`: a line built from many fields makes no temporaries.
+    public static func appendString(_ text: String, to out: inout String) {
+        if needsEscaping(text) {
+            out += string(text)
+        } else {
+            out += "\""
+            out += text
+            out += "\""
+        }
+    }
+
+    private static func needsEscaping(_ text: String) -> Bool {
+        text.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") })
     }
 }

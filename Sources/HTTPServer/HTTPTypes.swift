@@ -40,7 +40,8 @@ public struct HTTPRequest: Sendable {
 
     /// Value of the first header called `name` (case-insensitive).
     public func header(_ name: String) -> String? {
-        let wanted = name.lowercased()
+        // Callers name headers in lowercase, as they are stored: lowercasing is then skipped.
+        let wanted = name.utf8.contains(where: { $0 >= 0x41 && $0 <= 0x5A }) ? name.lowercased() : name
         return headers.first { $0.name == wanted }?.value
     }
 }

@@ -19,17 +19,29 @@ struct JSONMemberScan {
         case escapedName(at: Int)
     }
 
+    /// The member names a scan looks for, with their bytes: made once (a `static let` at the
+    /// caller), since scans run on every relayed request and reply.
+    struct Names: Sendable {
+        let names: [String]
+        let bytes: [[UInt8]]
+        init(_ names: String...) {
+            self.names = names
+            bytes = names.map { Array($0.utf8) }
+        }
+    }
+
     /// The value ranges of `names`, in their order (nil when absent).
-    static func members(of names: [String], in bytes: UnsafeRawBufferPointer) throws(Failure) -> [Range<Int>?] {
+    static func members(of names: Names, in bytes: UnsafeRawBufferPointer) throws(Failure) -> [Range<Int>?] {
         try members(of: names, in: bytes, within: 0..<bytes.count)
     }
 
     /// The same for the object in `bytes[range]` (a nested value); ranges are into `bytes`.
-    static func members(of names: [String], in bytes: UnsafeRawBufferPointer, within range: Range<Int>) throws(Failure) -> [Range<Int>?] {
+    static func members(of names: Names, in bytes: UnsafeRawBufferPointer, within range: Range<Int>) throws(Failure) -> [Range<Int>?] {
         guard range.lowerBound >= 0, range.upperBound <= bytes.count else { throw .notAnObject }
         var scanner = Scanner(bytes: UnsafeBufferPointer(rebasing: bytes.bindMemory(to: UInt8.self)[range]))
-        return try scanner.members(names)
-            .map { $0.map { ($0.lowerBound + range.lowerBound)..<($0.upperBound + range.lowerBound) } }
+        let found = try scanner.members(names)
+        guard range.lowerBound != 0 else { return found }
+        return found.map { $0.map { ($0.lowerBound + range.lowerBound)..<($0.upperBound + range.lowerBound) } }
     }
 
     /// An integer value (`-?[0-9]+`); nil for anything else. Saturates instead of overflowing.
@@ -118,8 +130,8 @@ struct JSONMemberScan {
             }
         }
 
-        mutating func members(_ names: [String]) throws(Failure) -> [Range<Int>?] {
-            let wanted = names.map { Array($0.utf8) }
+        mutating func members(_ names: Names) throws(Failure) -> [Range<Int>?] {
+            let wanted = names.bytes
             var found = [Range<Int>?](repeating: nil, count: wanted.count)
             skipWhitespace()
             guard index < bytes.count, bytes[index] == 0x7b else { throw .notAnObject }
@@ -142,7 +154,7 @@ struct JSONMemberScan {
                     let valueStart = index
                     try skipValue()
                     if let slot = wanted.firstIndex(where: { $0.elementsEqual(name) }) {
-                        guard found[slot] == nil else { throw .duplicate(names[slot]) }
+                        guard found[slot] == nil else { throw .duplicate(names.names[slot]) }
                         found[slot] = valueStart..<index
                     }
                     skipWhitespace()

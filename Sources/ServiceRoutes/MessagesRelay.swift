@@ -88,37 +88,44 @@ public final class MessagesRelay: Sendable {
     /// The upstream request: the body byte for byte; the workspace's key instead of the device's
     /// token; only the headers the Messages API needs, minus any the client named hop-by-hop.
     static func upstreamRequest(_ request: HTTPRequest, key: String) -> UpstreamRequest {
-        let hopByHop = connectionTokens(request.headers)
+        let declared = declaredHopByHop(request.headers)
         var headers: [(name: String, value: String)] = [("x-api-key", key)]
+        headers.reserveCapacity(6)
         headers.append(("anthropic-version", request.header("anthropic-version") ?? defaultAnthropicVersion))
-        for header in request.headers where forwardedRequestHeaders.contains(header.name) && !hopByHop.contains(header.name) {
+        for header in request.headers where isForwarded(header.name) && !declared.contains(header.name) {
             headers.append(header)
         }
         return UpstreamRequest(method: "POST", path: request.path, headers: headers, body: request.body)
     }
 
-    /// Response headers passed back: the ones the published client reads, nothing hop-by-hop.
+    /// Request headers passed through to the upstream (besides the key and the version). None is
+    /// hop-by-hop by RFC 9110, so only a `Connection` header's own list can take one out.
+    static func isForwarded(_ name: String) -> Bool {
+        name == "content-type" || name == "accept" || name == "user-agent" || name == "anthropic-beta"
+    }
+
+    /// Response headers passed back: the ones the published client reads. Both lists hold no
+    /// header that RFC 9110 §7.6.1 makes hop-by-hop, so only a `Connection` header's list matters.
     static func clientHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)] {
-        let hopByHop = connectionTokens(upstream)
+        let declared = declaredHopByHop(upstream)
         return upstream.filter { header in
-            guard !hopByHop.contains(header.name) else { return false }
-            return header.name == "content-type" || header.name == "request-id" || header.name == "retry-after"
-                || header.name.hasPrefix("anthropic-ratelimit-")
+            let name = header.name
+            guard name == "content-type" || name == "request-id" || name == "retry-after" || name.hasPrefix("anthropic-ratelimit-") else { return false }
+            return !declared.contains(name)
         }
     }
 
-    static let fixedHopByHop: Set<String> = ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
-                                             "proxy-authenticate", "proxy-authorization"]
-
-    /// Header names a `Connection` header declares hop-by-hop (RFC 9110 §7.6.1), plus the fixed ones.
-    static func connectionTokens(_ headers: [(name: String, value: String)]) -> Set<String> {
-        var names = fixedHopByHop
+    /// The names a `Connection` header declares hop-by-hop, lowercased (names here are stored
+    /// lowercase). Usually none, or only `keep-alive`: a short array, not a set built per message.
+    static func declaredHopByHop(_ headers: [(name: String, value: String)]) -> [String] {
+        var names: [String] = []
         for header in headers where header.name == "connection" {
-            for token in header.value.split(separator: ",") {
-                var name = Substring(token)
-                while name.first == " " || name.first == "\t" { name.removeFirst() }
-                while name.last == " " || name.last == "\t" { name.removeLast() }
-                names.insert(name.lowercased())
+            for token in header.value.utf8.split(separator: UInt8(ascii: ",")) {
+                var start = token.startIndex, end = token.endIndex
+                while start < end, token[start] == 0x20 || token[start] == 0x09 { start = token.index(after: start) }
+                while end > start, token[token.index(before: end)] == 0x20 || token[token.index(before: end)] == 0x09 { end = token.index(before: end) }
+                guard start < end else { continue }
+                names.append(String(decoding: token[start..<end], as: UTF8.self).lowercased())
             }
         }
         return names

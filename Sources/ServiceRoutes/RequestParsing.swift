@@ -72,10 +72,15 @@ extension RequestParsing {
     /// such as `charset` ignored). No header is no match: a body is read only as what it says it is.
     static func hasMediaType(_ header: String?, _ expected: String) -> Bool {
         guard let header else { return false }
-        var type = Substring(header)
-        if let semicolon = type.firstIndex(of: ";") { type = type[..<semicolon] }
-        while type.first == " " || type.first == "\t" { type.removeFirst() }
-        while type.last == " " || type.last == "\t" { type.removeLast() }
-        return type.lowercased() == expected
+        // Byte by byte: this runs on every request with a body, and lowercasing a copy allocated.
+        let bytes = header.utf8
+        var start = bytes.startIndex
+        var end = bytes.firstIndex(of: UInt8(ascii: ";")) ?? bytes.endIndex
+        func isBlank(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 }
+        while start < end, isBlank(bytes[start]) { start = bytes.index(after: start) }
+        while end > start, isBlank(bytes[bytes.index(before: end)]) { end = bytes.index(before: end) }
+        return bytes[start..<end].elementsEqual(expected.utf8) { actual, wanted in
+            (actual >= 0x41 && actual <= 0x5A ? actual | 0x20 : actual) == wanted
+        }
     }
 }

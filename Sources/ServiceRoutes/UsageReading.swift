@@ -3,11 +3,13 @@ import TokenService
 /// What the policy needs from a Messages request: `model` and `max_tokens`, read with the bounded
 /// scan. The body itself goes upstream byte for byte.
 public enum MessagesRequestFields {
+    static let policyMembers = JSONMemberScan.Names("model", "max_tokens")
+
     public static func policyInput(_ body: [UInt8], spendsTokens: Bool) -> PolicyInput {
         var input = PolicyInput(spendsTokens: spendsTokens)
         body.withUnsafeBytes { bytes in
             do throws(JSONMemberScan.Failure) {
-                let found = try JSONMemberScan.members(of: ["model", "max_tokens"], in: bytes)
+                let found = try JSONMemberScan.members(of: policyMembers, in: bytes)
                 if let range = found[0] {
                     if let model = JSONMemberScan.plainString(bytes, range) { input.model = model } else { input.problem = "model is not a plain string" }
                 }
@@ -29,7 +31,8 @@ public enum MessagesRequestFields {
 
 /// The upstream's own `usage` object, as the ledger records it.
 enum UsageObject {
-    static let fields = ["input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"]
+    static let fields = JSONMemberScan.Names("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    static let usage = JSONMemberScan.Names("usage")
 
     /// The counts in the object at `bytes[range]`; absent or null fields count 0.
     static func read(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> TokenUsage? {
@@ -41,7 +44,7 @@ enum UsageObject {
     /// The top-level `usage` of a whole JSON reply.
     static func ofReply(_ body: [UInt8]) -> TokenUsage? {
         body.withUnsafeBytes { bytes in
-            guard let found = try? JSONMemberScan.members(of: ["usage"], in: bytes), let range = found[0] else { return nil }
+            guard let found = try? JSONMemberScan.members(of: UsageObject.usage, in: bytes), let range = found[0] else { return nil }
             return read(bytes, range)
         }
     }
@@ -75,6 +78,8 @@ enum UsageObject {
 /// (bounded); text deltas are skipped as they go by.
 struct StreamUsageReader {
     static let maxEventBytes = 1 << 20
+    static let eventMembers = JSONMemberScan.Names("type", "message", "usage")
+    static let outputTokens = JSONMemberScan.Names("output_tokens")
 
     private(set) var usage = TokenUsage()
     private(set) var sawStart = false
@@ -141,12 +146,12 @@ struct StreamUsageReader {
         }
         guard !data.isEmpty else { return }
         data.withUnsafeBytes { bytes in
-            guard let found = try? JSONMemberScan.members(of: ["type", "message", "usage"], in: bytes),
+            guard let found = try? JSONMemberScan.members(of: Self.eventMembers, in: bytes),
                   let typeRange = found[0], let type = JSONMemberScan.plainString(bytes, typeRange) else { return }
             switch type {
             case "message_start":
                 guard let message = found[1],
-                      let inner = try? JSONMemberScan.members(of: ["usage"], in: bytes, within: message), let usageRange = inner[0],
+                      let inner = try? JSONMemberScan.members(of: UsageObject.usage, in: bytes, within: message), let usageRange = inner[0],
                       let start = UsageObject.read(bytes, usageRange) else { return }
                 usage.inputTokens = start.inputTokens
                 usage.cacheCreationInputTokens = start.cacheCreationInputTokens
@@ -155,7 +160,7 @@ struct StreamUsageReader {
                 sawStart = true
             case "message_delta":
                 guard let usageRange = found[2],
-                      let fields = try? JSONMemberScan.members(of: ["output_tokens"], in: bytes, within: usageRange),
+                      let fields = try? JSONMemberScan.members(of: Self.outputTokens, in: bytes, within: usageRange),
                       let output = fields[0].flatMap({ JSONMemberScan.integer(bytes, $0) }) else { return }
                 usage.outputTokens = Int64(max(0, output))
             case "message_stop":

@@ -107,9 +107,19 @@ public final class Metrics: Sendable {
         return out
     }
 
+    /// `{name="value",…}`, appended piece by piece: this runs for every observation.
     static func render(_ labels: [(String, String)]) -> String {
         guard !labels.isEmpty else { return "" }
-        let escaped = labels.map { name, value in "\(name)=\"\(escape(value))\"" }
-        return "{" + escaped.joined(separator: ",") + "}"
+        var out = "{"
+        out.reserveCapacity(48)
+        for (index, (name, value)) in labels.enumerated() {
+            if index > 0 { out += "," }
+            out += name
+            out += "=\""
+            out += escape(value)
+            out += "\""
+        }
+        out += "}"
+        return out
     }
 }

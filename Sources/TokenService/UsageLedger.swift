@@ -151,8 +151,14 @@ public final class UsageLedger: Sendable {
         let lastMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute - 1)
         let outcome: Result<UsageTicket, PolicyRefusal> = state.withLock { state in
             let missed = commits.load(ordering: .relaxed) != commitsBeforeRead ? state.lastFlushed : UsageBatch()
+            // Empty tables are skipped before hashing: the keys hold a client ID and a key ID, and
+            // outside a flush only `pending` has entries.
             func unflushed<K: Hashable>(_ table: KeyPath<UsageBatch, [K: Int64]>, _ key: K) -> Int64 {
-                state.pending[keyPath: table][key, default: 0] + (state.flushing?[keyPath: table][key] ?? 0) + missed[keyPath: table][key, default: 0]
+                func count(_ batch: UsageBatch?) -> Int64 {
+                    guard let entries = batch?[keyPath: table], !entries.isEmpty else { return 0 }
+                    return entries[key, default: 0]
+                }
+                return count(state.pending) + count(state.flushing) + count(missed)
             }
             if policy.deviceRequestsPerMinute > 0 {
                 let current = grant.recorded.deviceRequestsThisMinute + unflushed(\.deviceMinutes, thisMinute)
@@ -220,24 +226,31 @@ public final class UsageLedger: Sendable {
     public func finish(_ ticket: UsageTicket, _ outcome: RelayOutcome) {
         let usage = outcome.usage
         state.withLock { state in
-            var counters = state.pending.usage[ticket.key, default: UsageCounters()]
-            counters.requests += 1
-            counters.inputTokens += usage.inputTokens
-            counters.outputTokens += usage.outputTokens
-            counters.cacheCreationInputTokens += usage.cacheCreationInputTokens
-            counters.cacheReadInputTokens += usage.cacheReadInputTokens
-            if outcome.incomplete { counters.incomplete += 1 }
-            // 499: the client left before an answer; that is `incomplete`, not an upstream error.
-            if outcome.status >= 400 && outcome.status != 499 { counters.errors[outcome.status, default: 0] += 1 }
-            state.pending.usage[ticket.key] = counters
+            // Updated in place: one lookup of the key, and no copy of the counters' tables.
+            func record(_ counters: inout UsageCounters) {
+                counters.requests += 1
+                counters.inputTokens += usage.inputTokens
+                counters.outputTokens += usage.outputTokens
+                counters.cacheCreationInputTokens += usage.cacheCreationInputTokens
+                counters.cacheReadInputTokens += usage.cacheReadInputTokens
+                if outcome.incomplete { counters.incomplete += 1 }
+                // 499: the client left before an answer; that is `incomplete`, not an upstream error.
+                if outcome.status >= 400 && outcome.status != 499 { counters.errors[outcome.status, default: 0] += 1 }
+            }
+            record(&state.pending.usage[ticket.key, default: UsageCounters()])
             let spent = usage.inputTokens + usage.outputTokens
             if spent > 0 { state.pending.monthTokens[ticket.month, default: 0] += spent }
         }
-        let counts = [("input", usage.inputTokens), ("output", usage.outputTokens),
-                      ("cache_creation_input", usage.cacheCreationInputTokens), ("cache_read_input", usage.cacheReadInputTokens)]
-            .filter { $0.1 > 0 }.map { (labels: [("kind", $0.0)], value: Double($0.1)) }
+        var counts: [(labels: [(String, String)], value: Double)] = []
+        for (labels, value) in zip(Self.tokenKindLabels, [usage.inputTokens, usage.outputTokens, usage.cacheCreationInputTokens, usage.cacheReadInputTokens])
+        where value > 0 {
+            counts.append((labels, Double(value)))
+        }
         if !counts.isEmpty { metrics.increment("attestd_upstream_tokens_total", each: counts) }
     }
+
+    private static let tokenKindLabels: [[(String, String)]] = [[("kind", "input")], [("kind", "output")],
+                                                                [("kind", "cache_creation_input")], [("kind", "cache_read_input")]]
 
     // MARK: Flushing
 

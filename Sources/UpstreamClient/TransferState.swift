@@ -66,13 +66,16 @@ final class TransferState {
 
         // Each line is built as C bytes in one reusable buffer and copied by curl: building a
         // Swift String per line and converting it was a quarter of a relayed request's mallocs.
-        var line: [CChar] = []
+        var line: [UInt8] = []
         line.reserveCapacity(256)
         func append(_ parts: String...) -> Bool {
             line.removeAll(keepingCapacity: true)
-            for part in parts { for byte in part.utf8 { line.append(CChar(bitPattern: byte)) } }
+            for var part in parts { part.withUTF8 { line.append(contentsOf: $0) } }
             line.append(0)
-            guard let list = line.withUnsafeBufferPointer({ curl_slist_append(headerList, $0.baseAddress) }) else { return false }
+            let list = line.withUnsafeBufferPointer { bytes in
+                bytes.withMemoryRebound(to: CChar.self) { curl_slist_append(headerList, $0.baseAddress) }
+            }
+            guard let list else { return false }
             headerList = list
             return true
         }
