@@ -22,10 +22,12 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
     private var nextIdleCheck: UInt64 = 0
     private let idleCheckInterval: UInt64
     private var stopped = false
-    /// Easy handles of finished transfers, reset and kept for the next ones: creating and
-    /// freeing one per request (several kilobytes, zeroed) was 4% of a relayed request's CPU,
-    /// and its large allocations made glibc consolidate its free lists.
-    private var spareEasies: [UnsafeMutableRawPointer] = []
+    /// Easy handles of finished transfers, kept for the next ones: creating and freeing one per
+    /// request (several kilobytes, zeroed) was 4% of a relayed request's CPU, and its large
+    /// allocations made glibc consolidate its free lists. `shared`: not reset after an inline
+    /// POST, so the loop's common options are still set (a reset cost 4 mallocs per request and
+    /// setting them again a dozen more calls into curl).
+    private var spareEasies: [(easy: UnsafeMutableRawPointer, shared: Bool)] = []
     private static let maxSpareEasies = 64
 
     init(loop: EventLoop, counters: ClientCounters, settings: LoopSettings) throws {
@@ -76,7 +78,7 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
         stopped = true
         let shutdown = UpstreamError(kind: .cancelled, detail: "the upstream client is shut down")
         for state in Array(transfers.values) { finish(state, shutdown, closeConnection: true) }
-        spareEasies.forEach { curl_easy_cleanup($0) }
+        spareEasies.forEach { curl_easy_cleanup($0.easy) }
         spareEasies = []
         curl_multi_cleanup(multi)
         loop.remove(self)
@@ -92,11 +94,15 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
         }
         if stopped { return refuse(.cancelled, "the upstream client is shut down") }
         if handle.cancelRequested.load(ordering: .acquiring) { return refuse(.cancelled, "cancelled before it started") }
-        guard let easy = spareEasies.popLast() ?? curl_easy_init() else { return refuse(.other, "curl_easy_init failed") }
+        guard let (easy, shared) = spareEasies.popLast() ?? curl_easy_init().map({ ($0, false) }) else {
+            return refuse(.other, "curl_easy_init failed")
+        }
         let state = TransferState(handle: handle, request: request, delegate: delegate, easy: easy)
-        if let problem = state.configure(settings) {
+        // A handle kept after an inline POST is reset first for any other kind of request.
+        if shared && !state.isInlinePost { curl_easy_reset(easy) }
+        if let problem = state.configure(settings, shared: shared && state.isInlinePost) {
             state.release()
-            recycle(easy)
+            recycle(easy, keepOptions: false)
             return refuse(.other, problem)
         }
         transfers[handle.id] = state
@@ -123,15 +129,20 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
         }
     }
 
-    /// Keeps a finished transfer's easy handle (out of the multi handle), reset to curl's
-    /// defaults, for the next transfer; or frees it.
-    private func recycle(_ easy: UnsafeMutableRawPointer) {
+    /// Keeps a finished transfer's easy handle (out of the multi handle) for the next transfer,
+    /// reset to curl's defaults unless `keepOptions`; or frees it.
+    private func recycle(_ easy: UnsafeMutableRawPointer, keepOptions: Bool) {
         guard !stopped, spareEasies.count < Self.maxSpareEasies else {
             curl_easy_cleanup(easy)
             return
         }
-        curl_easy_reset(easy)
-        spareEasies.append(easy)
+        if keepOptions {
+            // The transfer's error buffer is freed: curl must not hold on to it while idle.
+            attest_curl_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, nil)
+        } else {
+            curl_easy_reset(easy)
+        }
+        spareEasies.append((easy, keepOptions))
     }
 
     // MARK: curl
@@ -199,7 +210,8 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
         curl_multi_remove_handle(multi, state.easy)
         let delegate = state.delegate
         state.release()
-        recycle(state.easy)
+        // FORBID_REUSE (a closed connection) is not an option the next transfer may inherit.
+        recycle(state.easy, keepOptions: state.isInlinePost && !closeConnection)
         counters.active.subtract(1, ordering: .relaxed)
         // A transfer the caller cancelled reports that, even if curl finished it meanwhile.
         let cancelled = state.handle.cancelRequested.load(ordering: .acquiring) && error?.kind != .cancelled

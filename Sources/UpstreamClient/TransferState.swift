@@ -24,6 +24,9 @@ final class TransferState {
     static let inlineBodyLimit = 64 << 10
     private var headerList: UnsafeMutablePointer<curl_slist>?
     private let errorBuffer: UnsafeMutablePointer<CChar>
+    /// A POST whose body goes to curl whole: after such a transfer the easy handle holds only
+    /// options that the next such transfer sets again or shares, so it is kept without a reset.
+    let isInlinePost: Bool
 
     private var status = 0
     private var headers: [(name: String, value: String)] = []
@@ -39,6 +42,7 @@ final class TransferState {
         head.body = []
         self.request = head
         self.body = request.body
+        isInlinePost = request.method == "POST" && request.body.count <= Self.inlineBodyLimit
         self.delegate = delegate
         self.easy = easy
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
@@ -47,7 +51,7 @@ final class TransferState {
     }
 
     /// Frees what the transfer allocated; the transfer must already be out of the multi handle.
-    /// The easy handle itself goes back to its driver (which resets it for the next transfer).
+    /// The easy handle itself goes back to its driver (which resets it unless `isInlinePost`).
     func release() {
         postFields?.deallocate()
         postFields = nil
@@ -56,8 +60,11 @@ final class TransferState {
         errorBuffer.deallocate()
     }
 
-    /// Sets every option; returns why the request cannot be sent, if it cannot.
-    func configure(_ settings: LoopSettings) -> String? {
+
+    /// Sets the options; returns why the request cannot be sent, if it cannot.
+    /// - Parameter shared: the handle still holds the options every transfer of this loop shares
+    ///   (it last ran an inline POST and was not reset), so only this transfer's own are set.
+    func configure(_ settings: LoopSettings, shared: Bool = false) -> String? {
         let method = request.method
         guard !method.isEmpty, method.utf8.allSatisfy(isTokenByte) else { return "invalid method \(method)" }
         guard request.path.hasPrefix("/"), !request.path.utf8.contains(where: { $0 <= 0x20 || $0 == 0x7F }) else {
@@ -104,28 +111,10 @@ final class TransferState {
         func set(_ code: CURLcode) { if code != CURLE_OK { ok = false } }
         set(attest_curl_easy_setopt_string(easy, CURLOPT_URL, settings.baseURL + request.path))
         set(attest_curl_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, errorBuffer))
-        set(attest_curl_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
-        // Only the configured URL: no proxy from the environment, no redirects, no other protocol.
-        set(attest_curl_easy_setopt_string(easy, CURLOPT_PROXY, ""))
-        set(attest_curl_easy_setopt_string(easy, CURLOPT_PROTOCOLS_STR, "http,https"))
-        set(attest_curl_easy_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0))
-        set(attest_curl_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, settings.connectTimeoutMilliseconds))
-        set(attest_curl_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1))
-        set(attest_curl_easy_setopt_long(easy, CURLOPT_HTTP_VERSION,
-                                         settings.allowHTTP2 ? attest_CURL_HTTP_VERSION_2TLS : attest_CURL_HTTP_VERSION_1_1))
-        if settings.isTLS && settings.allowHTTP2 {
-            // Wait for a connection being set up to say whether it multiplexes, rather than
-            // opening a second one.
-            set(attest_curl_easy_setopt_long(easy, CURLOPT_PIPEWAIT, 1))
-        }
-        if let bundle = settings.caBundle {
-            set(bundle.withUnsafeBytes { attest_curl_easy_setopt_blob_copy(easy, CURLOPT_CAINFO_BLOB, $0.baseAddress, $0.count) })
-        }
         set(attest_curl_easy_setopt_slist(easy, CURLOPT_HTTPHEADER, headerList))
-        set(attest_curl_easy_setopt_write_function(easy, CURLOPT_HEADERFUNCTION, headerCallback))
         set(attest_curl_easy_setopt_pointer(easy, CURLOPT_HEADERDATA, me))
-        set(attest_curl_easy_setopt_write_function(easy, CURLOPT_WRITEFUNCTION, writeCallback))
         set(attest_curl_easy_setopt_pointer(easy, CURLOPT_WRITEDATA, me))
+        if !shared { setSharedOptions(settings, set) }
 
         switch method {
         case "GET" where body.isEmpty:
@@ -153,6 +142,29 @@ final class TransferState {
             if method != "POST" { set(attest_curl_easy_setopt_string(easy, CURLOPT_CUSTOMREQUEST, method)) }
         }
         return ok ? nil : "curl refused an option"
+    }
+
+    /// The options that are the same for every transfer of a loop: set on a new or reset handle.
+    private func setSharedOptions(_ settings: LoopSettings, _ set: (CURLcode) -> Void) {
+        set(attest_curl_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
+        // Only the configured URL: no proxy from the environment, no redirects, no other protocol.
+        set(attest_curl_easy_setopt_string(easy, CURLOPT_PROXY, ""))
+        set(attest_curl_easy_setopt_string(easy, CURLOPT_PROTOCOLS_STR, "http,https"))
+        set(attest_curl_easy_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0))
+        set(attest_curl_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, settings.connectTimeoutMilliseconds))
+        set(attest_curl_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1))
+        set(attest_curl_easy_setopt_long(easy, CURLOPT_HTTP_VERSION,
+                                         settings.allowHTTP2 ? attest_CURL_HTTP_VERSION_2TLS : attest_CURL_HTTP_VERSION_1_1))
+        if settings.isTLS && settings.allowHTTP2 {
+            // Wait for a connection being set up to say whether it multiplexes, rather than
+            // opening a second one.
+            set(attest_curl_easy_setopt_long(easy, CURLOPT_PIPEWAIT, 1))
+        }
+        if let bundle = settings.caBundle {
+            set(bundle.withUnsafeBytes { attest_curl_easy_setopt_blob_copy(easy, CURLOPT_CAINFO_BLOB, $0.baseAddress, $0.count) })
+        }
+        set(attest_curl_easy_setopt_write_function(easy, CURLOPT_HEADERFUNCTION, headerCallback))
+        set(attest_curl_easy_setopt_write_function(easy, CURLOPT_WRITEFUNCTION, writeCallback))
     }
 
     // MARK: Callbacks (on the event thread, inside curl)

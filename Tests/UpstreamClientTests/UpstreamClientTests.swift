@@ -425,6 +425,50 @@ struct UpstreamClientTests {
                                           cacheReadInputTokens: expected.cacheReadInputTokens))
     }
 
+    /// One loop keeps a finished inline POST's easy handle without resetting it; whatever runs
+    /// next on that handle (a streamed body, a GET, a POST after a closed connection) must carry
+    /// nothing over from the one before: not its body, method, headers or closed connection.
+    @Test func aKeptHandleCarriesNothingIntoTheNextRequest() async throws {
+        let stub = try UpstreamStubServer(.init(deltaCount: 10, deltaInterval: .milliseconds(100), recordBodyLimit: 1 << 20))
+        defer { stub.stop() }
+        let client = try UpstreamClient(UpstreamConfiguration(baseURL: stub.baseURL))
+        defer { client.shutdown() }
+        func send(_ request: UpstreamRequest) async -> Int? {
+            let recorder = Recorder()
+            client.start(request, delegate: recorder)
+            guard await recorder.waitForFinish(timeout: .seconds(10)) else { return nil }
+            return recorder.snapshot.status
+        }
+        var small = messagesRequest(prompt: "first")
+        small.headers.append(("anthropic-beta", "first-only"))
+        var large = messagesRequest(prompt: String(repeating: "b", count: 70_000))
+        large.headers.removeAll { $0.name == "content-type" }
+        let get = UpstreamRequest(method: "GET", path: "/v1/messages", headers: [("x-api-key", "sk-test-workspace")])
+        let plan: [(request: UpstreamRequest, status: Int)] = [
+            (small, 200), (large, 200), (messagesRequest(prompt: "third"), 200), (get, 405), (messagesRequest(prompt: "fifth"), 200),
+        ]
+        for (index, step) in plan.enumerated() {
+            #expect(await send(step.request) == step.status, "request \(index + 1)")
+            let seen = try #require(stub.requests.last)
+            #expect(seen.method == step.request.method, "request \(index + 1)")
+            let sameBody = (seen.body ?? []) == step.request.body
+            #expect(sameBody, "request \(index + 1): body")
+            #expect(seen.headers.contains { $0.name == "anthropic-beta" } == (index == 0), "request \(index + 1): headers")
+        }
+        #expect(stub.requests.count == plan.count)
+
+        // A transfer cancelled mid-stream closes its connection; the next request opens another.
+        let opened = stub.connectionsOpened
+        let streaming = Recorder()
+        let transfer = client.start(messagesRequest(stream: true, prompt: "cut"), delegate: streaming)
+        #expect(await waitFor(timeout: .seconds(5)) { streaming.text.contains("content_block_delta") })
+        transfer.cancel()
+        #expect(await streaming.waitForFinish())
+        #expect(await send(messagesRequest(prompt: "after")) == 200)
+        #expect(stub.requests.last.map { String(decoding: $0.body ?? [], as: UTF8.self).contains("after") } == true)
+        #expect(stub.connectionsOpened == opened + 1)
+    }
+
     @Test func shutdownCancelsEverythingAndRefusesNewWork() async throws {
         let stub = try UpstreamStubServer(.init(deltaCount: 10, deltaInterval: .milliseconds(500)))
         defer { stub.stop() }
