@@ -790,8 +790,9 @@ private func enqueue(_ response: HTTPResponse, on connection: OpaquePointer, clo
         // MHD derives content-length from the body; it refuses a second one.
         if asciiCaseInsensitiveEquals(name, "content-length") { continue }
         if close, asciiCaseInsensitiveEquals(name, "connection") { continue }
+        // withCString: a short Swift string passed as a C pointer would be copied to the heap.
         guard isValidHeader(name: name, value: value),
-              MHD_add_response_header(mhdResponse, name, value) == .YES else { return false }
+              name.withCString({ n in value.withCString { MHD_add_response_header(mhdResponse, n, $0) } }) == .YES else { return false }
     }
     if close, MHD_add_response_header(mhdResponse, "Connection", "close") != .YES { return false }
     return MHD_queue_response(connection, UInt32(response.status), mhdResponse) == .YES
@@ -851,38 +852,46 @@ func splitTarget(_ target: String) -> (path: String, query: String?) {
     return (String(rest[..<mark]), String(rest[rest.index(after: mark)...]))
 }
 
-private final class HeaderCollector {
-    var headers: [(name: String, value: String)] = []
-}
-
+/// The request's headers, names lowercased. Sized up front from MHD's count, and each name
+/// lowercased while it is copied: growing the array and lowercasing a copy were a quarter of
+/// the allocations the server made per request.
 private func requestHeaders(_ connection: OpaquePointer) -> [(name: String, value: String)] {
-    let collector = HeaderCollector()
-    withExtendedLifetime(collector) {
+    var headers: [(name: String, value: String)] = []
+    headers.reserveCapacity(Int(max(0, MHD_get_connection_values(connection, .HEADER_KIND, nil, nil))))
+    withUnsafeMutablePointer(to: &headers) { target in
         _ = MHD_get_connection_values(connection, .HEADER_KIND, { cls, _, key, value in
             guard let cls, let key else { return .YES }
-            let collector = Unmanaged<HeaderCollector>.fromOpaque(cls).takeUnretainedValue()
-            collector.headers.append((name: String(cString: key).lowercased(),
-                                      value: value.map { String(cString: $0) } ?? ""))
+            let length = strlen(key)
+            let name = String(unsafeUninitializedCapacity: length) { out in
+                for index in 0..<length {
+                    let byte = UInt8(bitPattern: key[index])
+                    out[index] = byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte
+                }
+                return length
+            }
+            cls.assumingMemoryBound(to: [(name: String, value: String)].self).pointee
+                .append((name: name, value: value.map { String(cString: $0) } ?? ""))
             return .YES
-        }, Unmanaged.passUnretained(collector).toOpaque())
+        }, UnsafeMutableRawPointer(target))
     }
-    return collector.headers
+    return headers
 }
 
 private func clientAddress(_ connection: OpaquePointer) -> String {
     guard let address = attest_mhd_client_address(connection) else { return "" }
-    var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
-    switch Int32(address.pointee.sa_family) {
-    case AF_INET:
-        var ipv4 = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr }
-        guard inet_ntop(AF_INET, &ipv4, &text, socklen_t(text.count)) != nil else { return "" }
-    case AF_INET6:
-        var ipv6 = address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_addr }
-        guard inet_ntop(AF_INET6, &ipv6, &text, socklen_t(text.count)) != nil else { return "" }
-    default:
-        return ""
+    return withUnsafeTemporaryAllocation(of: CChar.self, capacity: Int(INET6_ADDRSTRLEN)) { text -> String in
+        switch Int32(address.pointee.sa_family) {
+        case AF_INET:
+            var ipv4 = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr }
+            guard inet_ntop(AF_INET, &ipv4, text.baseAddress, socklen_t(text.count)) != nil else { return "" }
+        case AF_INET6:
+            var ipv6 = address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_addr }
+            guard inet_ntop(AF_INET6, &ipv6, text.baseAddress, socklen_t(text.count)) != nil else { return "" }
+        default:
+            return ""
+        }
+        return String(cString: text.baseAddress!)
     }
-    return text.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
 }
 
 // MARK: - Listening address

@@ -88,47 +88,52 @@ public final class MessagesRelay: Sendable {
     /// The upstream request: the body byte for byte; the workspace's key instead of the device's
     /// token; only the headers the Messages API needs, minus any the client named hop-by-hop.
     static func upstreamRequest(_ request: HTTPRequest, key: String) -> UpstreamRequest {
-        let declared = declaredHopByHop(request.headers)
         var headers: [(name: String, value: String)] = [("x-api-key", key)]
         headers.reserveCapacity(6)
         headers.append(("anthropic-version", request.header("anthropic-version") ?? defaultAnthropicVersion))
-        for header in request.headers where isForwarded(header.name) && !declared.contains(header.name) {
+        for header in request.headers where isForwarded(header.name) && !isDeclaredHopByHop(header.name, in: request.headers) {
             headers.append(header)
         }
         return UpstreamRequest(method: "POST", path: request.path, headers: headers, body: request.body)
     }
 
-    /// Request headers passed through to the upstream (besides the key and the version). None is
-    /// hop-by-hop by RFC 9110, so only a `Connection` header's own list can take one out.
+    /// Request headers passed through to the upstream (besides the key and the version).
     static func isForwarded(_ name: String) -> Bool {
         name == "content-type" || name == "accept" || name == "user-agent" || name == "anthropic-beta"
     }
 
-    /// Response headers passed back: the ones the published client reads. Both lists hold no
-    /// header that RFC 9110 §7.6.1 makes hop-by-hop, so only a `Connection` header's list matters.
+    /// Response headers passed back: the ones the published client reads.
     static func clientHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)] {
-        let declared = declaredHopByHop(upstream)
-        return upstream.filter { header in
+        upstream.filter { header in
             let name = header.name
             guard name == "content-type" || name == "request-id" || name == "retry-after" || name.hasPrefix("anthropic-ratelimit-") else { return false }
-            return !declared.contains(name)
+            return !isDeclaredHopByHop(name, in: upstream)
         }
     }
 
-    /// The names a `Connection` header declares hop-by-hop, lowercased (names here are stored
-    /// lowercase). Usually none, or only `keep-alive`: a short array, not a set built per message.
-    static func declaredHopByHop(_ headers: [(name: String, value: String)]) -> [String] {
-        var names: [String] = []
-        for header in headers where header.name == "connection" {
-            for token in header.value.utf8.split(separator: UInt8(ascii: ",")) {
-                var start = token.startIndex, end = token.endIndex
-                while start < end, token[start] == 0x20 || token[start] == 0x09 { start = token.index(after: start) }
-                while end > start, token[token.index(before: end)] == 0x20 || token[token.index(before: end)] == 0x09 { end = token.index(before: end) }
-                guard start < end else { continue }
-                names.append(String(decoding: token[start..<end], as: UTF8.self).lowercased())
+    /// Whether a `Connection` header of the message names `name` (lowercase, as names are stored)
+    /// hop-by-hop (RFC 9110 §7.6.1). Both lists above hold no header that is hop-by-hop by
+    /// itself, so only such a declaration can take one out. Read in place: no list is built.
+    static func isDeclaredHopByHop(_ name: String, in headers: [(name: String, value: String)]) -> Bool {
+        func names(_ token: Substring.UTF8View) -> Bool {
+            var start = token.startIndex, end = token.endIndex
+            while start < end, token[start] == 0x20 || token[start] == 0x09 { start = token.index(after: start) }
+            while end > start, token[token.index(before: end)] == 0x20 || token[token.index(before: end)] == 0x09 { end = token.index(before: end) }
+            return token[start..<end].elementsEqual(name.utf8) { actual, wanted in
+                (actual >= 0x41 && actual <= 0x5A ? actual | 0x20 : actual) == wanted
             }
         }
-        return names
+        for header in headers where header.name == "connection" {
+            let value = Substring(header.value).utf8
+            var start = value.startIndex
+            while true {
+                let end = value[start...].firstIndex(of: UInt8(ascii: ",")) ?? value.endIndex
+                if names(value[start..<end]) { return true }
+                guard end < value.endIndex else { break }
+                start = value.index(after: end)
+            }
+        }
+        return false
     }
 }
 
