@@ -35,6 +35,14 @@ static inline CURLcode attest_curl_easy_setopt_read_function(CURL *h, curl_read_
 static inline CURLcode attest_curl_easy_setopt_seek_function(CURL *h, curl_seek_callback f) {
     return curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, f);
 }
+/* Every connection socket curl opens and closes passes through these (the curl driver keeps an
+ * idle pooled connection in its epoll set and must see it close). */
+static inline CURLcode attest_curl_easy_setopt_opensocket_function(CURL *h, curl_opensocket_callback f) {
+    return curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, f);
+}
+static inline CURLcode attest_curl_easy_setopt_closesocket_function(CURL *h, curl_closesocket_callback f) {
+    return curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, f);
+}
 /* A blob that curl copies (CURL_BLOB_COPY): the caller's buffer may go away afterwards. */
 static inline CURLcode attest_curl_easy_setopt_blob_copy(CURL *h, CURLoption o, const void *data, size_t length) {
     struct curl_blob blob;
@@ -77,6 +85,7 @@ static const long attest_CURL_GLOBAL_DEFAULT = CURL_GLOBAL_DEFAULT;
 static const int attest_CURLPAUSE_RECV = CURLPAUSE_RECV;
 static const int attest_CURLPAUSE_CONT = CURLPAUSE_CONT;
 static const curl_socket_t attest_CURL_SOCKET_TIMEOUT = CURL_SOCKET_TIMEOUT;
+static const curl_socket_t attest_CURL_SOCKET_BAD = CURL_SOCKET_BAD;
 static const long attest_CURLPIPE_MULTIPLEX = CURLPIPE_MULTIPLEX;
 static const long attest_CURL_HTTP_VERSION_2TLS = CURL_HTTP_VERSION_2TLS;
 static const long attest_CURL_HTTP_VERSION_1_1 = CURL_HTTP_VERSION_1_1;

@@ -16,6 +16,15 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
     let settings: LoopSettings
 
     private var transfers: [UInt64: TransferState] = [:]
+    /// The events each descriptor is registered for in the loop's epoll set.
+    private var registered: [Int32: UInt32] = [:]
+    /// Descriptors curl wants watched now.
+    private var wanted = Set<Int32>()
+    /// Connection sockets curl opened and has not closed (`openSocket`, `closeSocket`). When curl
+    /// stops watching one, its connection went back to the pool, and the next transfer on it will
+    /// want the same events: it stays registered rather than costing an epoll_ctl to leave and
+    /// another to come back on every request. Any other descriptor leaves at once.
+    private var ownSockets = Set<Int32>()
     private var byEasy: [UnsafeMutableRawPointer: TransferState] = [:]
     /// When curl wants `socket_action(CURL_SOCKET_TIMEOUT)`, in monotonic nanoseconds.
     private var timerDeadline: UInt64?
@@ -53,6 +62,14 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
     // MARK: EventLoopParticipant
 
     func handleEvent(fd: Int32, events: UInt32) {
+        guard wanted.contains(fd) else {
+            // An idle pooled connection became readable or hung up: the upstream closed it or
+            // sent what it should not. curl is not watching it and finds it dead when it next
+            // looks; it leaves the epoll set now, so that it does not wake the loop again.
+            registered[fd] = nil
+            loop.unwatch(fd: fd)
+            return
+        }
         var mask: Int32 = 0
         if events & EPOLLIN.rawValue != 0 { mask |= CURL_CSELECT_IN }
         if events & EPOLLOUT.rawValue != 0 { mask |= CURL_CSELECT_OUT }
@@ -105,6 +122,13 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
             recycle(easy, keepOptions: false)
             return refuse(.other, problem)
         }
+        if !(shared && state.isInlinePost) {
+            let me = Unmanaged.passUnretained(self).toOpaque()
+            attest_curl_easy_setopt_opensocket_function(easy, openSocketCallback)
+            attest_curl_easy_setopt_pointer(easy, CURLOPT_OPENSOCKETDATA, me)
+            attest_curl_easy_setopt_closesocket_function(easy, closeSocketCallback)
+            attest_curl_easy_setopt_pointer(easy, CURLOPT_CLOSESOCKETDATA, me)
+        }
         transfers[handle.id] = state
         byEasy[easy] = state
         let added = curl_multi_add_handle(multi, easy)
@@ -154,13 +178,41 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
 
     fileprivate func watch(_ fd: Int32, _ what: Int32) {
         if what == CURL_POLL_REMOVE {
-            loop.unwatch(fd: fd)
+            wanted.remove(fd)
+            if !ownSockets.contains(fd) {
+                registered[fd] = nil
+                loop.unwatch(fd: fd)
+            }
             return
         }
         var events: UInt32 = 0
         if what & CURL_POLL_IN != 0 { events |= EPOLLIN.rawValue }
         if what & CURL_POLL_OUT != 0 { events |= EPOLLOUT.rawValue }
-        loop.watch(fd: fd, events: events, for: self)
+        wanted.insert(fd)
+        guard registered[fd] != events else { return }
+        registered[fd] = loop.watch(fd: fd, events: events, for: self) ? events : nil
+    }
+
+    /// curl's socket(2) for a connection (CURLOPT_OPENSOCKETFUNCTION).
+    fileprivate func openSocket(_ address: UnsafeMutablePointer<curl_sockaddr>) -> curl_socket_t {
+        let fd = socket(address.pointee.family, address.pointee.socktype | Int32(SOCK_CLOEXEC.rawValue), address.pointee.protocol)
+        guard fd >= 0 else { return attest_CURL_SOCKET_BAD }
+        if registered.removeValue(forKey: fd) != nil {
+            // The number was registered for a descriptor closed behind curl's back (which left
+            // the epoll set with it): forget that one, or the new socket would never be added.
+            loop.unwatch(fd: fd)
+        }
+        wanted.remove(fd)
+        ownSockets.insert(fd)
+        return fd
+    }
+
+    /// curl's close(2) for a connection socket (CURLOPT_CLOSESOCKETFUNCTION).
+    fileprivate func closeSocket(_ fd: curl_socket_t) -> Int32 {
+        ownSockets.remove(fd)
+        wanted.remove(fd)
+        if registered.removeValue(forKey: fd) != nil { loop.unwatch(fd: fd) }
+        return close(fd)
     }
 
     fileprivate func setTimer(_ milliseconds: Int) {
@@ -222,6 +274,16 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
 private let socketCallback: curl_socket_callback = { _, fd, what, context, _ in
     Unmanaged<CurlDriver>.fromOpaque(context!).takeUnretainedValue().watch(fd, what)
     return 0
+}
+
+private let openSocketCallback: curl_opensocket_callback = { context, _, address in
+    guard let context, let address else { return attest_CURL_SOCKET_BAD }
+    return Unmanaged<CurlDriver>.fromOpaque(context).takeUnretainedValue().openSocket(address)
+}
+
+private let closeSocketCallback: curl_closesocket_callback = { context, fd in
+    guard let context else { return close(fd) }
+    return Unmanaged<CurlDriver>.fromOpaque(context).takeUnretainedValue().closeSocket(fd)
 }
 
 private let timerCallback: curl_multi_timer_callback = { _, milliseconds, context in

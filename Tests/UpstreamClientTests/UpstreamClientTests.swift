@@ -469,6 +469,34 @@ struct UpstreamClientTests {
         #expect(stub.connectionsOpened == opened + 1)
     }
 
+    /// An idle pooled connection stays in the loop's epoll set (curl wants it again on the next
+    /// request). When the upstream closes it, it must leave the set rather than wake the loop
+    /// over and over, and the next request must still go out, on a new connection.
+    @Test func anIdleConnectionTheUpstreamClosesNeitherSpinsTheLoopNorBreaksTheNextRequest() async throws {
+        // The latency makes curl wait for the reply, so it watches the socket and then lets it go.
+        let stub = try UpstreamStubServer(.init(latency: .milliseconds(20), keepAliveTimeout: .milliseconds(100)))
+        defer { stub.stop() }
+        let client = try UpstreamClient(UpstreamConfiguration(baseURL: stub.baseURL))
+        defer { client.shutdown() }
+        func send() async -> Int? {
+            let recorder = Recorder()
+            client.start(messagesRequest(), delegate: recorder)
+            guard await recorder.waitForFinish() else { return nil }
+            return recorder.snapshot.status
+        }
+        #expect(await send() == 200)
+        #expect(await send() == 200)
+        #expect(stub.connectionsOpened == 1)
+        let cpuBefore = ConcurrencyBenchmark.cpuSeconds()
+        let closed = try #require(await stub.waitForConnectionClose(timeout: .seconds(2)))
+        #expect(closed.kind == .closed(byClient: false))
+        try await Task.sleep(for: .milliseconds(400))
+        let spent = ConcurrencyBenchmark.cpuSeconds() - cpuBefore
+        #expect(spent < 0.15, "the process used \(spent) s of CPU while idle: the closed connection keeps waking the loop")
+        #expect(await send() == 200)
+        #expect(stub.connectionsOpened == 2)
+    }
+
     @Test func shutdownCancelsEverythingAndRefusesNewWork() async throws {
         let stub = try UpstreamStubServer(.init(deltaCount: 10, deltaInterval: .milliseconds(500)))
         defer { stub.stop() }
