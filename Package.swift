@@ -86,7 +86,7 @@ let package = Package(
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire"]),
         .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
                                                          "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub", "PostgresTestSupport",
-                                                         "RawHTTP"]),
+                                                         "RawHTTP", "EventLoops"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "AttestWire"]),
         .testTarget(name: "AttestWireTests", dependencies: ["AttestWire"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "RawHTTP", "EventLoops"]),

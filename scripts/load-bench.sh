@@ -17,7 +17,7 @@ $bin/attestctl init --db "$db" --owner load@example.com >/dev/null
 clid=$($bin/attestctl integrations create --db "$db" --actor load@example.com --name Load --team-id ABCDE12345 \
        --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
 $bin/attestd serve --db "$db" --listen 127.0.0.1:0 --trust-anchor Fixtures/test-authority/root.pem \
-    --mint-limit 0 --registration-quota 0 --challenge-limit 0 --synchronous "${SYNC:-full}" --threads "${THREADS:-4}" \
+    --mint-limit 0 --registration-quota 0 --challenge-limit 0 --synchronous "${SYNC:-full}" ${THREADS:+--threads "$THREADS"} \
     2> "$dir/server.log" &
 server=$!
 for _ in $(seq 100); do grep -q '"listening"' "$dir/server.log" 2>/dev/null && break; sleep 0.1; done
@@ -25,7 +25,7 @@ port=$(grep -o '"address":"127.0.0.1:[0-9]*"' "$dir/server.log" | grep -o '[0-9]
 cpu() { awk '{print ($14+$15)/100}' /proc/$server/stat; }
 ticks=$(getconf CLK_TCK); [ "$ticks" = 100 ] || echo "note: CLK_TCK=$ticks"
 for n in "${counts[@]}"; do
-  echo "== $n devices, $seconds s, attestd --synchronous ${SYNC:-full} --threads ${THREADS:-4}"
+  echo "== $n devices, $seconds s, attestd --synchronous ${SYNC:-full} --threads ${THREADS:-default}"
   before=$(cpu)
   $bin/attest-sim load --base-url "http://127.0.0.1:$port" --client-id "$clid" --devices "$n" --seconds "$seconds"
   after=$(cpu)

@@ -84,7 +84,7 @@ attestd_port=$(free_port) noledger_port=$(free_port)
 serve() {  # serve PORT [OPTION…]: attestd on the fixed upstream, exchange limits off for load
   $bin/attestd serve --db "$db" --listen "127.0.0.1:$1" --trust-anchor Fixtures/test-authority/root.pem \
     --upstream-url "http://127.0.0.1:$upstream_port" --upstream-key-file "$work/upstream.key" \
-    --mint-limit 0 --challenge-limit 0 --registration-quota 0 --threads "${THREADS:-4}" "${@:2}" 2>>"$work/attestd.log" &
+    --mint-limit 0 --challenge-limit 0 --registration-quota 0 ${THREADS:+--threads "$THREADS"} "${@:2}" 2>>"$work/attestd.log" &
   pids+=($!)
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$1/healthz" >/dev/null && break; sleep 0.05; done
 }
@@ -120,7 +120,7 @@ non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
 print(f"{rps:.0f} {p50:.3f} {p99:.3f} {non2xx.group(1) if non2xx else 0}")'
 }
 
-echo "relay bench: $seconds s per run, $rounds rounds, $connections connections, attestd threads ${THREADS:-4}"
+echo "relay bench: $seconds s per run, $rounds rounds, $connections connections, attestd threads ${THREADS:-as attestd defaults (one per core)}"
 printf '%-6s %-16s %10s %9s %9s %7s\n' round target req/s p50_ms p99_ms non2xx
 declare -A rps p50 p99
 for round in $(seq "$rounds"); do

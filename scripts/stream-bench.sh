@@ -4,7 +4,7 @@
 # figures during the streams, /healthz latency, and attestd's RSS and threads before and at the
 # peak, per open stream.
 #
-# usage: scripts/stream-bench.sh [STREAMS=1000] [STREAM_SECONDS=30]   (THREADS: attestd --threads, default 4)
+# usage: scripts/stream-bench.sh [STREAMS=1000] [STREAM_SECONDS=30]   (THREADS: attestd --threads; unset, attestd's default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 streams=${1:-1000} stream_seconds=${2:-30}
@@ -34,7 +34,7 @@ port=$(free_port)
 # Every stream comes from 127.0.0.1 here, so the per-address limit is lifted for the run.
 $bin/attestd serve --db "$db" --listen "127.0.0.1:$port" --trust-anchor Fixtures/test-authority/root.pem \
   --upstream-url "http://127.0.0.1:$stub_port" --upstream-key-file "$work/upstream.key" --max-connections-per-ip 0 \
-  --mint-limit 0 --challenge-limit 0 --registration-quota 0 --threads "${THREADS:-4}" 2>"$work/attestd.log" &
+  --mint-limit 0 --challenge-limit 0 --registration-quota 0 ${THREADS:+--threads "$THREADS"} 2>"$work/attestd.log" &
 pids+=($!)
 attestd=$!
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.05; done

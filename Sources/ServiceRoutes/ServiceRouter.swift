@@ -1,5 +1,6 @@
 import AttestWire
 import AttestCrypto
+import EventLoops
 import Foundation
 import HTTPServer
 import Synchronization
@@ -20,6 +21,13 @@ public final class ServiceRouter: Sendable {
     let relay: MessagesRelay?
     /// Usage and the per-integration policy for relayed requests; nil relays without either.
     let ledger: UsageLedger?
+    /// Where the device exchange and introspection run, off the event loops: verifying an
+    /// attestation takes milliseconds of CPU and a registration waits for the database's fsync,
+    /// and on a loop either would hold up every other connection of that loop (relayed streams,
+    /// health checks). Nil: they run on the loop that took the request.
+    let exchangeWorkers: WorkerPool?
+    static let offloadedPaths: Set<String> = [WireProtocol.challengePath, WireProtocol.registerPath, WireProtocol.tokenPath,
+                                              "/v1/oauth/introspect"]
     /// Extra /metrics text from the transport (the server is made after the router).
     private let transportMetrics = Mutex<(@Sendable () -> String)?>(nil)
 
@@ -38,8 +46,10 @@ public final class ServiceRouter: Sendable {
     static let adminPaths: Set<String> = ["/metrics", "/v1/oauth/introspect", "/healthz", "/readyz"]
 
     public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil,
-                ledger: UsageLedger? = nil, trustedProxies: [CIDR] = [], separateAdminListener: Bool = false) {
+                ledger: UsageLedger? = nil, trustedProxies: [CIDR] = [], separateAdminListener: Bool = false,
+                exchangeWorkers: WorkerPool? = nil) {
         self.ledger = ledger
+        self.exchangeWorkers = exchangeWorkers
         callers = CallerResolver(trustedProxies: trustedProxies)
         self.separateAdminListener = separateAdminListener
         self.service = service
@@ -107,13 +117,18 @@ public final class ServiceRouter: Sendable {
     /// Any other `/v1/…` path: an app token is refused with 403, a bad one with 401.
     static let otherAPI = Route(path: "/v1/other", methods: [], endpoint: nil) { try $0.otherAPI($1, $2) }
 
-    /// The server's entry point: relayed Messages API calls answer later (their reply streams from
-    /// the upstream client's thread); everything else answers at once.
+    /// The server's entry point: relayed Messages API calls answer later (their reply streams in
+    /// as the upstream sends it), the device exchange answers from a worker thread, everything
+    /// else answers at once.
     public func handle(_ request: HTTPRequest, _ writer: HTTPResponseWriter) -> HTTPHandlerResult {
         // A body of another type is refused by `handle(_:)` instead (415).
         if let relay, request.method == "POST", MessagesRelay.relayedPaths.contains(request.path),
            Self.routes[request.path]?.reads(request) != false {
             return relayMessages(request, writer, relay)
+        }
+        if let exchangeWorkers, Self.offloadedPaths.contains(request.path),
+           exchangeWorkers.submit({ [self] in writer.respond(handle(request)) }) {
+            return .deferred
         }
         return .response(handle(request))
     }

@@ -14,7 +14,7 @@ import UpstreamClient
 let usage = """
 usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [--token-ttl SECONDS]
                      [--mint-limit PER_MINUTE] [--registration-quota PER_HOUR] [--challenge-limit PER_MINUTE]
-                     [--introspection-key-file FILE] [--threads N] [--synchronous full|normal]
+                     [--introspection-key-file FILE] [--threads N] [--exchange-threads N] [--synchronous full|normal]
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
                      [--max-connections N] [--max-connections-per-ip N] [--no-migrate] [--shutdown-grace SECONDS]
                      [--head-deadline SECONDS] [--min-body-rate BYTES_PER_SECOND] [--write-timeout SECONDS]
@@ -23,7 +23,8 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
           and ~/.pgpass work), default $ATTESTD_DB, else ./attestd.sqlite; --no-migrate only checks the schema
           (apply it with attestctl migrate)
 defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
-          --registration-quota 1000 --challenge-limit 600 --threads 4 --synchronous full (0 disables a limit)
+          --registration-quota 1000 --challenge-limit 600 --threads and --exchange-threads: the number of
+          cores, at least 2 --synchronous full (0 disables a limit)
           --upstream-url https://api.anthropic.com --secrets-key-file $ATTESTD_SECRETS_KEY_FILE, else attestd.key
           beside the database
 --upstream-url: where POST /v1/messages and /v1/messages/count_tokens are relayed, with the
@@ -37,6 +38,9 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
 --min-body-rate (default 1024 bytes/s after 10 s): a body slower than that is cut (a 32 MB image at
           1 KiB/s would take 9 hours; at mobile rates it takes seconds).
 --write-timeout (default 30): a client that stops reading its response for that long is cut.
+--threads: event loops, each taking connections and relaying the Messages API. --exchange-threads:
+          workers for the device exchange and introspection (attestation checks, registrations that
+          wait for the database), so that those never hold up a loop.
 --trusted-proxy CIDR (repeatable): only when the peer is in one of these networks is the caller's
           address taken from X-Forwarded-For or Forwarded (the right-most hop that is not a trusted
           proxy); from anyone else those headers are ignored. Rate limits per caller use that address.
@@ -63,7 +67,10 @@ struct ServeOptions {
     var trustAnchors: [String] = []
     var exchange = ExchangeConfiguration()
     var introspectionKeyFile: String?
-    var threads = 4
+    /// One loop per core: the loops only relay and answer cheap routes (the exchange has workers
+    /// of its own), so more loops than cores would only take turns on them.
+    var threads = max(2, ProcessInfo.processInfo.activeProcessorCount)
+    var exchangeThreads = max(2, ProcessInfo.processInfo.activeProcessorCount)
     var synchronous = "FULL"
     var upstreamURL = "https://api.anthropic.com"
     var upstreamCAFile: String?
@@ -128,6 +135,7 @@ struct ServeOptions {
             case "--usage-flush-interval": usageFlushInterval = Double(try number("--usage-flush-interval", 1...5))
             case "--no-usage-ledger": usageLedger = false
             case "--threads": threads = try number("--threads", 1...256)
+            case "--exchange-threads": exchangeThreads = try number("--exchange-threads", 1...256)
             case "--synchronous":
                 let mode = try value().uppercased()
                 guard mode == "FULL" || mode == "NORMAL" else { throw StartupError("--synchronous is full or normal") }
@@ -205,7 +213,8 @@ func serve(_ options: ServeOptions) throws -> Never {
         introspectionKey = key
     }
 
-    let store = try Stores.open(options.db, connections: options.threads, synchronous: options.synchronous,
+    // Loops and exchange workers each may be in the store at once.
+    let store = try Stores.open(options.db, connections: options.threads + options.exchangeThreads, synchronous: options.synchronous,
                                 mode: options.migrate ? .apply : .verify)
     (store as? SQLiteTokenStore)?.startWatching()
     let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
@@ -221,8 +230,10 @@ func serve(_ options: ServeOptions) throws -> Never {
                       report: { logger.error("usage_flush_failed", [("error", $0)]) })
         : nil
     ledger?.start()
+    let exchangeWorkers = try WorkerPool(threads: options.exchangeThreads, name: "exchange")
     let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay, ledger: ledger,
-                               trustedProxies: options.trustedProxies, separateAdminListener: options.admin != nil)
+                               trustedProxies: options.trustedProxies, separateAdminListener: options.admin != nil,
+                               exchangeWorkers: exchangeWorkers)
 
     var configuration = HTTPServerConfiguration()
     configuration.host = options.host
@@ -263,7 +274,7 @@ func serve(_ options: ServeOptions) throws -> Never {
                                         ("routes", "/metrics /v1/oauth/introspect /healthz /readyz")])
     }
     logger.info("listening", [("address", "\(options.host.contains(":") ? "[\(options.host)]" : options.host):\(server.port)"),
-                              ("db", Stores.redacted(options.db)), ("upstream", options.upstreamURL), ("threads", options.threads), ("token_ttl", Int(options.exchange.tokenTTL)),
+                              ("db", Stores.redacted(options.db)), ("upstream", options.upstreamURL), ("threads", options.threads), ("exchange_threads", options.exchangeThreads), ("token_ttl", Int(options.exchange.tokenTTL)),
                               ("mint_limit_per_minute", options.exchange.mintLimitPerMinute),
                               ("registration_quota_per_hour", options.exchange.registrationQuotaPerHour)])
 
@@ -291,6 +302,7 @@ func serve(_ options: ServeOptions) throws -> Never {
             // Requests in flight finish, open streams get a last SSE event; what is left at the
             // deadline is ended.
             server.shutdown(grace: options.shutdownGrace)
+            exchangeWorkers.shutdown()  // what is queued runs (its audit events are in the flush below)
             adminServer?.stop()
             relay.shutdown()
             // After the last relayed request has ended: its usage is in this flush.

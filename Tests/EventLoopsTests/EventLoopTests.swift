@@ -177,3 +177,54 @@ private func threads(named prefix: String) -> Int {
         ((try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8)) ?? "").hasPrefix(prefix)
     }.count
 }
+
+/// The workers the device exchange runs on, off the loops.
+@Suite(.serialized) struct WorkerPoolTests {
+    @Test func tasksRunOnTheWorkersAndASlowOneHoldsUpNoOther() throws {
+        let pool = try WorkerPool(threads: 2, name: "test-worker")
+        defer { pool.shutdown() }
+        let slowStarted = DispatchSemaphore(value: 0), release = DispatchSemaphore(value: 0)
+        #expect(pool.submit {
+            slowStarted.signal()
+            release.wait()
+        })
+        slowStarted.wait()
+        // While one worker is held, the other runs everything else, in order.
+        let done = DispatchSemaphore(value: 0)
+        let seen = Mutex<[Int]>([])
+        let names = Mutex<Set<String>>([])
+        for value in 0..<100 {
+            pool.submit {
+                let name = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? ""
+                names.withLock { _ = $0.insert(name) }
+                seen.withLock { $0.append(value) }
+                if value == 99 { done.signal() }
+            }
+        }
+        #expect(done.wait(timeout: .now() + 5) == .success)
+        #expect(seen.withLock { $0 } == Array(0..<100))
+        #expect(names.withLock { $0 }.allSatisfy { $0.hasPrefix("test-worker-") })
+        release.signal()
+    }
+
+    @Test func shutdownRunsWhatIsQueuedThenRefusesNewTasks() throws {
+        let pool = try WorkerPool(threads: 1, name: "test-worker")
+        let ran = Atomic<Int>(0)
+        for _ in 0..<50 {
+            pool.submit {
+                usleep(1000)
+                ran.add(1, ordering: .relaxed)
+            }
+        }
+        pool.shutdown()
+        #expect(ran.load(ordering: .relaxed) == 50)
+        #expect(!pool.submit { ran.add(1, ordering: .relaxed) })
+        pool.shutdown()
+        #expect(threadCount(named: "test-worker-0") == 0)
+    }
+
+    private func threadCount(named name: String) -> Int {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+        return tasks.filter { ((try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8)) ?? "").hasPrefix(name) }.count
+    }
+}

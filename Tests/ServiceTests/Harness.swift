@@ -2,6 +2,7 @@ import Synchronization
 import AttestWire
 import AppAttest
 import AttestCrypto
+import EventLoops
 import Foundation
 import HTTPServer
 import ServiceRoutes
@@ -29,6 +30,7 @@ final class TestService: @unchecked Sendable {
     let service: DeviceTokenService
     let admin: AdminService
     let server: HTTPServer
+    let workers: WorkerPool
     let clock: TestClock
     let audit: DirectAuditLog
     let baseURL: URL
@@ -50,12 +52,15 @@ final class TestService: @unchecked Sendable {
         admin = AdminService(store: store, now: { clock.now })
         _ = try admin.initialize(owner: owner)
         let logs = self.logs
+        // As in attestd: the exchange and introspection answer from worker threads.
+        let workers = try WorkerPool(threads: 2, name: "test-exchange")
+        self.workers = workers
         let router = ServiceRouter(service: service, logger: Logger(write: { line in logs.lines.withLock { $0.append(line) } }),
-                                   introspectionKey: TestService.introspectionKey)
+                                   introspectionKey: TestService.introspectionKey, exchangeWorkers: workers)
         var http = HTTPServerConfiguration()
         http.port = 0
         http.maxConnectionsPerIP = 256
-        server = HTTPServer(configuration: http) { router.handle($0) }
+        server = HTTPServer(configuration: http) { router.handle($0, $1) }
         try server.start()
         baseURL = URL(string: "http://127.0.0.1:\(server.port)")!
     }
@@ -64,6 +69,7 @@ final class TestService: @unchecked Sendable {
 
     deinit {
         server.stop()
+        workers.shutdown()
         try? FileManager.default.removeItem(at: directory)
     }
 
