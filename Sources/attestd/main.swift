@@ -23,8 +23,8 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
           and ~/.pgpass work), default $ATTESTD_DB, else ./attestd.sqlite; --no-migrate only checks the schema
           (apply it with attestctl migrate)
 defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
-          --registration-quota 1000 --challenge-limit 600 --threads and --exchange-threads: the number of
-          cores, at least 2 --synchronous full (0 disables a limit)
+          --registration-quota 1000 --challenge-limit 600 --threads and --exchange-threads: one per core,
+          at least 2 (PostgreSQL: two per core, at least 4) --synchronous full (0 disables a limit)
           --upstream-url https://api.anthropic.com --secrets-key-file $ATTESTD_SECRETS_KEY_FILE, else attestd.key
           beside the database
 --upstream-url: where POST /v1/messages and /v1/messages/count_tokens are relayed, with the
@@ -67,10 +67,18 @@ struct ServeOptions {
     var trustAnchors: [String] = []
     var exchange = ExchangeConfiguration()
     var introspectionKeyFile: String?
-    /// One loop per core: the loops only relay and answer cheap routes (the exchange has workers
-    /// of its own), so more loops than cores would only take turns on them.
-    var threads = max(2, ProcessInfo.processInfo.activeProcessorCount)
-    var exchangeThreads = max(2, ProcessInfo.processInfo.activeProcessorCount)
+    /// Set by `--threads` and `--exchange-threads`, else `defaultThreads(for:)`.
+    var threads = 0
+    var exchangeThreads = 0
+
+    /// On SQLite, one loop and one exchange worker per core: nothing they run waits on the
+    /// network, so more threads than cores would only take turns. On PostgreSQL every token check
+    /// and exchange waits for a round trip, during which its thread's core would sit idle: twice
+    /// as many, at least 4.
+    static func defaultThreads(for database: String) -> Int {
+        let cores = ProcessInfo.processInfo.activeProcessorCount
+        return Stores.isPostgres(database) ? max(4, 2 * cores) : max(2, cores)
+    }
     var synchronous = "FULL"
     var upstreamURL = "https://api.anthropic.com"
     var upstreamCAFile: String?
@@ -144,6 +152,8 @@ struct ServeOptions {
             }
             i += 1
         }
+        if threads == 0 { threads = Self.defaultThreads(for: db) }
+        if exchangeThreads == 0 { exchangeThreads = Self.defaultThreads(for: db) }
     }
 }
 
