@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-10}; shift || true
 counts=("${@:-8 64}")
 [ $# -eq 0 ] && counts=(8 64)
-bin=.build/release
+bin=${BIN:-.build/release}  # BIN: another build's directory, to compare
 [ -x $bin/attestd ] && [ -x $bin/attestctl ] && [ -x $bin/attest-sim ] || swift build -c release
 dir=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$dir"' EXIT

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-10} devices=${2:-64}
-bin=.build/release
+bin=${BIN:-.build/release}  # BIN: another build's directory, to compare
 [ -x $bin/attestd ] && [ -x $bin/attestctl ] && [ -x $bin/attest-sim ] || swift build -c release >/dev/null
 
 work=$(mktemp -d /tmp/scaleout-bench.XXXXXX)
