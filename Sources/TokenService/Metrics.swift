@@ -3,25 +3,51 @@ import Synchronization
 
 /// Counters and histograms for `/metrics`, rendered in Prometheus text format.
 public final class Metrics: Sendable {
+    /// A series: the metric's name and its labels as given. Labels are rendered only for
+    /// /metrics: building the text on every observation was most of what metrics cost a
+    /// relayed request (six observations each).
+    struct Series: Hashable {
+        let name: String
+        let labels: [(String, String)]
+
+        static func == (a: Series, b: Series) -> Bool {
+            a.name == b.name && a.labels.count == b.labels.count && zip(a.labels, b.labels).allSatisfy { $0 == $1 }
+        }
+
+        func hash(into hasher: inout Hasher) {
+            hasher.combine(name)
+            for (label, value) in labels {
+                hasher.combine(label)
+                hasher.combine(value)
+            }
+        }
+
+        var renderedLabels: String { Metrics.render(labels) }
+    }
+
     private struct State {
-        var counters: [String: [String: Double]] = [:]   // name → rendered labels → value
+        var counters: [Series: Double] = [:]
         var help: [String: String] = [:]
-        var histograms: [String: Histogram] = [:]
+        var histograms: [Series: Histogram] = [:]
     }
 
     private let state = Mutex(State())
 
     struct Histogram {
         let bounds: [Double]
-        var buckets: [String: [Int]] = [:]   // labels → cumulative-free bucket counts (+Inf last)
-        var sums: [String: Double] = [:]
-        var counts: [String: Int] = [:]
+        var buckets: [Int]   // per bucket, not cumulative (+Inf last)
+        var sum: Double = 0
+        var count = 0
 
-        mutating func observe(_ seconds: Double, key: String) {
-            let slot = bounds.firstIndex(where: { seconds <= $0 }) ?? bounds.count
-            buckets[key, default: [Int](repeating: 0, count: bounds.count + 1)][slot] += 1
-            sums[key, default: 0] += seconds
-            counts[key, default: 0] += 1
+        init(bounds: [Double]) {
+            self.bounds = bounds
+            buckets = [Int](repeating: 0, count: bounds.count + 1)
+        }
+
+        mutating func observe(_ seconds: Double) {
+            buckets[bounds.firstIndex(where: { seconds <= $0 }) ?? bounds.count] += 1
+            sum += seconds
+            count += 1
         }
     }
 
@@ -37,52 +63,54 @@ public final class Metrics: Sendable {
     }
 
     public func increment(_ name: String, labels: [(String, String)] = [], by value: Double = 1) {
-        let key = Metrics.render(labels)
-        state.withLock { $0.counters[name, default: [:]][key, default: 0] += value }
+        let series = Series(name: name, labels: labels)
+        state.withLock { $0.counters[series, default: 0] += value }
     }
 
     /// Several increments of one counter under one lock (a request's token counts by kind).
     public func increment(_ name: String, each increments: [(labels: [(String, String)], value: Double)]) {
-        let rendered = increments.map { (Metrics.render($0.labels), $0.value) }
         state.withLock { state in
-            for (key, value) in rendered { state.counters[name, default: [:]][key, default: 0] += value }
+            for (labels, value) in increments { state.counters[Series(name: name, labels: labels), default: 0] += value }
         }
     }
 
-    /// - Parameter buckets: the bucket bounds, fixed by a histogram's first observation.
+    /// - Parameter buckets: the bucket bounds, fixed by a series' first observation.
     public func observe(_ name: String, seconds: Double, labels: [(String, String)] = [], buckets: [Double] = Metrics.latencyBuckets) {
-        let key = Metrics.render(labels)
+        let series = Series(name: name, labels: labels)
         state.withLock { state in
             // Mutated in place: a copy taken out of the dictionary and stored back would copy
-            // its bucket tables on every observation (this runs on every relayed request).
-            state.histograms[name, default: Histogram(bounds: buckets)].observe(seconds, key: key)
+            // its bucket table on every observation (this runs on every relayed request).
+            state.histograms[series, default: Histogram(bounds: buckets)].observe(seconds)
         }
     }
 
     public func prometheusText() -> String {
         let (counters, help, histograms) = state.withLock { ($0.counters, $0.help, $0.histograms) }
         var out = ""
-        for name in counters.keys.sorted() {
+        // Grouped by name, names sorted, each name's series sorted by their rendered labels.
+        let counterNames = Dictionary(grouping: counters.keys, by: \.name)
+        for name in counterNames.keys.sorted() {
             if let text = help[name] { out += "# HELP \(name) \(text)\n" }
             out += "# TYPE \(name) counter\n"
-            for (labels, value) in counters[name]!.sorted(by: { $0.key < $1.key }) {
-                out += "\(name)\(labels) \(format(value))\n"
+            for (labels, series) in counterNames[name]!.map({ ($0.renderedLabels, $0) }).sorted(by: { $0.0 < $1.0 }) {
+                out += "\(name)\(labels) \(format(counters[series]!))\n"
             }
         }
-        for name in histograms.keys.sorted() {
-            let histogram = histograms[name]!
+        let histogramNames = Dictionary(grouping: histograms.keys, by: \.name)
+        for name in histogramNames.keys.sorted() {
             if let text = help[name] { out += "# HELP \(name) \(text)\n" }
             out += "# TYPE \(name) histogram\n"
-            for labels in histogram.buckets.keys.sorted() {
+            for (labels, series) in histogramNames[name]!.map({ ($0.renderedLabels, $0) }).sorted(by: { $0.0 < $1.0 }) {
+                let histogram = histograms[series]!
                 let inner = labels.isEmpty ? "" : String(labels.dropFirst().dropLast()) + ","
                 var cumulative = 0
-                for (i, count) in histogram.buckets[labels]!.enumerated() {
+                for (i, count) in histogram.buckets.enumerated() {
                     cumulative += count
                     let le = i < histogram.bounds.count ? format(histogram.bounds[i]) : "+Inf"
                     out += "\(name)_bucket{\(inner)le=\"\(le)\"} \(cumulative)\n"
                 }
-                out += "\(name)_sum\(labels) \(histogram.sums[labels]!)\n"
-                out += "\(name)_count\(labels) \(histogram.counts[labels]!)\n"
+                out += "\(name)_sum\(labels) \(histogram.sum)\n"
+                out += "\(name)_count\(labels) \(histogram.count)\n"
             }
         }
         return out
@@ -107,7 +135,7 @@ public final class Metrics: Sendable {
         return out
     }
 
-    /// `{name="value",…}`, appended piece by piece: this runs for every observation.
+    /// `{name="value",…}`, for /metrics.
     static func render(_ labels: [(String, String)]) -> String {
         guard !labels.isEmpty else { return "" }
         var out = "{"
