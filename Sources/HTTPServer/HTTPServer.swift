@@ -841,15 +841,31 @@ func trimmed(_ text: String) -> String {
 
 /// Splits an origin-form target ("/a/b?x=1") into path and raw query. An absolute-form
 /// target ("http://host/a?x") is reduced to its path first.
+/// The path and query of a request target: origin form (`/p?q`) or absolute form
+/// (`http://host/p?q`, whose scheme and authority are dropped). Byte by byte: the delimiters
+/// are ASCII, and walking Characters cost 1% of a relayed request.
 func splitTarget(_ target: String) -> (path: String, query: String?) {
-    var rest = Substring(target)
-    if !rest.hasPrefix("/"), let scheme = rest.firstRange(of: "://") {
-        let afterAuthority = rest[scheme.upperBound...]
-        rest = afterAuthority.firstIndex(where: { $0 == "/" || $0 == "?" }).map { afterAuthority[$0...] } ?? "/"
-        if rest.hasPrefix("?") { return ("/", String(rest.dropFirst())) }
+    let bytes = target.utf8
+    var start = bytes.startIndex
+    if bytes.first != UInt8(ascii: "/"), let scheme = firstIndex(of: Array("://".utf8), in: bytes) {
+        let authority = bytes.index(scheme, offsetBy: 3)
+        guard let next = bytes[authority...].firstIndex(where: { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") }) else {
+            return ("/", nil)
+        }
+        if bytes[next] == UInt8(ascii: "?") { return ("/", String(target[bytes.index(after: next)...])) }
+        start = next
     }
-    guard let mark = rest.firstIndex(of: "?") else { return (String(rest), nil) }
-    return (String(rest[..<mark]), String(rest[rest.index(after: mark)...]))
+    guard let mark = bytes[start...].firstIndex(of: UInt8(ascii: "?")) else { return (String(target[start...]), nil) }
+    return (String(target[start..<mark]), String(target[bytes.index(after: mark)...]))
+}
+
+private func firstIndex(of needle: [UInt8], in bytes: String.UTF8View) -> String.Index? {
+    var index = bytes.startIndex
+    while index != bytes.endIndex {
+        if bytes[index...].starts(with: needle) { return index }
+        index = bytes.index(after: index)
+    }
+    return nil
 }
 
 /// The request's headers, names lowercased. Sized up front from MHD's count, and each name

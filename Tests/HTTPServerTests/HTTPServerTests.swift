@@ -368,3 +368,19 @@ struct HTTPServerTests {
         #expect(throws: (any Error).self) { _ = try RawConnection(port: server.port) }
     }
 }
+
+/// Path and query from a request target, in origin and absolute form.
+@Suite struct RequestTargetTests {
+    @Test func originAndAbsoluteFormsSplitIntoPathAndQuery() {
+        #expect(splitTarget("/v1/messages") == ("/v1/messages", nil))
+        #expect(splitTarget("/v1/items/7?a=1&b=%20x") == ("/v1/items/7", "a=1&b=%20x"))
+        #expect(splitTarget("/p?") == ("/p", ""))
+        #expect(splitTarget("/p?q?r") == ("/p", "q?r"))
+        #expect(splitTarget("http://example.com/v1/x?y=1") == ("/v1/x", "y=1"))
+        #expect(splitTarget("http://example.com") == ("/", nil))
+        #expect(splitTarget("http://example.com?y=1") == ("/", "y=1"))
+        #expect(splitTarget("https://h:8443/a/b") == ("/a/b", nil))
+        #expect(splitTarget("*") == ("*", nil))
+        #expect(splitTarget("/é?ü") == ("/é", "ü"))
+    }
+}
