@@ -839,17 +839,14 @@ func trimmed(_ text: String) -> String {
     return String(decoding: bytes[start..<end], as: UTF8.self)
 }
 
-/// Splits an origin-form target ("/a/b?x=1") into path and raw query. An absolute-form
-/// target ("http://host/a?x") is reduced to its path first.
 /// The path and query of a request target: origin form (`/p?q`) or absolute form
 /// (`http://host/p?q`, whose scheme and authority are dropped). Byte by byte: the delimiters
 /// are ASCII, and walking Characters cost 1% of a relayed request.
 func splitTarget(_ target: String) -> (path: String, query: String?) {
     let bytes = target.utf8
     var start = bytes.startIndex
-    if bytes.first != UInt8(ascii: "/"), let scheme = firstIndex(of: Array("://".utf8), in: bytes) {
-        let authority = bytes.index(scheme, offsetBy: 3)
-        guard let next = bytes[authority...].firstIndex(where: { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") }) else {
+    if bytes.first != UInt8(ascii: "/"), let scheme = target.firstRange(of: "://") {
+        guard let next = bytes[scheme.upperBound...].firstIndex(where: { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") }) else {
             return ("/", nil)
         }
         if bytes[next] == UInt8(ascii: "?") { return ("/", String(target[bytes.index(after: next)...])) }
@@ -857,15 +854,6 @@ func splitTarget(_ target: String) -> (path: String, query: String?) {
     }
     guard let mark = bytes[start...].firstIndex(of: UInt8(ascii: "?")) else { return (String(target[start...]), nil) }
     return (String(target[start..<mark]), String(target[bytes.index(after: mark)...]))
-}
-
-private func firstIndex(of needle: [UInt8], in bytes: String.UTF8View) -> String.Index? {
-    var index = bytes.startIndex
-    while index != bytes.endIndex {
-        if bytes[index...].starts(with: needle) { return index }
-        index = bytes.index(after: index)
-    }
-    return nil
 }
 
 /// The request's headers, names lowercased. Sized up front from MHD's count, and each name
@@ -879,10 +867,7 @@ private func requestHeaders(_ connection: OpaquePointer) -> [(name: String, valu
             guard let cls, let key else { return .YES }
             let length = strlen(key)
             let name = String(unsafeUninitializedCapacity: length) { out in
-                for index in 0..<length {
-                    let byte = UInt8(bitPattern: key[index])
-                    out[index] = byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte
-                }
+                for index in 0..<length { out[index] = asciiLowercased(UInt8(bitPattern: key[index])) }
                 return length
             }
             cls.assumingMemoryBound(to: [(name: String, value: String)].self).pointee

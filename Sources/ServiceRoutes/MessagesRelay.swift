@@ -35,8 +35,6 @@ public final class MessagesRelay: Sendable {
     /// The largest request body relayed: image input arrives as base64 in the JSON.
     public static let maxBodyBytes = 32_000_000
     static let defaultAnthropicVersion = "2023-06-01"
-    /// Request headers passed through to the upstream (besides the key and the version).
-    static let forwardedRequestHeaders: Set<String> = ["anthropic-beta", "content-type", "accept", "user-agent"]
 
     let upstream: UpstreamClient
     let defaultKey: String?
@@ -115,20 +113,12 @@ public final class MessagesRelay: Sendable {
     /// hop-by-hop (RFC 9110 §7.6.1). Both lists above hold no header that is hop-by-hop by
     /// itself, so only such a declaration can take one out. Read in place: no list is built.
     static func isDeclaredHopByHop(_ name: String, in headers: [(name: String, value: String)]) -> Bool {
-        func names(_ token: Substring.UTF8View) -> Bool {
-            var start = token.startIndex, end = token.endIndex
-            while start < end, token[start] == 0x20 || token[start] == 0x09 { start = token.index(after: start) }
-            while end > start, token[token.index(before: end)] == 0x20 || token[token.index(before: end)] == 0x09 { end = token.index(before: end) }
-            return token[start..<end].elementsEqual(name.utf8) { actual, wanted in
-                (actual >= 0x41 && actual <= 0x5A ? actual | 0x20 : actual) == wanted
-            }
-        }
         for header in headers where header.name == "connection" {
             let value = Substring(header.value).utf8
             var start = value.startIndex
             while true {
                 let end = value[start...].firstIndex(of: UInt8(ascii: ",")) ?? value.endIndex
-                if names(value[start..<end]) { return true }
+                if RequestParsing.isTrimmed(value[start..<end], caseInsensitively: name) { return true }
                 guard end < value.endIndex else { break }
                 start = value.index(after: end)
             }

@@ -72,14 +72,19 @@ extension RequestParsing {
     /// such as `charset` ignored). No header is no match: a body is read only as what it says it is.
     static func hasMediaType(_ header: String?, _ expected: String) -> Bool {
         guard let header else { return false }
-        // Byte by byte: this runs on every request with a body, and lowercasing a copy allocated.
         let bytes = header.utf8
-        var start = bytes.startIndex
-        var end = bytes.firstIndex(of: UInt8(ascii: ";")) ?? bytes.endIndex
+        return isTrimmed(bytes[..<(bytes.firstIndex(of: UInt8(ascii: ";")) ?? bytes.endIndex)], caseInsensitively: expected)
+    }
+
+    /// Whether `bytes`, without the spaces and tabs around them, are `lowercase` in any ASCII
+    /// case. Byte by byte: header values are read this way on every request, and lowercasing a
+    /// copy allocated.
+    static func isTrimmed<Bytes: BidirectionalCollection<UInt8>>(_ bytes: Bytes, caseInsensitively lowercase: String) -> Bool {
         func isBlank(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 }
+        var start = bytes.startIndex, end = bytes.endIndex
         while start < end, isBlank(bytes[start]) { start = bytes.index(after: start) }
         while end > start, isBlank(bytes[bytes.index(before: end)]) { end = bytes.index(before: end) }
-        return bytes[start..<end].elementsEqual(expected.utf8) { actual, wanted in
+        return bytes[start..<end].elementsEqual(lowercase.utf8) { actual, wanted in
             (actual >= 0x41 && actual <= 0x5A ? actual | 0x20 : actual) == wanted
         }
     }

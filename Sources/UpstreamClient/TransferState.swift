@@ -60,7 +60,6 @@ final class TransferState {
         errorBuffer.deallocate()
     }
 
-
     /// Sets the options; returns why the request cannot be sent, if it cannot.
     /// - Parameter shared: the handle still holds the options every transfer of this loop shares
     ///   (it last ran an inline POST and was not reset), so only this transfer's own are set.
@@ -294,7 +293,6 @@ final class TransferState {
     }
 }
 
-/// RFC 9110 token characters (method and header names).
 /// ASCII case-insensitive comparison with a lowercase literal, without allocating.
 private func asciiCaseInsensitiveEquals(_ text: String, _ lowercase: StaticString) -> Bool {
     let bytes = text.utf8
@@ -306,6 +304,7 @@ private func asciiCaseInsensitiveEquals(_ text: String, _ lowercase: StaticStrin
     }
 }
 
+/// RFC 9110 token characters (method and header names).
 private func isTokenByte(_ byte: UInt8) -> Bool {
     switch byte {
     case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
