@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The Messages relay against what an operator would otherwise deploy: nginx proxy_pass in front
 # of the API, rewriting the auth header, with a keepalive pool to the upstream. In one run,
-# interleaved in rounds so a noisy machine hits all three alike:
+# interleaved in rounds so a noisy machine hits them all alike:
 #   direct  — wrk → the fast upstream (nginx answering a fixed Messages reply)
 #   nginx   — wrk → nginx proxy_pass (x-api-key set, Authorization dropped) → upstream
+#   curl-floor — wrk → scripts/curl-floor.c, a bare C relay on libcurl's multi interface with as many
+#             threads as attestd has loops: the most any relay built on libcurl can reach here
 #   attestd — wrk → attestd (token check + relay + usage ledger + the integration's policy) → upstream
 #   attestd-noledger — the same attestd without ledger and policy (--no-usage-ledger): their cost
 # Small non-streaming requests at C connections; prints requests/s and p50/p99 per round and the
-# medians, the ratios attestd/nginx and ledger on/off, and the time to first byte of a stream (upstream-stub)
+# medians, the ratios attestd/nginx, curl-floor/nginx, attestd/curl-floor and ledger on/off, and the time to first byte of a stream (upstream-stub)
 # direct and through attestd.
 #
 # usage: scripts/relay-bench.sh [SECONDS_PER_RUN=5] [ROUNDS=3] [CONNECTIONS=64]
@@ -22,6 +24,8 @@ attestd_pid=${pids[-1]}
 serve "$noledger_port" --no-usage-ledger
 noledger_pid=${pids[-1]}
 mint_token "$attestd_port"
+floor_port=$(free_port)
+serve_floor "$floor_port" "${THREADS:-$(( $(nproc) > 2 ? $(nproc) : 2 ))}"
 
 run() {  # run NAME URL → "rps p50_ms p99_ms"
   wrk -t2 -c"$connections" -d"${seconds}s" --latency -s "$work/post.lua" "$2" 2>&1 | tee "$work/wrk-$1.txt" | python3 -c '
@@ -41,10 +45,11 @@ echo "relay bench: $seconds s per run, $rounds rounds, $connections connections,
 printf '%-6s %-16s %10s %9s %9s %7s\n' round target req/s p50_ms p99_ms non2xx
 declare -A rps p50 p99
 for round in $(seq "$rounds"); do
-  for target in direct nginx attestd attestd-noledger; do
+  for target in direct nginx curl-floor attestd attestd-noledger; do
     case $target in
       direct) url="http://127.0.0.1:$upstream_port/v1/messages" ;;
       nginx) url="http://127.0.0.1:$proxy_port/v1/messages" ;;
+      curl-floor) url="http://127.0.0.1:$floor_port/v1/messages" ;;
       attestd) url="http://127.0.0.1:$attestd_port/v1/messages" ;;
       attestd-noledger) url="http://127.0.0.1:$noledger_port/v1/messages" ;;
     esac
@@ -53,12 +58,16 @@ for round in $(seq "$rounds"); do
     rps[$target]+="$r " p50[$target]+="$a " p99[$target]+="$b "
   done
 done
-median() { python3 -c 'import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))' $1; }
-for target in direct nginx attestd attestd-noledger; do
+median() { python3 -c 'import statistics,sys; print(round(statistics.median(map(float, sys.argv[1:])), 3))' $1; }
+for target in direct nginx curl-floor attestd attestd-noledger; do
   echo "median $target: $(median "${rps[$target]}") req/s, p50 $(median "${p50[$target]}") ms, p99 $(median "${p99[$target]}") ms"
 done
 python3 -c 'import sys; print(f"attestd/nginx requests per second: {float(sys.argv[1])/float(sys.argv[2]):.2f}")' \
   "$(median "${rps[attestd]}")" "$(median "${rps[nginx]}")"
+python3 -c 'import sys; print(f"curl-floor/nginx requests per second: {float(sys.argv[1])/float(sys.argv[2]):.2f}")' \
+  "$(median "${rps[curl-floor]}")" "$(median "${rps[nginx]}")"
+python3 -c 'import sys; print(f"attestd/curl-floor requests per second: {float(sys.argv[1])/float(sys.argv[2]):.2f}")' \
+  "$(median "${rps[attestd]}")" "$(median "${rps[curl-floor]}")"
 python3 -c 'import sys; print(f"ledger and policy on/off requests per second: {float(sys.argv[1])/float(sys.argv[2]):.2f}")' \
   "$(median "${rps[attestd]}")" "$(median "${rps[attestd-noledger]}")"
 # Every request the ledger-on instance answered was recorded (after its last flush).

@@ -6,7 +6,11 @@
 #   mallocs  malloc calls per request (a perf uprobe on glibc's malloc; skipped without perf)
 #   syscalls system calls per request by kind (strace -c; strace slows the process, so the
 #            counts are right but curl finds more replies already there than at full speed)
-# Requests are counted from attestd's own /metrics, so wrk's in-flight tail does not skew them.
+#   floor    in the same rounds, CPU per request of scripts/curl-floor.c (a bare C relay on libcurl,
+#            one thread, pinned like attestd) and of nginx's proxy_pass: nginx's CPU per proxied
+#            request less its CPU per request while it only serves the upstream (the floor's run)
+# Requests are counted from attestd's own /metrics, so wrk's in-flight tail does not skew them
+# (the floor and nginx are counted by wrk).
 #
 # usage: scripts/relay-cost.sh [ROUNDS=3] [SECONDS=4] [BASELINE_ATTESTD]
 set -euo pipefail
@@ -28,10 +32,14 @@ for build in "${builds[@]}"; do
   pidof[$name]=${pids[-1]}
 done
 mint_token "${port[current]}"
+floor_port=$(free_port)
+FLOOR_PREFIX="taskset -c 0" serve_floor "$floor_port" 1
 answered() {  # answered NAME → relayed requests answered 200 so far
   curl -s "http://127.0.0.1:${port[$1]}/metrics" | awk -F' ' '/^attestd_http_requests_total\{route="\/v1\/messages",status="200"\}/ {print $2}'
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+floor_pid=${pids[-1]}
+nginx_ticks() { local sum=0 pid; for pid in $(pgrep -P "$(cat "$work/nginx.pid")"); do sum=$((sum + $(cpu_ticks "$pid"))); done; echo $sum; }
 load() {  # load NAME SECONDS CONNECTIONS
   taskset -c 1 wrk -t1 -c"$3" -d"$2s" -s "$work/post.lua" "http://127.0.0.1:${port[$1]}/v1/messages" >/dev/null
 }
@@ -50,9 +58,26 @@ for round in $(seq "$rounds"); do
     printf '%-6s %-9s cpu_us_per_request=%s requests=%s\n' "$round" "$name" "$us" "$((after - before))"
     cpu[$name]+="$us "
   done
+  # The floor and nginx, each with the CPU ticks of the floor and of nginx over wrk's request count.
+  for target in curl-floor nginx; do
+    [ $target = nginx ] && url="http://127.0.0.1:$proxy_port/v1/messages" || url="http://127.0.0.1:$floor_port/v1/messages"
+    f0=$(cpu_ticks "$floor_pid") n0=$(nginx_ticks)
+    requests=$(taskset -c 1 wrk -t1 -c64 -d"${seconds}s" -s "$work/post.lua" "$url" | awk '/requests in/ {print $1}')
+    f1=$(cpu_ticks "$floor_pid") n1=$(nginx_ticks)
+    read -r floor_us nginx_us < <(python3 -c "import sys; k = 1e6 / int(sys.argv[3]) / int(sys.argv[4]); print(f'{int(sys.argv[1]) * k:.1f} {int(sys.argv[2]) * k:.1f}')" \
+      "$((f1 - f0))" "$((n1 - n0))" "$(getconf CLK_TCK)" "$requests")
+    if [ $target = curl-floor ]; then
+      upstream_us=$nginx_us
+      printf '%-6s %-9s cpu_us_per_request=%s requests=%s (the upstream nginx: %s)\n' "$round" curl-floor "$floor_us" "$requests" "$upstream_us"
+      cpu[curl-floor]+="$floor_us "
+    else
+      proxy_us=$(python3 -c "print(f'{float(\"$nginx_us\") - float(\"$upstream_us\"):.1f}')")
+      printf '%-6s %-9s cpu_us_per_request=%s requests=%s (proxy and upstream together: %s)\n' "$round" nginx "$proxy_us" "$requests" "$nginx_us"
+      cpu[nginx]+="$proxy_us "
+    fi
+  done
 done
-for build in "${builds[@]}"; do
-  name=${build%%=*}
+for name in "${builds[@]%%=*}" curl-floor nginx; do
   echo "median $name: $(python3 -c 'import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))' ${cpu[$name]}) µs of CPU per request"
 done
 

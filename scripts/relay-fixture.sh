@@ -2,6 +2,7 @@
 # Messages upstream and an nginx proxy_pass in front of it (one nginx, two server blocks), a
 # database with one integration whose every policy check is active, the workspace key as the
 # service default, `serve PORT [OPTION…]` to start an attestd on that upstream, and
+# `serve_floor PORT THREADS` to start the libcurl floor relay (scripts/curl-floor.c), and
 # `mint_token PORT`, which registers a simulated device there and writes wrk's request script
 # ($work/post.lua) with its token. Set `fixture_name` before sourcing (temp directory, messages).
 bin=${bin:-.build/release}
@@ -76,6 +77,13 @@ serve() {  # serve PORT [OPTION…]: attestd ($ATTESTD, default the release buil
     --mint-limit 0 --challenge-limit 0 --registration-quota 0 ${THREADS:+--threads "$THREADS"} "${@:2}" 2>>"$work/attestd.log" &
   pids+=($!)
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$1/healthz" >/dev/null && break; sleep 0.05; done
+}
+# The floor: the least a relay on libcurl's multi interface costs (scripts/curl-floor.c), built here.
+cc -O2 -o "$work/curl-floor" scripts/curl-floor.c -lcurl -lpthread
+serve_floor() {  # serve_floor PORT THREADS: the floor relay on the fixed upstream, with the workspace key
+  ${FLOOR_PREFIX:-} "$work/curl-floor" "$1" "http://127.0.0.1:$upstream_port/v1/messages" "$2" "$key" &
+  pids+=($!)
+  for _ in $(seq 100); do curl -s -o /dev/null -X POST -d '{}' "http://127.0.0.1:$1/v1/messages" && break; sleep 0.05; done
 }
 # A real token from a simulated device (the device's state file holds it; the tool never prints it).
 mint_token() {
