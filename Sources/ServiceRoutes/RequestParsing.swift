@@ -58,12 +58,13 @@ enum RequestParsing {
     static func bearer(_ header: String?) -> String? {
         guard let header else { return nil }
         let bytes = header.utf8
-        guard bytes.count > 7, bytes.prefix(7).map({ $0 | 0x20 }).elementsEqual("bearer ".utf8) else { return nil }
-        // Byte-wise: Foundation's trimmingCharacters went through NSString on every request.
-        var token = Substring(header).dropFirst(7)
-        while token.first == " " || token.first == "\t" { token.removeFirst() }
-        while token.last == " " || token.last == "\t" { token.removeLast() }
-        return token.isEmpty ? nil : String(token)
+        guard bytes.count > 7, zip(bytes, "bearer ".utf8).allSatisfy({ $0 | 0x20 == $1 }) else { return nil }
+        // Byte-wise, in place: this runs on every relayed request.
+        func isBlank(_ byte: UInt8) -> Bool { byte == 0x20 || byte == 0x09 }
+        var start = bytes.index(bytes.startIndex, offsetBy: 7), end = bytes.endIndex
+        while start < end, isBlank(bytes[start]) { start = bytes.index(after: start) }
+        while end > start, isBlank(bytes[bytes.index(before: end)]) { end = bytes.index(before: end) }
+        return start == end ? nil : String(header[start..<end])
     }
 }
 

@@ -35,8 +35,9 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
     /// request (several kilobytes, zeroed) was 4% of a relayed request's CPU, and its large
     /// allocations made glibc consolidate its free lists. `shared`: not reset after an inline
     /// POST, so the loop's common options are still set (a reset cost 4 mallocs per request and
-    /// setting them again a dozen more calls into curl).
-    private var spareEasies: [(easy: UnsafeMutableRawPointer, shared: Bool)] = []
+    /// setting them again a dozen more calls into curl). Each keeps its error buffer and last
+    /// header list (`EasyResources`).
+    private var spareEasies: [(easy: UnsafeMutableRawPointer, shared: Bool, resources: EasyResources)] = []
     private static let maxSpareEasies = 64
 
     init(loop: EventLoop, counters: ClientCounters, settings: LoopSettings) throws {
@@ -95,7 +96,7 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
         stopped = true
         let shutdown = UpstreamError(kind: .cancelled, detail: "the upstream client is shut down")
         for state in Array(transfers.values) { finish(state, shutdown, closeConnection: true) }
-        spareEasies.forEach { curl_easy_cleanup($0.easy) }
+        spareEasies.forEach { curl_easy_cleanup($0.easy); $0.resources.free() }
         spareEasies = []
         curl_multi_cleanup(multi)
         loop.remove(self)
@@ -111,15 +112,14 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
         }
         if stopped { return refuse(.cancelled, "the upstream client is shut down") }
         if handle.cancelRequested.load(ordering: .acquiring) { return refuse(.cancelled, "cancelled before it started") }
-        guard let (easy, shared) = spareEasies.popLast() ?? curl_easy_init().map({ ($0, false) }) else {
+        guard let (easy, shared, resources) = spareEasies.popLast() ?? curl_easy_init().map({ ($0, false, EasyResources()) }) else {
             return refuse(.other, "curl_easy_init failed")
         }
-        let state = TransferState(handle: handle, request: request, delegate: delegate, easy: easy)
+        let state = TransferState(handle: handle, request: request, delegate: delegate, easy: easy, resources: resources)
         // A handle kept after an inline POST is reset first for any other kind of request.
         if shared && !state.isInlinePost { curl_easy_reset(easy) }
         if let problem = state.configure(settings, shared: shared && state.isInlinePost) {
-            state.release()
-            recycle(easy, keepOptions: false)
+            recycle(easy, state.release(), keepOptions: false)
             return refuse(.other, problem)
         }
         if !(shared && state.isInlinePost) {
@@ -154,19 +154,19 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
     }
 
     /// Keeps a finished transfer's easy handle (out of the multi handle) for the next transfer,
-    /// reset to curl's defaults unless `keepOptions`; or frees it.
-    private func recycle(_ easy: UnsafeMutableRawPointer, keepOptions: Bool) {
+    /// reset to curl's defaults unless `keepOptions`; or frees it with what it keeps.
+    private func recycle(_ easy: UnsafeMutableRawPointer, _ resources: EasyResources, keepOptions: Bool) {
         guard !stopped, spareEasies.count < Self.maxSpareEasies else {
             curl_easy_cleanup(easy)
+            resources.free()
             return
         }
-        if keepOptions {
-            // The transfer's error buffer is freed: curl must not hold on to it while idle.
-            attest_curl_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, nil)
-        } else {
+        var resources = resources
+        if !keepOptions {
             curl_easy_reset(easy)
+            resources.keptPath = nil
         }
-        spareEasies.append((easy, keepOptions))
+        spareEasies.append((easy, keepOptions, resources))
     }
 
     // MARK: curl
@@ -261,9 +261,8 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
         }
         curl_multi_remove_handle(multi, state.easy)
         let delegate = state.delegate
-        state.release()
         // FORBID_REUSE (a closed connection) is not an option the next transfer may inherit.
-        recycle(state.easy, keepOptions: state.isInlinePost && !closeConnection)
+        recycle(state.easy, state.release(), keepOptions: state.isInlinePost && !closeConnection)
         counters.active.subtract(1, ordering: .relaxed)
         // A transfer the caller cancelled reports that, even if curl finished it meanwhile.
         let cancelled = state.handle.cancelRequested.load(ordering: .acquiring) && error?.kind != .cancelled

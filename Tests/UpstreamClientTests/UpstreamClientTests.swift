@@ -469,6 +469,52 @@ struct UpstreamClientTests {
         #expect(stub.connectionsOpened == opened + 1)
     }
 
+    /// A kept handle reuses its header list only for exactly the same headers: a changed key, a
+    /// header added or dropped, another path, and a request refused for a bad header each reach
+    /// the upstream (or not) as asked, whatever ran on the handle before.
+    @Test func aKeptHeaderListServesOnlyTheSameHeaders() async throws {
+        let stub = try UpstreamStubServer(.init(apiKeys: ["sk-one", "sk-two"]))
+        defer { stub.stop() }
+        let client = try UpstreamClient(UpstreamConfiguration(baseURL: stub.baseURL))
+        defer { client.shutdown() }
+        func send(_ request: UpstreamRequest) async -> (status: Int?, error: UpstreamError?) {
+            let recorder = Recorder()
+            client.start(request, delegate: recorder)
+            guard await recorder.waitForFinish(timeout: .seconds(10)) else { return (nil, nil) }
+            return (recorder.snapshot.status, recorder.snapshot.error)
+        }
+        var countTokens = messagesRequest(apiKey: "sk-one")
+        countTokens.path = "/v1/messages/count_tokens"
+        var badHeader = messagesRequest(apiKey: "sk-two")
+        badHeader.headers.append(("anthropic-beta", "a\r\nx-injected: 1"))
+        let plan: [UpstreamRequest] = [
+            messagesRequest(apiKey: "sk-one"), messagesRequest(apiKey: "sk-one"), messagesRequest(apiKey: "sk-two"),
+            messagesRequest(apiKey: "sk-two", extraHeaders: [("anthropic-beta", "b1")]),
+            messagesRequest(apiKey: "sk-two", extraHeaders: [("anthropic-beta", "b2")]),
+            messagesRequest(apiKey: "sk-two"), countTokens, badHeader, messagesRequest(apiKey: "sk-one"),
+        ]
+        for (index, request) in plan.enumerated() {
+            let before = stub.requests.count
+            let (status, error) = await send(request)
+            if request.headers.contains(where: { $0.value.contains("\r") }) {
+                #expect(status == nil || status == 0, "request \(index + 1) must not be sent")
+                #expect(error?.detail.contains("CR, LF or NUL") == true, "request \(index + 1): \(String(describing: error))")
+                #expect(stub.requests.count == before, "request \(index + 1) reached the upstream")
+                continue
+            }
+            #expect(status == 200, "request \(index + 1)")
+            let seen = try #require(stub.requests.last)
+            #expect(stub.requests.count == before + 1)
+            #expect(seen.path == request.path, "request \(index + 1): path")
+            for name in ["x-api-key", "anthropic-beta", "anthropic-version", "content-type"] {
+                let sent = request.headers.filter { $0.name == name }.map(\.value)
+                let arrived = seen.headers.filter { $0.name.lowercased() == name }.map(\.value)
+                #expect(arrived == sent, "request \(index + 1): \(name)")
+            }
+            #expect(!seen.headers.contains { $0.name.lowercased() == "x-injected" })
+        }
+    }
+
     /// An idle pooled connection stays in the loop's epoll set (curl wants it again on the next
     /// request). When the upstream closes it, it must leave the set rather than wake the loop
     /// over and over, and the next request must still go out, on a new connection.
