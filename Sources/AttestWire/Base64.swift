@@ -17,35 +17,42 @@ public enum Base64 {
     }()
 
     public static func encode(_ bytes: [UInt8], urlSafe: Bool = false, padded: Bool = true) -> String {
+        bytes.withUnsafeBytes { encode($0, urlSafe: urlSafe, padded: padded) }
+    }
+
+    /// `prefix` (ASCII) then the base64 of `bytes`, built as one string: a request ID is made
+    /// this way on every request.
+    public static func encode(_ bytes: UnsafeRawBufferPointer, urlSafe: Bool = false, padded: Bool = true,
+                              after prefix: StaticString = "") -> String {
         let alphabet = urlSafe ? urlSafeAlphabet : standardAlphabet
         let fullBlocks = bytes.count / 3
         let rest = bytes.count - fullBlocks * 3
-        let length = fullBlocks * 4 + (rest == 0 ? 0 : (padded ? 4 : rest + 1))
+        let start = prefix.utf8CodeUnitCount
+        let length = start + fullBlocks * 4 + (rest == 0 ? 0 : (padded ? 4 : rest + 1))
         return String(unsafeUninitializedCapacity: length) { out in
-            alphabet.withUnsafeBufferPointer { table in
-                bytes.withUnsafeBufferPointer { input in
-                    var i = 0, o = 0
-                    while i + 3 <= input.count {
-                        let n = UInt32(input[i]) << 16 | UInt32(input[i + 1]) << 8 | UInt32(input[i + 2])
-                        out[o] = table[Int(n >> 18)]
-                        out[o + 1] = table[Int(n >> 12 & 63)]
-                        out[o + 2] = table[Int(n >> 6 & 63)]
-                        out[o + 3] = table[Int(n & 63)]
-                        i += 3
-                        o += 4
-                    }
-                    if rest > 0 {
-                        let n = UInt32(input[i]) << 16 | (rest == 2 ? UInt32(input[i + 1]) << 8 : 0)
-                        out[o] = table[Int(n >> 18)]
-                        out[o + 1] = table[Int(n >> 12 & 63)]
-                        o += 2
-                        if rest == 2 { out[o] = table[Int(n >> 6 & 63)]; o += 1 }
-                        if padded {
-                            while o < length { out[o] = UInt8(ascii: "="); o += 1 }
-                        }
-                    }
-                    return o
+            prefix.withUTF8Buffer { for (index, byte) in $0.enumerated() { out[index] = byte } }
+            return alphabet.withUnsafeBufferPointer { table in
+                var i = 0, o = start
+                while i + 3 <= bytes.count {
+                    let n = UInt32(bytes[i]) << 16 | UInt32(bytes[i + 1]) << 8 | UInt32(bytes[i + 2])
+                    out[o] = table[Int(n >> 18)]
+                    out[o + 1] = table[Int(n >> 12 & 63)]
+                    out[o + 2] = table[Int(n >> 6 & 63)]
+                    out[o + 3] = table[Int(n & 63)]
+                    i += 3
+                    o += 4
                 }
+                if rest > 0 {
+                    let n = UInt32(bytes[i]) << 16 | (rest == 2 ? UInt32(bytes[i + 1]) << 8 : 0)
+                    out[o] = table[Int(n >> 18)]
+                    out[o + 1] = table[Int(n >> 12 & 63)]
+                    o += 2
+                    if rest == 2 { out[o] = table[Int(n >> 6 & 63)]; o += 1 }
+                    if padded {
+                        while o < length { out[o] = UInt8(ascii: "="); o += 1 }
+                    }
+                }
+                return o
             }
         }
     }

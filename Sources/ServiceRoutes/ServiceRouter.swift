@@ -196,12 +196,13 @@ public final class ServiceRouter: Sendable {
     /// request's CPU.
     static func newRequestID() -> String {
         let count = requestCounter.wrappingAdd(1, ordering: .relaxed).newValue
-        var bytes = requestIDPrefix
-        withUnsafeBytes(of: scrambled(count &+ requestIDOffset).bigEndian) { bytes.append(contentsOf: $0) }
-        return "req_" + Base64.encode(bytes, urlSafe: true, padded: false)
+        // Built in one string from two words on the stack: this runs on every request.
+        let words = (requestIDPrefix, scrambled(count &+ requestIDOffset).bigEndian)
+        return withUnsafeBytes(of: words) { Base64.encode($0, urlSafe: true, padded: false, after: "req_") }
     }
 
-    private static let requestIDPrefix = Array(secureRandomBytes(8))
+    /// Random bytes, kept as one word (its bytes in memory order are the ID's first 8).
+    private static let requestIDPrefix = secureRandomBytes(8).withUnsafeBytes { $0.loadUnaligned(as: UInt64.self) }
     private static let requestIDOffset = secureRandomBytes(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
 
     /// SplitMix64's finalizer: a bijection on 64-bit values that spreads every input bit.

@@ -11,6 +11,9 @@ import Testing
             #expect(Base64.encode(bytes) == standard)
             let urlSafe = standard.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
             #expect(Base64.encode(bytes, urlSafe: true) == urlSafe)
+            let unpadded = urlSafe.replacingOccurrences(of: "=", with: "")
+            #expect(bytes.withUnsafeBytes { Base64.encode($0, urlSafe: true, padded: false, after: "req_") } == "req_" + unpadded)
+            #expect(bytes.withUnsafeBytes { Base64.encode($0, after: "") } == standard)
             for spelling in [standard, urlSafe, standard.replacingOccurrences(of: "=", with: ""), urlSafe.replacingOccurrences(of: "=", with: "")] {
                 #expect(Base64.decode(spelling) == bytes, "\(spelling)")
             }
