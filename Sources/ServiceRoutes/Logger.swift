@@ -79,20 +79,27 @@ public final class Logger: Sendable {
         log(level, event, renderedFields: fields.isEmpty ? "" : String(JSONText.object(fields).dropFirst().dropLast()))
     }
 
-    /// A line whose fields the caller rendered already (`"name":value,…`, valid JSON members):
-    /// the access log's path, which runs once per request and so skips the boxed field list.
+    /// A line whose fields the caller rendered already (`"name":value,…`, valid JSON members).
     func log(_ level: String, _ event: String, renderedFields: String) {
+        log(level, event, capacity: renderedFields.utf8.count) { line in
+            if !renderedFields.isEmpty {
+                line += ","
+                line += renderedFields
+            }
+        }
+    }
+
+    /// A line whose fields `appendFields` writes straight into it (each as `,"name":value`): the
+    /// access log's path, which runs once per request and so builds one string, not two.
+    func log(_ level: String, _ event: String, capacity: Int, appendFields: (inout String) -> Void) {
         var line = "{\"ts\":\""
-        line.reserveCapacity(96 + renderedFields.utf8.count)
+        line.reserveCapacity(96 + capacity)
         line += Logger.timestamp()
         line += "\",\"level\":"
         line += JSONText.string(level)
         line += ",\"event\":"
         line += JSONText.string(event)
-        if !renderedFields.isEmpty {
-            line += ","
-            line += renderedFields
-        }
+        appendFields(&line)
         line += "}"
         emit(line)
     }
