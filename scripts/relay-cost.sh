@@ -3,9 +3,10 @@
 # noisy machine, and for two builds in the same run when a baseline binary is given:
 #   cpu_us   CPU time per request: attestd with one event loop, pinned to CPU 0, saturated by
 #            wrk (64 connections) pinned with the upstream to CPU 1; interleaved rounds
-#   mallocs  malloc calls per request (a perf uprobe on glibc's malloc; skipped without perf)
-#   syscalls system calls per request by kind (strace -c; strace slows the process, so the
-#            counts are right but curl finds more replies already there than at full speed)
+#   mallocs  malloc calls per request (a perf uprobe on glibc's malloc; skipped without perf), and
+#            the floor's
+#   syscalls system calls per request by kind, the floor's too (strace -c; strace slows the
+#            process, so the counts are right but curl finds more replies already there than at full speed)
 #   floor    in the same rounds, CPU per request of scripts/curl-floor.c (a bare C relay on libcurl,
 #            one thread, pinned like attestd) and of nginx's proxy_pass: nginx's CPU per proxied
 #            request less its CPU per request while it only serves the upstream (the floor's run)
@@ -92,6 +93,10 @@ if command -v perf >/dev/null && perf probe -q -x "$(ldconfig -p | awk '/libc.so
     calls=$(awk '/probe_libc:malloc/ {gsub(",", "", $1); print $1}' "$work/perf-$name.txt")
     echo "$name: $(python3 -c "print(round($calls / $((after - before)), 1))") mallocs per request"
   done
+  requests=$(perf stat -e probe_libc:malloc -p "$floor_pid" -o "$work/perf-floor.txt" -- taskset -c 1 \
+    wrk -t1 -c8 -d"${seconds}s" -s "$work/post.lua" "http://127.0.0.1:$floor_port/v1/messages" 2>/dev/null | awk '/requests in/ {print $1}')
+  calls=$(awk '/probe_libc:malloc/ {gsub(",", "", $1); print $1}' "$work/perf-floor.txt")
+  echo "curl-floor: $(python3 -c "print(round($calls / $requests, 1))") mallocs per request (all of them libcurl's)"
 else
   echo "mallocs: skipped (perf cannot probe glibc's malloc here)"
 fi
@@ -106,3 +111,8 @@ for build in "${builds[@]}"; do
   after=$(answered "$name")
   echo "$name system calls per request: $(awk -v n=$((after - before)) '$4 ~ /^[0-9]+$/ && $NF != "total" && $4 / n >= 0.05 {printf "%s %.2f, ", $NF, $4 / n}' "$work/strace-$name.txt" | sed 's/, $//')"
 done
+strace -q -c -f -p "$floor_pid" -o "$work/strace-floor.txt" 2>/dev/null & tracer=$!
+sleep 0.5
+requests=$(taskset -c 1 wrk -t1 -c16 -d"${seconds}s" -s "$work/post.lua" "http://127.0.0.1:$floor_port/v1/messages" | awk '/requests in/ {print $1}')
+kill -INT "$tracer"; wait "$tracer" 2>/dev/null || true
+echo "curl-floor system calls per request: $(awk -v n="$requests" '$4 ~ /^[0-9]+$/ && $NF != "total" && $4 / n >= 0.05 {printf "%s %.2f, ", $NF, $4 / n}' "$work/strace-floor.txt" | sed 's/, $//')"
