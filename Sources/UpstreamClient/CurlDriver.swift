@@ -115,9 +115,14 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
         guard let (easy, shared, resources) = spareEasies.popLast() ?? curl_easy_init().map({ ($0, false, EasyResources()) }) else {
             return refuse(.other, "curl_easy_init failed")
         }
-        let state = TransferState(handle: handle, request: request, delegate: delegate, easy: easy, resources: resources)
+        var kept = resources
+        let isInlinePost = TransferState.isInlinePost(request)
         // A handle kept after an inline POST is reset first for any other kind of request.
-        if shared && !state.isInlinePost { curl_easy_reset(easy) }
+        if shared && !isInlinePost {
+            curl_easy_reset(easy)
+            kept.keptPath = nil
+        }
+        let state = TransferState(handle: handle, request: request, delegate: delegate, easy: easy, resources: kept)
         if let problem = state.configure(settings, shared: shared && state.isInlinePost) {
             recycle(easy, state.release(), keepOptions: false)
             return refuse(.other, problem)

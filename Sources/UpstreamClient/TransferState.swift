@@ -33,11 +33,18 @@ struct EasyResources {
         listSource = source
     }
 
-    /// Whether the kept list was built from exactly these headers (names, values and order).
+    /// Whether the kept list was built from exactly these headers (names, values and order),
+    /// byte for byte: String's == would take a canonically equivalent value for the same one.
     fileprivate func listMatches(_ headers: [(name: String, value: String)]) -> Bool {
         headerList != nil && listSource.count == headers.count
-            && zip(listSource, headers).allSatisfy { $0.name == $1.name && $0.value == $1.value }
+            && zip(listSource, headers).allSatisfy { sameBytes($0.name, $1.name) && sameBytes($0.value, $1.value) }
     }
+}
+
+/// Whether two strings hold the same UTF-8 bytes (not merely canonically equivalent text).
+func sameBytes(_ a: String, _ b: String) -> Bool {
+    var (a, b) = (a, b)
+    return a.utf8.count == b.utf8.count && a.withUTF8 { x in b.withUTF8 { y in x.count == 0 || memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0 } }
 }
 
 /// One transfer on the event thread: its curl easy handle, request body, response head and
@@ -72,6 +79,11 @@ final class TransferState {
     var paused = false
     var lastActivity: UInt64
 
+    /// Whether `request` goes out as an inline POST (see `isInlinePost`).
+    static func isInlinePost(_ request: UpstreamRequest) -> Bool {
+        request.method == "POST" && request.body.count <= inlineBodyLimit
+    }
+
     init(handle: UpstreamTransfer, request: UpstreamRequest, delegate: any UpstreamDelegate, easy: UnsafeMutableRawPointer,
          resources: EasyResources) {
         self.handle = handle
@@ -79,7 +91,7 @@ final class TransferState {
         head.body = []
         self.request = head
         self.body = request.body
-        isInlinePost = request.method == "POST" && request.body.count <= Self.inlineBodyLimit
+        isInlinePost = Self.isInlinePost(request)
         self.delegate = delegate
         self.easy = easy
         self.resources = resources
@@ -121,7 +133,7 @@ final class TransferState {
         var ok = true
         func set(_ code: CURLcode) { if code != CURLE_OK { ok = false } }
         // A kept handle holds the last URL (curl copies it on every set).
-        if !(shared && resources.keptPath == request.path) {
+        if !(shared && resources.keptPath.map({ sameBytes($0, request.path) }) == true) {
             set(attest_curl_easy_setopt_string(easy, CURLOPT_URL, settings.baseURL + request.path))
             resources.keptPath = request.path
         }

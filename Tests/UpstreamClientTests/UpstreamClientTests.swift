@@ -491,6 +491,9 @@ struct UpstreamClientTests {
             messagesRequest(apiKey: "sk-one"), messagesRequest(apiKey: "sk-one"), messagesRequest(apiKey: "sk-two"),
             messagesRequest(apiKey: "sk-two", extraHeaders: [("anthropic-beta", "b1")]),
             messagesRequest(apiKey: "sk-two", extraHeaders: [("anthropic-beta", "b2")]),
+            // Canonically equivalent, different bytes: each must arrive as sent.
+            messagesRequest(apiKey: "sk-two", extraHeaders: [("anthropic-beta", "caf\u{e9}")]),
+            messagesRequest(apiKey: "sk-two", extraHeaders: [("anthropic-beta", "cafe\u{301}")]),
             messagesRequest(apiKey: "sk-two"), countTokens, badHeader, messagesRequest(apiKey: "sk-one"),
         ]
         for (index, request) in plan.enumerated() {
@@ -509,7 +512,7 @@ struct UpstreamClientTests {
             for name in ["x-api-key", "anthropic-beta", "anthropic-version", "content-type"] {
                 let sent = request.headers.filter { $0.name == name }.map(\.value)
                 let arrived = seen.headers.filter { $0.name.lowercased() == name }.map(\.value)
-                #expect(arrived == sent, "request \(index + 1): \(name)")
+                #expect(arrived.map { Array($0.utf8) } == sent.map { Array($0.utf8) }, "request \(index + 1): \(name)")
             }
             #expect(!seen.headers.contains { $0.name.lowercased() == "x-injected" })
         }
