@@ -27,7 +27,7 @@ public enum Base64 {
         let alphabet = urlSafe ? urlSafeAlphabet : standardAlphabet
         let fullBlocks = bytes.count / 3
         let rest = bytes.count - fullBlocks * 3
-        let start = prefix.utf8CodeUnitCount
+        let start = prefix.withUTF8Buffer { $0.count }  // utf8CodeUnitCount traps on a one-scalar literal
         let length = start + fullBlocks * 4 + (rest == 0 ? 0 : (padded ? 4 : rest + 1))
         return String(unsafeUninitializedCapacity: length) { out in
             prefix.withUTF8Buffer { for (index, byte) in $0.enumerated() { out[index] = byte } }

@@ -64,7 +64,9 @@ enum RequestParsing {
         var start = bytes.index(bytes.startIndex, offsetBy: 7), end = bytes.endIndex
         while start < end, isBlank(bytes[start]) { start = bytes.index(after: start) }
         while end > start, isBlank(bytes[bytes.index(before: end)]) { end = bytes.index(before: end) }
-        return start == end ? nil : String(header[start..<end])
+        // Sliced as bytes: slicing the String would round to a Character boundary (a combining
+        // mark after the blank would pull the blank back in).
+        return start == end ? nil : String(Substring(bytes[start..<end]))
     }
 }
 

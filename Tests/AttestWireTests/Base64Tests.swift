@@ -20,6 +20,12 @@ import Testing
         }
     }
 
+    @Test func aPrefixOfAnyLengthComesFirst() {
+        let bytes: [UInt8] = [1, 2, 3, 0xfb, 0xff]
+        #expect(bytes.withUnsafeBytes { Base64.encode($0, after: "r") } == "rAQID+/8=")
+        #expect(bytes.withUnsafeBytes { Base64.encode($0, urlSafe: true, padded: false, after: "é_") } == "é_AQID-_8")
+    }
+
     @Test func rejectsWhatIsNotBase64() {
         for bad in ["A", "AAAAA", "AA=A", "AAA==", "A===", "AA*A", "AB==", "AAB=", "====", "AA==="] {
             #expect(Base64.decode(bad) == nil, "\(bad)")
