@@ -6,7 +6,8 @@
 // upstream through curl (a kept easy handle per client connection, the multi handle's connection
 // pool, epoll driven by curl's socket and timer callbacks), and write the reply back with one
 // write. No token check, no logging, no limits, no streaming, no chunked bodies, replies up to
-// 60 KiB: everything attestd does beyond this is on top of the figure it gives.
+// 60 KiB, one request in flight per connection (pipelined ones wait their turn): everything
+// attestd does beyond this is on top of the figure it gives.
 //
 // usage: curl-floor PORT UPSTREAM_URL THREADS API_KEY
 #define _GNU_SOURCE
@@ -30,6 +31,7 @@ enum kind { UNUSED, LISTENER, CLIENT, UPSTREAM };
 
 typedef struct client {
     int fd;
+    int busy;  // a transfer is in flight: a pipelined request waits in `in` until it ends
     CURL *easy;
     size_t in_len, out_len;
     char in[16384], body[16384], out[HEAD_ROOM + 61440];
@@ -102,6 +104,8 @@ static void write_all(int fd, const char *bytes, size_t length) {
     }
 }
 
+static void start_request(loop *l, client *c);
+
 static void finish_transfers(loop *l) {
     CURLMsg *message;
     int left;
@@ -118,11 +122,14 @@ static void finish_transfers(loop *l) {
                                 "HTTP/1.1 %ld x\r\ncontent-type: application/json\r\ncontent-length: %zu\r\n\r\n", status, body);
         memcpy(c->out + HEAD_ROOM - head_len, head, (size_t)head_len);
         write_all(c->fd, c->out + HEAD_ROOM - head_len, (size_t)head_len + body);
+        c->busy = 0;
+        start_request(l, c);  // the next request, if it came pipelined
     }
 }
 
 // Starts the transfer for the first complete request in the buffer (one in flight per connection).
 static void start_request(loop *l, client *c) {
+    if (c->busy) return;
     char *end = memmem(c->in, c->in_len, "\r\n\r\n", 4);
     if (!end) return;
     size_t head_len = (size_t)(end + 4 - c->in), body_len = 0;
@@ -131,7 +138,7 @@ static void start_request(loop *l, client *c) {
     }
     if (body_len > sizeof c->body || c->in_len < head_len + body_len) return;
     if (!c->easy) {
-        c->easy = curl_easy_init();
+        if (!(c->easy = curl_easy_init())) return;
         curl_easy_setopt(c->easy, CURLOPT_URL, upstream_url);
         curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, l->headers);
         curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_body);
@@ -145,7 +152,7 @@ static void start_request(loop *l, client *c) {
     c->in_len -= head_len + body_len;
     memmove(c->in, c->in + head_len + body_len, c->in_len);
     c->out_len = HEAD_ROOM;
-    curl_multi_add_handle(l->multi, c->easy);
+    c->busy = curl_multi_add_handle(l->multi, c->easy) == CURLM_OK;
 }
 
 static void close_client(loop *l, client *c) {
@@ -188,8 +195,9 @@ static void *run_loop(void *api_key_header) {
             if (kinds[fd] == LISTENER) {
                 int accepted;
                 while ((accepted = accept4(l.listener, NULL, NULL, SOCK_NONBLOCK)) >= 0) {
+                    client *c = accepted < MAX_FD ? calloc(1, sizeof *c) : NULL;
+                    if (!c) { close(accepted); continue; }
                     setsockopt(accepted, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                    client *c = calloc(1, sizeof *c);
                     c->fd = accepted;
                     clients[accepted] = c;
                     kinds[accepted] = CLIENT;

@@ -79,7 +79,9 @@ serve() {  # serve PORT [OPTION…]: attestd ($ATTESTD, default the release buil
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$1/healthz" >/dev/null && break; sleep 0.05; done
 }
 # The floor: the least a relay on libcurl's multi interface costs (scripts/curl-floor.c), built here.
-cc -O2 -o "$work/curl-floor" scripts/curl-floor.c -lcurl -lpthread
+need cc gcc
+cc -O2 -Wall -o "$work/curl-floor" scripts/curl-floor.c -lcurl -lpthread \
+  || { echo "${fixture_name:-relay}: cannot build scripts/curl-floor.c (libcurl's headers: make installs libcurl4-openssl-dev)" >&2; exit 1; }
 serve_floor() {  # serve_floor PORT THREADS: the floor relay on the fixed upstream, with the workspace key
   ${FLOOR_PREFIX:-} "$work/curl-floor" "$1" "http://127.0.0.1:$upstream_port/v1/messages" "$2" "$key" &
   pids+=($!)
