@@ -193,12 +193,11 @@ final class RelayedExchange: UpstreamDelegate {
         let overflow: (status: Int, headers: [(name: String, value: String)], body: [UInt8])? = state.withLock { state in
             if state.firstByteAt == nil { state.firstByteAt = DispatchTime.now().uptimeNanoseconds }
             state.bytes += chunk.count
-            guard var held = state.held else { return nil }
-            held.body.append(contentsOf: chunk)
-            guard held.body.count > Self.maxHeldReply else {
-                state.held = held
-                return nil
-            }
+            // Appended in place: a copy taken out of the state would share the body's storage,
+            // so every chunk would copy the whole body held so far.
+            guard state.held != nil else { return nil }
+            state.held!.body.append(contentsOf: chunk)
+            guard state.held!.body.count > Self.maxHeldReply, let held = state.held else { return nil }
             state.held = nil
             state.tail = Array(held.body.suffix(Self.keptTail))
             return (state.status, held.headers, held.body)

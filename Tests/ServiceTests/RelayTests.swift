@@ -102,6 +102,20 @@ import Glibc
         #expect(fixture.stub.requests.last?.path == "/v1/messages/count_tokens")
     }
 
+    /// A JSON reply is held until its last byte (so it goes out with a content-length) up to
+    /// 1 MiB, and streamed past that: both arrive whole, over many upstream chunks.
+    @Test(arguments: [40_000, 300_000])
+    func aLargeJSONReplyArrivesWhole(deltas: Int) async throws {
+        let fixture = try await Fixture()
+        defer { fixture.stop() }
+        let reply = try await fixture.post(token: fixture.tokenA, body: Self.request(model: "stub-deltas-\(deltas)", maxTokens: deltas))
+        #expect(reply.status == 200)
+        let content = try #require((reply.json["content"] as? [[String: Any]])?.first)
+        let text = try #require(content["text"] as? String)
+        #expect(text == StubReply.text(deltaCount: deltas), "reply of \(reply.body.count) bytes")
+        #expect((reply.json["usage"] as? [String: Any])?["output_tokens"] as? Int == deltas)
+    }
+
     @Test func aSimulatedDeviceSendsAndStreamsMessagesThroughTheService() async throws {
         let fixture = try await Fixture()
         defer { fixture.stop() }
