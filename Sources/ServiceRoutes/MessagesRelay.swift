@@ -143,6 +143,9 @@ final class RelayedExchange: UpstreamDelegate {
         var shutDown = false
         /// Usage read from an SSE reply as it passes.
         var streamUsage = StreamUsageReader()
+        /// The start of an SSE event whose end has not arrived: the client gets whole events only,
+        /// so an error event the relay adds never lands inside one.
+        var partialEvent: [UInt8] = []
         /// The last bytes of a JSON reply too large to hold, where its `usage` is.
         var tail: [UInt8] = []
     }
@@ -210,16 +213,34 @@ final class RelayedExchange: UpstreamDelegate {
         if held { return true }
         // False: the client is slow (over the high-water mark; `onWritable` resumes) or gone
         // (`onCancel` cancels the transfer).
-        let accepted = writer.write(chunk)
-        // Usage is read after the chunk is on its way, so the stream never waits for it.
-        state.withLock { state in
-            if isEventStream {
-                state.streamUsage.feed(chunk)
-            } else {
+        guard isEventStream else {
+            let accepted = writer.write(chunk)
+            // The tail is kept after the chunk is on its way, so the reply never waits for it.
+            state.withLock { state in
                 state.tail.append(contentsOf: chunk)
                 if state.tail.count > 2 * Self.keptTail { state.tail.removeFirst(state.tail.count - Self.keptTail) }
             }
+            return accepted
         }
+        // Whole events go out as they arrive; an event's start waits for its end (no client can
+        // use half an event), up to an event's size limit.
+        let ready: (earlier: [UInt8], count: Int)? = state.withLock { state in
+            guard !state.shutDown else { return nil }
+            guard let boundary = state.streamUsage.feed(chunk) else {
+                guard state.partialEvent.count + chunk.count > StreamUsageReader.maxEventBytes else {
+                    state.partialEvent.append(contentsOf: chunk)
+                    return ([], 0)
+                }
+                defer { state.partialEvent = [] }
+                return (state.partialEvent, chunk.count)
+            }
+            defer { state.partialEvent = Array(chunk[boundary...]) }
+            return (state.partialEvent, boundary)
+        }
+        guard let ready else { return false }
+        var accepted = true
+        if !ready.earlier.isEmpty { accepted = writer.write(ready.earlier) }
+        if ready.count > 0 { accepted = writer.write(UnsafeRawBufferPointer(rebasing: chunk[..<ready.count])) && accepted }
         return accepted
     }
 
@@ -242,17 +263,22 @@ final class RelayedExchange: UpstreamDelegate {
     }
 
     func upstreamDidFinish(_ error: UpstreamError?) {
-        let (headSent, status, isEventStream, bytes, held, streamUsage, tail, firstByteAt) = state.withLock { state in
-            defer { state.held = nil }
-            return (state.headSent, state.status, state.isEventStream, state.bytes, state.held, state.streamUsage, state.tail, state.firstByteAt)
+        let (headSent, status, isEventStream, bytes, held, streamUsage, tail, firstByteAt, partialEvent) = state.withLock { state in
+            defer { state.held = nil; state.partialEvent = [] }
+            return (state.headSent, state.status, state.isEventStream, state.bytes, state.held, state.streamUsage, state.tail, state.firstByteAt,
+                    state.partialEvent)
         }
         /// Usage as far as it was seen; cut short unless the reply arrived whole.
         func result(_ status: Int, cut: Bool) -> Result {
-            let usage: TokenUsage
+            var usage: TokenUsage
             var incomplete = cut
             if isEventStream {
                 usage = streamUsage.usage
                 incomplete = incomplete || (status < 400 && !streamUsage.sawStop)
+                // Cut before the closing message_delta, the count is message_start's (usually 1):
+                // every delta seen carried at least one token, so a client that hangs up just
+                // before the end does not spend the budget for nothing.
+                if incomplete { usage.outputTokens = max(usage.outputTokens, streamUsage.deltaEvents) }
             } else if let held {
                 usage = (status < 400 ? UsageObject.ofReply(held.body) : nil) ?? TokenUsage()
             } else {
@@ -264,6 +290,8 @@ final class RelayedExchange: UpstreamDelegate {
             if let held {
                 writer.respond(HTTPResponse(status: status, headers: held.headers, body: held.body))
             } else {
+                // An upstream that ended without a last blank line: its bytes go out as they are.
+                if !partialEvent.isEmpty { writer.write(partialEvent) }
                 writer.finish()
             }
             finished(result(status, cut: false))

@@ -85,6 +85,9 @@ struct StreamUsageReader {
     private(set) var sawStart = false
     /// `message_stop` arrived: the stream is complete.
     private(set) var sawStop = false
+    /// `content_block_delta` events seen: each carries at least one output token, so a stream cut
+    /// before its closing `message_delta` is charged at least this many.
+    private(set) var deltaEvents: Int64 = 0
 
     private var line: [UInt8] = []
     /// The current line is data of an event we don't need: skip to its end without keeping it.
@@ -95,8 +98,12 @@ struct StreamUsageReader {
 
     private static let wanted: [[UInt8]] = ["message_start", "message_delta", "message_stop"].map { Array($0.utf8) }
 
-    mutating func feed(_ chunk: UnsafeRawBufferPointer) {
+    /// Reads `chunk`; returns the offset just past the last event it completed (its blank line),
+    /// or nil when it completed none: the relay forwards whole events only.
+    @discardableResult
+    mutating func feed(_ chunk: UnsafeRawBufferPointer) -> Int? {
         var offset = 0
+        var boundary: Int?
         while offset < chunk.count {
             let rest = UnsafeRawBufferPointer(rebasing: chunk[offset...])
             let newline = rest.firstIndex(of: 0x0a)
@@ -108,25 +115,28 @@ struct StreamUsageReader {
                 skippingLine = first == UInt8(ascii: "d") && (event.map { name in !Self.wanted.contains { $0 == name } } ?? false)
             }
             if !skippingLine && line.count + segment.count <= Self.maxEventBytes { line.append(contentsOf: segment) }
-            guard let newline else { return }
-            endLine()
+            guard let newline else { return boundary }
+            let endedEvent = endLine()
             offset += newline + 1
+            if endedEvent { boundary = offset }
         }
+        return boundary
     }
 
-    private mutating func endLine() {
+    /// Ends the current line; true when it was the blank line that ends an event.
+    private mutating func endLine() -> Bool {
         defer {
             line.removeAll(keepingCapacity: true)
             lineStarted = false
         }
         if skippingLine {
             skippingLine = false
-            return
+            return false
         }
         if line.last == 0x0d { line.removeLast() }
         if line.isEmpty {
             dispatch()
-            return
+            return true
         }
         if line.starts(with: "event:".utf8) {
             event = Array(line.dropFirst(6).drop { $0 == 0x20 })
@@ -136,6 +146,7 @@ struct StreamUsageReader {
             if !data.isEmpty { data.append(0x0a) }
             if data.count + value.count <= Self.maxEventBytes { data.append(contentsOf: value) }
         }
+        return false
     }
 
     /// A blank line ends an event: read the usage of the ones that carry it.
@@ -144,6 +155,7 @@ struct StreamUsageReader {
             event = nil
             data.removeAll(keepingCapacity: true)
         }
+        if let event, event.elementsEqual("content_block_delta".utf8) { deltaEvents += 1 }
         guard !data.isEmpty else { return }
         data.withUnsafeBytes { bytes in
             guard let found = try? JSONMemberScan.members(of: Self.eventMembers, in: bytes),
@@ -165,6 +177,8 @@ struct StreamUsageReader {
                 usage.outputTokens = Int64(max(0, output))
             case "message_stop":
                 sawStop = true
+            case "content_block_delta" where event == nil:
+                deltaEvents += 1  // a data-only delta (a named one was counted by its name above)
             default:
                 break
             }

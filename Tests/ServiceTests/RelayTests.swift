@@ -195,6 +195,27 @@ import Glibc
         #expect(!text.contains("event: message_stop"))
     }
 
+    /// Cut inside an event, the stream still ends with whole events only: the half event is not
+    /// passed on, and the relay's error event is one the client can parse.
+    @Test func aStreamCutMidEventEndsWithWholeEventsAndAnErrorEvent() async throws {
+        let fixture = try await Fixture()
+        defer { fixture.stop() }
+        let reply = try await fixture.post(token: fixture.tokenA, body: Self.request(model: "stub-drop-mid-event", stream: true))
+        #expect(reply.status == 200)
+        let text = String(decoding: reply.body, as: UTF8.self)
+        #expect(text.hasSuffix("\n\n") && !text.contains("content_block_del\""), "\(text)")
+        let events = text.components(separatedBy: "\n\n").filter { !$0.isEmpty }
+        var names: [String] = []
+        for event in events {
+            let lines = event.split(separator: "\n")
+            let name = try #require(lines.first { $0.hasPrefix("event: ") }?.dropFirst(7), "\(event)")
+            let data = try #require(lines.first { $0.hasPrefix("data: ") }?.dropFirst(6), "\(event)")
+            #expect(try JSONSerialization.jsonObject(with: Data(data.utf8)) is [String: Any], "\(name): \(data)")
+            names.append(String(name))
+        }
+        #expect(names == ["message_start", "content_block_start", "ping", "content_block_delta", "error"])
+    }
+
     @Test func aClientThatHangsUpMidStreamCancelsTheUpstreamTransfer() async throws {
         let fixture = try await Fixture()
         defer { fixture.stop() }

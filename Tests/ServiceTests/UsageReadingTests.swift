@@ -118,6 +118,45 @@ import TokenService
         }
     }
 
+    /// The relay forwards whole events only: whatever the chunking, the bytes up to each boundary
+    /// `feed` reports end an event, and together the pieces are the stream, byte for byte.
+    @Test(arguments: [1, 2, 3, 7, 64, 100_000])
+    func feedReportsEveryEventBoundary(_ size: Int) {
+        for text in [Self.stream, Self.stream.replacingOccurrences(of: "\n", with: "\r\n")] {
+            var reader = StreamUsageReader()
+            let bytes = Array(text.utf8)
+            var forwarded: [UInt8] = [], held: [UInt8] = []
+            var offset = 0
+            while offset < bytes.count {
+                let chunk = Array(bytes[offset..<min(bytes.count, offset + size)])
+                offset += chunk.count
+                guard let boundary = chunk.withUnsafeBytes({ reader.feed($0) }) else {
+                    held += chunk
+                    continue
+                }
+                forwarded += held + chunk[..<boundary]
+                held = Array(chunk[boundary...])
+                let end = String(decoding: forwarded.suffix(4), as: UTF8.self)
+                #expect(end.hasSuffix("\n\n") || end.hasSuffix("\r\n\r\n"), "size \(size): forwarded bytes end mid-event")
+            }
+            #expect(forwarded + held == bytes)
+            #expect(held.allSatisfy { $0 == 0x0a || $0 == 0x0d }, "only the trailing blank line is left: \(held)")
+            #expect(reader.deltaEvents == 1)
+        }
+    }
+
+    /// A cut stream's deltas are counted whether named by an `event:` line or only by their data.
+    @Test func deltasAreCountedNamedOrNot() {
+        var reader = StreamUsageReader()
+        let delta = #"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}"#
+        let text = "event: content_block_delta\ndata: \(delta)\n\n" + "data: \(delta)\n\n" + "event: ping\ndata: {}\n\n"
+            + "event: content_block_delta\ndata: \(delta)\n\n"
+        #expect(Array(text.utf8).withUnsafeBytes { reader.feed($0) } == text.utf8.count)
+        #expect(reader.deltaEvents == 3)
+        #expect(Array("event: content_block_delta\ndata: {\"ty".utf8).withUnsafeBytes { reader.feed($0) } == nil)
+        #expect(reader.deltaEvents == 3, "an event not yet ended is not counted")
+    }
+
     @Test func aStreamCutAfterItsStartHasTheStartsCountsAndNoStop() {
         var reader = StreamUsageReader()
         let cut = Self.stream.components(separatedBy: "event: message_delta")[0]

@@ -180,7 +180,13 @@ struct MessagesAPI {
             guard event("content_block_delta", delta) else { return clientGone() }
             let sentAt = ContinuousClock.now
             update { $0.deltaSentAt.append(sentAt); $0.usage?.outputTokens = k + 1 }
-            if k == 0 && behavior.dropMidStream {
+            if (k == 0 && behavior.dropMidStream) || k + 1 == behavior.dropAfterDeltas {
+                update { $0.outcome = .droppedByStub }
+                return .close(byClient: false)
+            }
+            if k == 0 && behavior.dropMidEvent {
+                // Half an event (its data line cut inside the JSON), then the connection closes.
+                _ = connection.sendChunk("event: content_block_delta\ndata: {\"type\":\"content_block_del")
                 update { $0.outcome = .droppedByStub }
                 return .close(byClient: false)
             }

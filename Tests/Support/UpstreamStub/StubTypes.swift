@@ -65,6 +65,8 @@ public struct UpstreamStubConfiguration: Sendable {
 /// |---|---|
 /// | `error-<status>` | that status with the API's error envelope: 400 `invalid_request_error`, 401 `authentication_error`, 403 `permission_error`, 404 `not_found_error`, 413 `request_too_large`, 429 `rate_limit_error` (+ `retry-after`), 500 `api_error`, 529 `overloaded_error` |
 /// | `drop-mid-stream` | close the connection after `message_start` and one delta (JSON: after half the body) |
+/// | `drop-after-<n>` | close a stream's connection after n deltas (before `message_delta`) |
+/// | `drop-mid-event` | close a stream's connection after one delta and half of the next event |
 /// | `stream-error` | an `error` event (`overloaded_error`) after the first delta, then the end of the stream |
 /// | `slow-stream-<seconds>` | spread the deltas over that many seconds |
 /// | `latency-<ms>` | wait before the response head |
@@ -76,6 +78,8 @@ public struct UpstreamStubConfiguration: Sendable {
 public struct StubBehavior: Sendable, Equatable {
     public var errorStatus: Int?
     public var dropMidStream = false
+    public var dropAfterDeltas: Int?
+    public var dropMidEvent = false
     public var streamError = false
     public var latency: Duration?
     public var deltaCount: Int?
@@ -105,6 +109,10 @@ public struct StubBehavior: Sendable, Equatable {
                 errorStatus = status
             } else if token == "drop-mid-stream" || token == "drop" {
                 dropMidStream = true
+            } else if let n = number(after: "drop-after-"), n >= 1 {
+                dropAfterDeltas = n
+            } else if token == "drop-mid-event" {
+                dropMidEvent = true
             } else if token == "stream-error" {
                 streamError = true
             } else if let seconds = number(after: "slow-stream-"), seconds >= 0 {
