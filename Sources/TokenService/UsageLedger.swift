@@ -238,7 +238,9 @@ public final class UsageLedger: Sendable {
                 if outcome.status >= 400 && outcome.status != 499 { counters.errors[outcome.status, default: 0] += 1 }
             }
             record(&state.pending.usage[ticket.key, default: UsageCounters()])
-            let spent = usage.inputTokens + usage.outputTokens
+            // Cache writes and reads are input too: counted apart by the API (and priced apart), but
+            // leaving them out would let a request move its input out of the budget with `cache_control`.
+            let spent = usage.inputTokens + usage.outputTokens + usage.cacheCreationInputTokens + usage.cacheReadInputTokens
             if spent > 0 { state.pending.monthTokens[ticket.month, default: 0] += spent }
         }
         var counts: [(labels: [(String, String)], value: Double)] = []

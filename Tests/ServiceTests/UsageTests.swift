@@ -134,6 +134,34 @@ import Glibc
         }
     }
 
+    /// A stream the upstream cuts after five deltas, before its closing message_delta, counts at
+    /// least those five output tokens (message_start said 1).
+    @Test func aStreamCutBeforeItsEndCountsTheDeltasItCarried() async throws {
+        let fixture = try await Fixture()
+        defer { fixture.stop() }
+        let cut = try await fixture.post(token: fixture.tokenA, body: RelayTests.request(model: "stub-drop-after-5+deltas-20", stream: true, maxTokens: 100))
+        #expect(cut.status == 200)
+        #expect(String(decoding: cut.body, as: UTF8.self).components(separatedBy: "event: content_block_delta").count - 1 == 5)
+        let line = try #require(try await Self.waitForRequests(fixture, 1).first)
+        #expect(line["incomplete"] as? Int == 1)
+        #expect(line["output_tokens"] as? Int == 5)
+    }
+
+    /// Cache writes and reads count against the monthly budget like other input.
+    @Test func cacheTokensCountAgainstTheMonthlyBudget() async throws {
+        let fixture = try await Fixture()
+        defer { fixture.stop() }
+        try Self.update(fixture, fixture.clientA, ["--monthly-token-budget", "1000", "--device-requests-per-minute", "0"])
+        // Little plain input and output, 3,000 tokens written to the cache.
+        #expect(try await fixture.post(token: fixture.tokenA, body: RelayTests.request(model: "stub-cache-3000-0")).status == 200)
+        let record = try #require(fixture.stub.requests.last?.usage)
+        #expect(record.inputTokens + record.outputTokens < 1000 && record.cacheCreationInputTokens == 3000)
+        _ = try await Self.waitForRequests(fixture, 1)
+        try await Task.sleep(for: .milliseconds(300))
+        let refused = try await fixture.post(token: fixture.tokenA, body: RelayTests.request())
+        #expect(refused.status == 429 && Self.errorMessage(refused).contains("monthly budget"))
+    }
+
     @Test func eachPolicyRefusalHasItsStatusTypeMessageAndRetryAfter() async throws {
         let fixture = try await Fixture()
         defer { fixture.stop() }
