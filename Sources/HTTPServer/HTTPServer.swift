@@ -20,7 +20,10 @@ public final class HTTPServer: Sendable {
     private let handler: @Sendable (HTTPRequest, HTTPResponseWriter) -> HTTPHandlerResult
     private let counters = ServerCounters()
     private let totals = ServerTotals()
-    /// Held while starting and stopping, so the two never interleave.
+    /// Held while starting and stopping, so the two never interleave. Not `running`'s lock: stop()
+    /// waits for the loops, and a handler on a loop may read `running` (the stats for /metrics).
+    private let lifecycle = Mutex<Void>(())
+    /// What runs now; its lock is held only to read or set it.
     private let running = Mutex<Running?>(nil)
     private let boundPort = Atomic<UInt16>(0)
 
@@ -58,10 +61,10 @@ public final class HTTPServer: Sendable {
     var bufferedBodyBytes: Int { counters.bufferedBodyBytes.load(ordering: .relaxed) }
 
     public func start() throws {
-        try running.withLock { running in
-            guard running == nil else { throw HTTPServerError("server already started") }
+        try lifecycle.withLock { _ in
+            guard running.withLock({ $0 == nil }) else { throw HTTPServerError("server already started") }
             let launched = try launch()
-            running = launched.running
+            running.withLock { $0 = launched.running }
             boundPort.store(launched.port, ordering: .releasing)
         }
     }
@@ -69,8 +72,8 @@ public final class HTTPServer: Sendable {
     /// Stops listening, ends every connection and waits for running handlers. Open streams and
     /// unanswered deferred requests are cancelled (their `onCancel` runs). Idempotent.
     public func stop() {
-        running.withLock { running in
-            guard let current = running else { return }
+        lifecycle.withLock { _ in
+            guard let current = running.withLock({ $0 }) else { return }
             // libmicrohttpd aborts if stopped with suspended connections, so first refuse new
             // suspensions and wake every suspended connection with its request cancelled (not
             // every suspended connection is in the monitor's watch, so every open request is).
@@ -80,7 +83,7 @@ public final class HTTPServer: Sendable {
             for driver in current.drivers { driver.stop() }
             current.core.monitor.shutdown()
             current.ownLoops?.shutdown()
-            running = nil
+            running.withLock { $0 = nil }
             boundPort.store(0, ordering: .releasing)
         }
     }
