@@ -563,7 +563,9 @@ extension HTTPResponseWriter {
         if !transferEncodings.isEmpty {
             // Only "chunked" is implemented (libmicrohttpd would otherwise wait for the body
             // to end with the connection); with Content-Length as well it is a smuggling attempt.
-            guard transferEncodings.count == 1, asciiCaseInsensitiveEquals(trimmed(transferEncodings[0]), "chunked") else {
+            // Compared as libmicrohttpd compares it (it drops only the blanks before a value):
+            // "chunked " passed a trimmed check, and libmicrohttpd took the chunks as a body.
+            guard transferEncodings.count == 1, asciiCaseInsensitiveEquals(transferEncodings[0], "chunked") else {
                 return .unsupportedTransferEncoding
             }
             if contentLengths > 0 { return .malformed }
