@@ -130,10 +130,11 @@ public final class HTTPResponseWriter: Sendable {
     /// (the relay sends an SSE `error` event of type `overloaded_error` and calls `finish()`).
     /// What is still open at the deadline is cancelled. Runs at once if the shutdown already began.
     public func onShutdown(_ body: @escaping @Sendable () -> Void) {
-        let draining = core.registry.isDraining
         let runNow = state.withLock { s -> Bool in
             guard !s.closed, !s.producerDone, !s.shutdownReported else { return false }
-            if draining {
+            // Read under the lock `notifyShutdown` takes: read before it, a shutdown beginning in
+            // between found no callback yet, and the one stored then never ran.
+            if core.registry.isDraining {
                 s.shutdownReported = true
                 return true
             }
