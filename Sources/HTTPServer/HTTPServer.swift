@@ -255,6 +255,7 @@ public final class HTTPServer: Sendable {
         try check((1...1024).contains(config.threads), "threads must be in 1...1024")
         try check(config.maxBodyBytes >= 0, "maxBodyBytes must not be negative")
         try check(config.maxBufferedBodyBytes >= 0, "maxBufferedBodyBytes must not be negative")
+        try check(config.bodyBytesReservedUpFront >= 0, "bodyBytesReservedUpFront must not be negative")
         try check(config.connectionMemoryBytes >= 1024, "connectionMemoryBytes must be at least 1024")
         try check(config.maxTargetBytes > 0 && config.maxHeadBytes > 0 && config.maxHeaderFields > 0, "head limits must be positive")
         try check((1...uintMax).contains(config.maxConnections), "maxConnections must be positive")
@@ -521,12 +522,14 @@ extension HTTPResponseWriter {
         var reserved = 0
         if let declared {
             if declared > UInt64(limit) { return refuse(413, path: path, on: connection) }
-            if declared > 0 {
-                guard core.reserveBodyBytes(Int(declared)) else {
+            // Up to `bodyBytesReservedUpFront` now; the rest as it arrives (bodyChunk).
+            let upFront = min(Int(declared), config.bodyBytesReservedUpFront)
+            if upFront > 0 {
+                guard core.reserveBodyBytes(upFront) else {
                     core.totals.overloaded.add(1, ordering: .relaxed)
                     return send(core.configuration.overloadedResponse(path), on: connection)
                 }
-                reserved = Int(declared)
+                reserved = upFront
             }
         }
         state.withLock { s in

@@ -112,10 +112,16 @@ public struct HTTPServerConfiguration: Sendable {
     /// is answered 413 once it ends (or cut off if it keeps going).
     public var bodyLimit: (@Sendable (_ method: String, _ path: String) -> Int)? = nil
     /// Request-body bytes held in memory at once across all connections. A request reserves its
-    /// declared `Content-Length` when its headers arrive (a chunked one reserves as it grows) and
-    /// gives it back when it completes or dies. A request that would go over is answered with
-    /// `overloadedResponse` instead of being read. 256 MiB: eight 32 MB uploads at once.
+    /// declared `Content-Length` when its headers arrive, up to `bodyBytesReservedUpFront`, and
+    /// the rest as it arrives (a chunked one all as it grows); it gives them back when it
+    /// completes or dies. A request that would go over is answered with `overloadedResponse`:
+    /// before its body is read when the up-front part does not fit, else once its body has ended.
+    /// 256 MiB: eight 32 MB uploads at once.
     public var maxBufferedBodyBytes: Int = 256 << 20
+    /// The most of a declared body reserved before it arrives. Whole, a few slow connections
+    /// declaring 32 MB each held the entire budget while sending almost nothing; capped, an
+    /// upload holds what it sent (and this much), and most requests, smaller, still learn at once.
+    public var bodyBytesReservedUpFront: Int = 1 << 20
     /// The answer when `maxBufferedBodyBytes` would be exceeded; gets the request path.
     public var overloadedResponse: @Sendable (_ path: String) -> HTTPResponse = { _ in
         HTTPResponse(status: 503, headers: [(name: "content-type", value: "text/plain"), (name: "retry-after", value: "1")],

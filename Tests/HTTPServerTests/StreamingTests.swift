@@ -420,6 +420,45 @@ struct StreamingTests {
         expectNoLeaks(server)
     }
 
+    /// A declared body is reserved up to `bodyBytesReservedUpFront` before it arrives and the rest
+    /// as it does: slow connections declaring large bodies cannot hold the budget while sending
+    /// almost nothing, and an upload that grows past what is left is refused once it ends.
+    @Test func aLargeDeclaredBodyHoldsOnlyWhatArrivedPlusTheUpFrontPart() throws {
+        var config = loopbackConfig()
+        config.maxBodyBytes = 10_000_000
+        config.maxBufferedBodyBytes = 3_000_000
+        config.bodyBytesReservedUpFront = 1_000_000
+        config.overloadedResponse = { _ in .json(529, #"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#) }
+        let server = try startServer(config) { request in
+            HTTPResponse(status: 200, body: Array("\(request.body.count)".utf8))
+        }
+        defer { server.stop() }
+
+        // Declares 8 MB, sends 100 kB: it holds the up-front 1 MB, not 8.
+        let slow = try RawConnection(port: server.port)
+        #expect(slow.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 8000000\r\n\r\n"))
+        #expect(slow.sendAll([UInt8](repeating: 0x61, count: 100_000)))
+        #expect(waitUntil(timeout: 2) { server.bufferedBodyBytes == 1_000_000 })
+        // So a 1.5 MB request still fits.
+        let other = try RawConnection(port: server.port)
+        #expect(other.sendAll(post(bodySize: 1_500_000, path: "/v1/messages")))
+        #expect(other.readResponse()?.text == "1500000")
+
+        // Past its up-front part it holds what arrived.
+        #expect(slow.sendAll([UInt8](repeating: 0x61, count: 2_000_000)))
+        #expect(waitUntil(timeout: 2) { server.bufferedBodyBytes == 2_100_000 })
+        // 0.95 MB more does not fit (2.1 + 0.95 > 3): refused before its body is read.
+        let refused = try RawConnection(port: server.port)
+        #expect(refused.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 950000\r\n\r\n"))
+        #expect(refused.readResponse()?.status == 529)
+
+        // The slow upload itself outgrows the budget: refused once its body has ended.
+        #expect(slow.sendAll([UInt8](repeating: 0x61, count: 5_900_000)))
+        #expect(slow.readResponse()?.status == 529)
+        #expect(server.stats().overloadedRequests == 2)
+        expectNoLeaks(server)
+    }
+
     @Test func globalBodyBudgetAnswersTheOverloadedResponseAndIsReleased() throws {
         var config = loopbackConfig()
         config.maxBodyBytes = 10_000_000
