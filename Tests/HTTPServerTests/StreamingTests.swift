@@ -424,14 +424,7 @@ struct StreamingTests {
     /// as it does: slow connections declaring large bodies cannot hold the budget while sending
     /// almost nothing, and an upload that grows past what is left is refused once it ends.
     @Test func aLargeDeclaredBodyHoldsOnlyWhatArrivedPlusTheUpFrontPart() throws {
-        var config = loopbackConfig()
-        config.maxBodyBytes = 10_000_000
-        config.maxBufferedBodyBytes = 3_000_000
-        config.bodyBytesReservedUpFront = 1_000_000
-        config.overloadedResponse = { _ in .json(529, #"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#) }
-        let server = try startServer(config) { request in
-            HTTPResponse(status: 200, body: Array("\(request.body.count)".utf8))
-        }
+        let server = try Self.bodyCountingServer(budget: 3_000_000, upFront: 1_000_000)
         defer { server.stop() }
 
         // Declares 8 MB, sends 100 kB: it holds the up-front 1 MB, not 8.
@@ -459,16 +452,22 @@ struct StreamingTests {
         expectNoLeaks(server)
     }
 
-    @Test func globalBodyBudgetAnswersTheOverloadedResponseAndIsReleased() throws {
+    /// Answers each request with its body's length; bodies up to 10 MB, `budget` held at once.
+    static func bodyCountingServer(budget: Int, upFront: Int = 1 << 20) throws -> HTTPServer {
         var config = loopbackConfig()
         config.maxBodyBytes = 10_000_000
-        config.maxBufferedBodyBytes = 1_000_000
+        config.maxBufferedBodyBytes = budget
+        config.bodyBytesReservedUpFront = upFront
         config.overloadedResponse = { path in
             .json(529, #"{"type":"error","error":{"type":"overloaded_error","message":"busy: \#(path)"}}"#)
         }
-        let server = try startServer(config) { request in
+        return try startServer(config) { request in
             HTTPResponse(status: 200, body: Array("\(request.body.count)".utf8))
         }
+    }
+
+    @Test func globalBodyBudgetAnswersTheOverloadedResponseAndIsReleased() throws {
+        let server = try Self.bodyCountingServer(budget: 1_000_000)
         defer { server.stop() }
 
         // A slow upload holds 800 kB of the 1 MB budget.
