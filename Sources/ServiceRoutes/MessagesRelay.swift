@@ -245,12 +245,16 @@ final class RelayedExchange: UpstreamDelegate {
     }
 
     /// The server is stopping: a stream ends cleanly with an SSE `overloaded_error` event, so the
-    /// client retries elsewhere; an answer not begun is a 529 in the API's shape.
-    func endForShutdown() {
-        let (headSent, isEventStream, held) = state.withLock { state in
+    /// client retries elsewhere; an answer not begun is a 529 in the API's shape. Returns false,
+    /// and changes nothing, for a JSON reply already going out (one too large to hold): it has no
+    /// clean way to end early, so it is left to finish within the grace period.
+    func endForShutdown() -> Bool {
+        let ending: (headSent: Bool, isEventStream: Bool, held: (headers: [(name: String, value: String)], body: [UInt8])?)? = state.withLock { state in
+            if state.headSent && !state.isEventStream && state.held == nil { return nil }
             defer { state.held = nil; state.shutDown = true }
             return (state.headSent, state.isEventStream, state.held)
         }
+        guard let (headSent, isEventStream, held) = ending else { return false }
         let message = "the service is restarting; retry the request"
         if headSent && isEventStream && held == nil {
             let event = "event: error\ndata: " + APIErrorResponse(type: "overloaded_error", message: message, requestID: requestID).json + "\n\n"
@@ -260,6 +264,7 @@ final class RelayedExchange: UpstreamDelegate {
             writer.respond(.json(529, APIErrorResponse(type: "overloaded_error", message: message, requestID: requestID).json,
                                  headers: [("request-id", requestID), ("retry-after", "1")]))
         }
+        return true
     }
 
     func upstreamDidFinish(_ error: UpstreamError?) {

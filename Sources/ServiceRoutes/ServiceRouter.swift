@@ -392,8 +392,7 @@ public final class ServiceRouter: Sendable {
         writer.onWritable { transfer.resume() }
         writer.onCancel { transfer.cancel() }
         writer.onShutdown {
-            exchange.endForShutdown()
-            transfer.cancel()
+            if exchange.endForShutdown() { transfer.cancel() }
         }
         return .deferred
     }

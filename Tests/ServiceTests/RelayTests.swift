@@ -234,6 +234,27 @@ import Glibc
         #expect(stream.text.contains("event: error"))
     }
 
+    /// A JSON reply too large to hold is already going out when the stop begins: it cannot end
+    /// early in any clean way, so it finishes within the grace period (the client was slow to read).
+    @Test func aGracefulStopLetsALargeJSONReplyFinish() async throws {
+        let fixture = try await Fixture { _ in ["--shutdown-grace", "5"] }
+        defer { fixture.stop() }
+        // About 19 MB: more than the socket buffers and the relay's high-water mark hold unread.
+        let stream = try RawStream(port: fixture.server.port, path: "/v1/messages", token: fixture.tokenA,
+                                   body: Self.request(model: "stub-deltas-4000000", maxTokens: 4_000_000))
+        defer { stream.close() }
+        _ = try stream.read(until: "\r\n\r\n", timeout: 20)  // the head: the reply is past the hold limit
+        try await Task.sleep(for: .milliseconds(500))          // unread, so the relay pauses the transfer
+        let stopped = Date()
+        kill(fixture.server.process.processIdentifier, SIGTERM)
+        _ = try stream.read(until: "\r\n0\r\n\r\n", timeout: 5)
+        #expect(stream.received.count > 19_000_000)
+        let tail = String(decoding: stream.received.suffix(400), as: UTF8.self)
+        #expect(tail.contains(#""stop_reason":"end_turn""#) && tail.contains(#""output_tokens":4000000"#), "\(tail)")
+        fixture.server.process.waitUntilExit()
+        #expect(Date().timeIntervalSince(stopped) < 5, "attestd did not exit within its grace period")
+    }
+
     @Test func revocationMakesTheNextRelayedRequest401() async throws {
         let fixture = try await Fixture()
         defer { fixture.stop() }
@@ -348,7 +369,16 @@ final class RawStream {
     func read(until marker: String, timeout: TimeInterval) throws -> ContinuousClock.Instant {
         let deadline = Date() + timeout
         var chunk = [UInt8](repeating: 0, count: 65_536)
-        while !text.contains(marker) {
+        let wanted = Array(marker.utf8)
+        // Only the bytes that arrived since the last look (and a marker's length before them) are
+        // searched: a reply of many megabytes is read in linear time.
+        var searchedUpTo = 0
+        func arrived() -> Bool {
+            let from = max(0, searchedUpTo - wanted.count)
+            defer { searchedUpTo = received.count }
+            return received[from...].firstRange(of: wanted) != nil
+        }
+        while !arrived() {
             guard Date() < deadline else { throw HTTPTestError("no \(marker) within \(timeout) s; got: \(text.prefix(400))") }
             var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
             guard poll(&poller, 1, 100) >= 0 else { throw HTTPTestError("poll failed") }
