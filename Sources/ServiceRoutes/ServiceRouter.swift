@@ -332,7 +332,7 @@ public final class ServiceRouter: Sendable {
                        reason: outcome.reason, detail: outcome.detail)
             return .response(response)
         }
-        let time = Date()
+        let time = service.now()
         // Taken before the query: usage flushed while it runs is counted, never missed.
         let commitsBeforeRead = ledger?.commitCount ?? 0
         let grant: TokenGrant

@@ -39,7 +39,8 @@ public final class DeviceTokenService: Sendable {
     public let configuration: ExchangeConfiguration
     public let metrics: Metrics
     let audit: AuditSink
-    let now: @Sendable () -> Date
+    /// The service's clock: token expiry and usage minutes are read against it.
+    public let now: @Sendable () -> Date
     private let keyCache = DeviceKeyCache()
 
     public static let tokenPrefix = "aat_"

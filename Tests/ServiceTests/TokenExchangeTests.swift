@@ -26,10 +26,14 @@ import ServiceRoutes
         #expect(next.count == 32)
         #expect((registered.json["next_challenge_expires_in"] as? Int ?? 0) > 0)
 
-        // The token authorizes the Messages API (503 for now: no upstream) and nothing else.
+        // The token authorizes the Messages API (503 here: no upstream) and nothing else.
         let messages = try await http.messages(token: first)
         #expect(messages.status == 503)
         #expect((messages.json["error"] as? [String: Any])?["type"] as? String == "api_error")
+        // Its hour is read on the service's clock, as everywhere else.
+        service.clock.advance(3601)
+        #expect(try await http.messages(token: first).status == 401)
+        service.clock.advance(-3601)
         let other = try await http.send("GET", "/v1/models", headers: ["authorization": "Bearer \(first)"])
         #expect(other.status == 403)
         #expect((other.json["error"] as? [String: Any])?["type"] as? String == "permission_error")
