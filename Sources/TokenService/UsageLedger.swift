@@ -305,9 +305,22 @@ public final class UsageLedger: Sendable {
     }
 
     /// Stops the timer and flushes what is left (at shutdown, after the last relayed request ended).
+    /// A flush the store refuses is tried again, with growing pauses, for up to `retryFor`
+    /// seconds: the process exits next, so what is unwritten then is lost, and reported.
     @discardableResult
-    public func stop() -> Bool {
+    public func stop(retryFor seconds: TimeInterval = 5) -> Bool {
         stopped.store(true, ordering: .relaxed)
-        return flush()
+        let deadline = Date() + seconds
+        var pause: TimeInterval = 0.05
+        while !flush() {
+            guard Date() + pause < deadline else {
+                let requests = state.withLock { $0.pending.usage.values.reduce(Int64(0)) { $0 + $1.requests } }
+                report("usage not written at shutdown after \(seconds) s of retries: \(requests) requests' counts lost")
+                return false
+            }
+            Thread.sleep(forTimeInterval: pause)
+            pause = min(pause * 2, 1)
+        }
+        return true
     }
 }

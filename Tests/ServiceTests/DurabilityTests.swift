@@ -132,6 +132,28 @@ import TokenService
         #expect(try store.auditEvents(limit: 10_000, clientID: nil).count == before + 50)
     }
 
+    /// At shutdown a refused flush is retried for a while rather than lost: the store is locked
+    /// when the ledger stops and unlocked a second later, and the usage is still written.
+    @Test func theLastFlushIsRetriedAtShutdown() async throws {
+        let (directory, db, clientID) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let store = try SQLiteTokenStore(path: db, readers: 1)
+        let ledger = UsageLedger(store: store, metrics: Metrics())
+        let grant = TokenGrant(clientID: clientID, workspaceName: "default", issuedAt: Date(), expiresAt: Date() + 3600,
+                               keyID: Array(repeating: 7, count: 32), policy: IntegrationPolicy())
+        guard case .success(let ticket) = ledger.admit(grant, PolicyInput(model: "claude-x"), commitsBeforeRead: ledger.commitCount, at: Date()) else {
+            Issue.record("refused"); return
+        }
+        ledger.finish(ticket, RelayOutcome(status: 200, usage: TokenUsage(inputTokens: 10, outputTokens: 5), incomplete: false))
+        let lock = try WriteLockHolder(db)
+        try await Task.sleep(nanoseconds: 200_000_000)
+        let stopped = Task.detached { ledger.stop(retryFor: 10) }
+        try await Task.sleep(nanoseconds: 1_500_000_000)
+        lock.release()
+        #expect(await stopped.value, "the last flush was given up")
+        #expect(try store.usage(UsageFilter(clientID: clientID)).map(\.counters.requests) == [1])
+    }
+
     /// A flush the store refuses keeps its batch: the usage is written once the lock is gone, once
     /// (not twice), and the limits meanwhile still count it.
     @Test func usageIsKeptAndRetriedWhileTheStoreRefusesIt() async throws {
