@@ -388,10 +388,13 @@ public final class PostgresTokenStore: TokenStore {
 
     /// One transaction; each table's increments go in one statement (arrays unnested), so a
     /// flush costs a handful of round trips however many rows it carries.
+    ///
+    /// Rows go in key order: two instances upserting the same rows in their own dictionary
+    /// orders (each process hashes with its own seed) could lock them crosswise and deadlock.
     public func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws {
-        let usage = Array(batch.usage)
-        let errors = usage.flatMap { key, c in c.errors.map { (key, $0.key, $0.value) } }
-        let refusals = usage.flatMap { key, c in c.refusals.map { (key, $0.key, $0.value) } }
+        let usage = batch.usage.sorted { ($0.key.clientID, $0.key.model, $0.key.hour) < ($1.key.clientID, $1.key.model, $1.key.hour) }
+        let errors = usage.flatMap { key, c in c.errors.sorted { $0.key < $1.key }.map { (key, $0.key, $0.value) } }
+        let refusals = usage.flatMap { key, c in c.refusals.sorted { $0.key < $1.key }.map { (key, $0.key, $0.value) } }
         try run { db in
             try db.transaction {
                 if !usage.isEmpty {
@@ -427,7 +430,7 @@ public final class PostgresTokenStore: TokenStore {
                         """, [Self.textArray(refusals.map(\.0.clientID)), Self.textArray(refusals.map(\.0.model)),
                               Self.intArray(refusals.map(\.0.hour)), Self.textArray(refusals.map(\.1)), Self.intArray(refusals.map(\.2))])
                 }
-                let months = Array(batch.monthTokens)
+                let months = batch.monthTokens.sorted { ($0.key.clientID, $0.key.month) < ($1.key.clientID, $1.key.month) }
                 if !months.isEmpty {
                     _ = try db.query("""
                         INSERT INTO usage_monthly AS m (client_id, month, tokens)
@@ -435,13 +438,14 @@ public final class PostgresTokenStore: TokenStore {
                         ON CONFLICT (client_id, month) DO UPDATE SET tokens = m.tokens + excluded.tokens
                         """, [Self.textArray(months.map(\.key.clientID)), Self.intArray(months.map(\.key.month)), Self.intArray(months.map(\.value))])
                 }
-                let minutes = Array(batch.deviceMinutes)
+                let minutes = batch.deviceMinutes.map { (hex: hexString($0.key.keyID), key: $0.key, value: $0.value) }
+                    .sorted { ($0.hex, $0.key.clientID, $0.key.minute) < ($1.hex, $1.key.clientID, $1.key.minute) }
                 if !minutes.isEmpty {
                     _ = try db.query("""
                         INSERT INTO device_request_minutes AS d (key_id, client_id, minute, requests)
                         SELECT decode(k, 'hex'), c, m, n FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS x (k, c, m, n)
                         ON CONFLICT (key_id, client_id, minute) DO UPDATE SET requests = d.requests + excluded.requests
-                        """, [Self.textArray(minutes.map { hexString($0.key.keyID) }), Self.textArray(minutes.map(\.key.clientID)),
+                        """, [Self.textArray(minutes.map(\.hex)), Self.textArray(minutes.map(\.key.clientID)),
                               Self.intArray(minutes.map(\.key.minute)), Self.intArray(minutes.map(\.value))])
                 }
                 _ = try db.query("DELETE FROM device_request_minutes WHERE minute < $1", [.int(purgeDeviceMinutesBefore)])
