@@ -86,6 +86,9 @@ public final class UsageLedger: Sendable {
     /// Distinct model names kept per integration and hour; more fold into `other`, so an app
     /// sending random model names cannot grow the ledger without bound.
     public static let modelsPerIntegrationHour = 64
+    /// Committed batches kept for requests whose database read spans them: one flush a second,
+    /// so a read would have to take this many seconds to miss one.
+    static let flushedBatchesKept = 8
 
     struct HourOfIntegration: Hashable {
         let clientID: String
@@ -96,9 +99,10 @@ public final class UsageLedger: Sendable {
         var pending = UsageBatch()
         /// The batch being written now (still counted by the limits until it is committed).
         var flushing: UsageBatch?
-        /// The batch committed last (`commits` counts them): a request whose database read began
-        /// before that commit may not have seen it, so it counts it too.
-        var lastFlushed = UsageBatch()
+        /// The batches committed last, each with the count of commits it made (`commits`): a
+        /// request whose database read began before a commit may not have seen it, so it counts
+        /// every batch committed since. Several, for a read slow enough to span more than one flush.
+        var recentlyFlushed: [(commit: Int, batch: UsageBatch)] = []
         var modelsSeen: [HourOfIntegration: Set<String>] = [:]
     }
 
@@ -150,7 +154,7 @@ public final class UsageLedger: Sendable {
         let thisMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute)
         let lastMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute - 1)
         let outcome: Result<UsageTicket, PolicyRefusal> = state.withLock { state in
-            let missed = commits.load(ordering: .relaxed) != commitsBeforeRead ? state.lastFlushed : UsageBatch()
+            let missed = state.recentlyFlushed.lazy.filter { $0.commit > commitsBeforeRead }.map(\.batch)
             // Empty tables are skipped before hashing: the keys hold a client ID and a key ID, and
             // outside a flush only `pending` has entries.
             func unflushed<K: Hashable>(_ table: KeyPath<UsageBatch, [K: Int64]>, _ key: K) -> Int64 {
@@ -158,7 +162,7 @@ public final class UsageLedger: Sendable {
                     guard let entries = batch?[keyPath: table], !entries.isEmpty else { return 0 }
                     return entries[key, default: 0]
                 }
-                return count(state.pending) + count(state.flushing) + count(missed)
+                return count(state.pending) + count(state.flushing) + missed.reduce(0) { $0 + count($1) }
             }
             if policy.deviceRequestsPerMinute > 0 {
                 let current = grant.recorded.deviceRequestsThisMinute + unflushed(\.deviceMinutes, thisMinute)
@@ -273,8 +277,9 @@ public final class UsageLedger: Sendable {
                 try store.recordUsage(batch, purgeDeviceMinutesBefore: minute - 2)
                 state.withLock { state in
                     state.flushing = nil
-                    state.lastFlushed = batch
-                    commits.add(1, ordering: .releasing)
+                    let commit = commits.add(1, ordering: .releasing).newValue
+                    state.recentlyFlushed.append((commit, batch))
+                    if state.recentlyFlushed.count > Self.flushedBatchesKept { state.recentlyFlushed.removeFirst() }
                     let hour = UsageClock.hour(time)
                     state.modelsSeen = state.modelsSeen.filter { $0.key.hour >= hour - 3600 }
                 }

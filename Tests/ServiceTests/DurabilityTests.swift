@@ -132,6 +132,31 @@ import TokenService
         #expect(try store.auditEvents(limit: 10_000, clientID: nil).count == before + 50)
     }
 
+    /// A token check whose database read began before two flushes committed (a slow read) saw
+    /// neither: the limit counts both batches, not only the last.
+    @Test func aReadThatSpansTwoFlushesStillCountsBoth() throws {
+        let (directory, db, clientID) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let store = try SQLiteTokenStore(path: db, readers: 1)
+        let ledger = UsageLedger(store: store, metrics: Metrics())
+        let grant = TokenGrant(clientID: clientID, workspaceName: "default", issuedAt: Date(), expiresAt: Date() + 3600,
+                               keyID: Array(repeating: 7, count: 32), policy: IntegrationPolicy(deviceRequestsPerMinute: 4))
+        let now = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 / 60).rounded(.down) * 60 + 1)  // early in a minute
+        let readBegan = ledger.commitCount  // the read's snapshot holds none of what follows
+        for _ in 0..<2 {
+            for _ in 0..<2 {
+                guard case .success(let ticket) = ledger.admit(grant, PolicyInput(model: "claude-x"), commitsBeforeRead: ledger.commitCount, at: now) else {
+                    Issue.record("refused under the limit"); return
+                }
+                ledger.finish(ticket, RelayOutcome(status: 200, usage: TokenUsage(inputTokens: 1, outputTokens: 1), incomplete: false))
+            }
+            #expect(ledger.flush(at: now))
+        }
+        guard case .failure(.deviceRateLimited) = ledger.admit(grant, PolicyInput(model: "claude-x"), commitsBeforeRead: readBegan, at: now) else {
+            Issue.record("a fifth request in the minute was admitted: the first flushed batch was missed"); return
+        }
+    }
+
     /// At shutdown a refused flush is retried for a while rather than lost: the store is locked
     /// when the ledger stops and unlocked a second later, and the usage is still written.
     @Test func theLastFlushIsRetriedAtShutdown() async throws {
