@@ -101,10 +101,12 @@ public enum SecretsKeyFile {
 
     /// Where the key file is when no option names it: `ATTESTD_SECRETS_KEY_FILE`, else `attestd.key`
     /// beside a SQLite database file (so `./attestd.key` beside the default `./attestd.sqlite`),
-    /// else (a database URL) `./attestd.key`.
-    public static func defaultPath(database: String, environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
+    /// else (`isFile` false: a PostgreSQL URL or `key=value` string) `./attestd.key`. Never a path
+    /// derived from a connection string: its "directory" could hold a password, and the path is logged.
+    public static func defaultPath(database: String, isFile: Bool,
+                                   environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
         if let path = environment["ATTESTD_SECRETS_KEY_FILE"], !path.isEmpty { return path }
-        guard !database.contains("://") else { return "./" + fileName }
+        guard isFile, !database.contains("://") else { return "./" + fileName }
         let directory = (database as NSString).deletingLastPathComponent
         return directory.isEmpty ? "./" + fileName : (directory as NSString).appendingPathComponent(fileName)
     }

@@ -290,7 +290,8 @@ enum AdminCommands {
     }
 
     static func secretsKeyPath(_ arguments: Arguments) throws -> String {
-        try arguments.value("secrets-key-file") ?? SecretsKeyFile.defaultPath(database: try databasePath(arguments))
+        let database = try databasePath(arguments)
+        return try arguments.value("secrets-key-file") ?? SecretsKeyFile.defaultPath(database: database, isFile: !Stores.isPostgres(database))
     }
 
     /// What `integrations create --json` prints.

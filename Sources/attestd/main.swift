@@ -188,7 +188,7 @@ func relayConfiguration(_ options: ServeOptions) throws -> RelayConfiguration {
             throw StartupError("--upstream-key-file \(file): \(error)")
         }
     }
-    let secretsPath = options.secretsKeyFile ?? SecretsKeyFile.defaultPath(database: options.db)
+    let secretsPath = options.secretsKeyFile ?? SecretsKeyFile.defaultPath(database: options.db, isFile: !Stores.isPostgres(options.db))
     var secrets: SecretBox?
     if FileManager.default.fileExists(atPath: secretsPath) {
         do { secrets = try SecretsKeyFile.load(secretsPath) } catch { throw StartupError("\(error)") }

@@ -32,6 +32,18 @@ import Testing
         #expect(throws: CryptoError.self) { try SecretBox(key: [UInt8](repeating: 1, count: 16)) }
     }
 
+    /// The key file sits beside a SQLite file; with a PostgreSQL connection string it is
+    /// ./attestd.key, never a path cut from the string (it is logged, and could hold a password).
+    @Test func theDefaultKeyPathNeverComesFromAConnectionString() {
+        let none: [String: String] = [:]
+        #expect(SecretsKeyFile.defaultPath(database: "/var/lib/attestd/db.sqlite", isFile: true, environment: none) == "/var/lib/attestd/attestd.key")
+        #expect(SecretsKeyFile.defaultPath(database: "attestd.sqlite", isFile: true, environment: none) == "./attestd.key")
+        #expect(SecretsKeyFile.defaultPath(database: "postgresql://u:pw@db/attest", isFile: false, environment: none) == "./attestd.key")
+        #expect(SecretsKeyFile.defaultPath(database: "password=hunter2 sslrootcert=/etc/ssl/ca.pem", isFile: false, environment: none)
+                == "./attestd.key")
+        #expect(SecretsKeyFile.defaultPath(database: "/x/db.sqlite", isFile: true, environment: ["ATTESTD_SECRETS_KEY_FILE": "/k"]) == "/k")
+    }
+
     @Test func theKeyFileIsCreatedOnceWithMode0600() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("secrets-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
