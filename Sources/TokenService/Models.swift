@@ -168,14 +168,25 @@ public struct AuditEvent: Sendable {
     public let reason: String?
     public let detail: String?
 
+    /// Text fields lose their control characters (each becomes U+FFFD): a client ID or detail can
+    /// come straight from a request, PostgreSQL refuses NUL in text (one such event wedged every
+    /// later audit write with it), and `attestctl audit` prints them to a terminal.
     public init(at: Date, actor: String? = nil, action: String, clientID: String? = nil, keyID: [UInt8]? = nil,
                 reason: String? = nil, detail: String? = nil) {
         self.at = at
-        self.actor = actor
-        self.action = action
-        self.clientID = clientID
+        self.actor = actor.map(Self.printable)
+        self.action = Self.printable(action)
+        self.clientID = clientID.map(Self.printable)
         self.keyID = keyID
-        self.reason = reason
-        self.detail = detail
+        self.reason = reason.map(Self.printable)
+        self.detail = detail.map(Self.printable)
+    }
+
+    static func printable(_ text: String) -> String {
+        func isControl(_ scalar: Unicode.Scalar) -> Bool { scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value) }
+        guard text.unicodeScalars.contains(where: isControl) else { return text }
+        var cleaned = String.UnicodeScalarView()
+        for scalar in text.unicodeScalars { cleaned.append(isControl(scalar) ? "\u{FFFD}" : scalar) }
+        return String(cleaned)
     }
 }

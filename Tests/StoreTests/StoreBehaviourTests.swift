@@ -338,6 +338,16 @@ struct StoreBehaviourTests {
         #expect(try f.auditEvents(limit: 10, clientID: "clid_a").count == 2)
         #expect(try f.auditEvents(limit: 1).map(\.action) == ["audit.overflow"])
 
+        // Control characters from a request (PostgreSQL refuses NUL in text) are replaced, so the
+        // event and the batch around it are written.
+        try f.store.appendAudit([AuditEvent(at: t0 + 3, action: "token.rejected", clientID: "clid_\u{0}x\u{1b}[2J",
+                                            detail: "client_id clid_\u{0}x\u{1b}[2J is unknown"),
+                                 AuditEvent(at: t0 + 4, action: "after")])
+        let hostile = try f.auditEvents(limit: 2)
+        #expect(hostile.map(\.action) == ["after", "token.rejected"])
+        #expect(hostile[1].clientID == "clid_\u{FFFD}x\u{FFFD}[2J")
+        #expect(hostile[1].detail == "client_id clid_\u{FFFD}x\u{FFFD}[2J is unknown")
+
         // A large batch (the buffered log writes up to 50,000 at once) arrives whole.
         try f.store.appendAudit((0..<1234).map { AuditEvent(at: t0 + Double($0), action: "bulk", detail: "\($0)") })
         let bulk = try f.auditEvents(limit: 2000).filter { $0.action == "bulk" }
