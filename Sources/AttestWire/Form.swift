@@ -55,8 +55,10 @@ public enum FormEncoding {
             default: out.append(byte)
             }
         }
-        // String(validating:) refuses invalid UTF-8 where String(decoding:) would repair it.
-        return String(validating: out, as: UTF8.self)
+        // Invalid UTF-8 is refused, not repaired: a repaired string has other bytes. (Not
+        // String(validating:), which Apple's platforms have only from iOS 18 and macOS 15.)
+        let text = String(decoding: out, as: UTF8.self)
+        return text.utf8.elementsEqual(out) ? text : nil
     }
 
     private static func hexValue(_ byte: UInt8) -> UInt8? {
