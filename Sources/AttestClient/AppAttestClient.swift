@@ -157,6 +157,9 @@ public actor AppAttestClient {
             return Grant(token: try await refresh(keyID: keyID), source: .refreshed)
         } catch let rejection as KeyRejected {
             if let last = lastKeyReplacement, now().timeIntervalSince(last) < Self.keyReplacementInterval {
+                // Until the key may be replaced again, calls fail at once instead of repeating
+                // challenge, assertion and POST each time.
+                refreshBackoff = Backoff(until: last.addingTimeInterval(Self.keyReplacementInterval), cause: rejection.publicError)
                 throw rejection.publicError
             }
             lastKeyReplacement = now()
@@ -221,15 +224,17 @@ public actor AppAttestClient {
             if case .rateLimited(let delay) = error {
                 refreshBackoff = Backoff(until: now().addingTimeInterval(delay), cause: error)
             } else {
-                // Any other refusal or server error: pause briefly so that every call during the
-                // last minute of a still-valid token does not repeat challenge + assertion + POST.
-                refreshBackoff = Backoff(until: now().addingTimeInterval(Self.refreshFailureDelay), cause: error)
+                // Any other refusal or server error: pause (as long as the server asks, at least
+                // briefly) so that every call during the last minute of a still-valid token does
+                // not repeat challenge + assertion + POST.
+                let delay = max(reply.retryAfter ?? 0, Self.refreshFailureDelay)
+                refreshBackoff = Backoff(until: now().addingTimeInterval(delay), cause: error)
             }
             throw error
         } catch let error as AttestClientError {
-            if case .network = error {
-                refreshBackoff = Backoff(until: now().addingTimeInterval(Self.refreshFailureDelay), cause: error)
-            }
+            // Offline, an assertion the attester could not make, an unreadable answer: each would
+            // otherwise be repeated on every call (the last one mints a token each time).
+            refreshBackoff = Backoff(until: now().addingTimeInterval(Self.refreshFailureDelay), cause: error)
             throw error
         }
     }
@@ -273,6 +278,11 @@ public actor AppAttestClient {
                 registrationBackoff = Backoff(until: now().addingTimeInterval(delay), cause: publicError)
             } else if attempted && !(error is CancellationError) {
                 let delay = reply?.retryAfter ?? Self.registrationRetryDelay
+                registrationBackoff = Backoff(until: now().addingTimeInterval(delay), cause: publicError)
+            } else if let reply {
+                // The server refused the challenge itself (down, or the client ID unknown): no
+                // attestation was spent, but asking again at once on every call adds to its load.
+                let delay = max(reply.retryAfter ?? 0, Self.refreshFailureDelay)
                 registrationBackoff = Backoff(until: now().addingTimeInterval(delay), cause: publicError)
             }
             throw error is CancellationError ? error : publicError

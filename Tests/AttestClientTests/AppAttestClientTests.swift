@@ -80,6 +80,19 @@ private func failure(_ body: () async throws -> some Any) async -> String {
         #expect(try h.store.keyID(for: h.server.clientID) == FakeAttester.keyID(number: 2))
     }
 
+    /// A challenge the server refuses (no attestation spent yet) still backs off, for as long as
+    /// it asks or at least briefly, instead of asking again on every call.
+    @Test func aRefusedRegistrationChallengeBacksOff() async throws {
+        let h = Harness()
+        h.server.enqueue(.challenge, status: 503, headers: ["Retry-After": "30"])
+        let client = h.makeClient()
+        #expect(await failure { try await client.currentToken() } == "server(503, -)")
+        #expect(await failure { try await client.currentToken() } == "backingOff(30, server(503, -))")
+        #expect(h.server.count(.challenge) == 1 && h.attester.attestCount == 0)
+        h.clock.advance(30)
+        #expect(try await client.currentToken() == "tok-1")
+    }
+
     @Test func registrationBackoffHonoursRetryAfter() async throws {
         let h = Harness()
         h.server.enqueue(.register, status: 503, headers: ["Retry-After": "120"])
@@ -324,6 +337,10 @@ private func failure(_ body: () async throws -> some Any) async -> String {
         #expect(await failure { try await client.authenticateIfNeeded() } == "attestationFailed(server(401, invalid_grant))")
         #expect(h.attester.attestCount == 1)
         #expect(try h.store.keyID(for: h.server.clientID) == newKey)
+        // Until the window ends, calls fail at once rather than repeat challenge, assertion and POST.
+        let tokenRequests = h.server.count(.token)
+        #expect(await failure { try await client.authenticateIfNeeded() } == "backingOff(300, attestationFailed(server(401, invalid_grant)))")
+        #expect(h.server.count(.token) == tokenRequests)
 
         h.clock.advance(300)
         for _ in 0..<2 { h.server.enqueue(.token, status: 401, body: #"{"error":"invalid_grant"}"#) }
