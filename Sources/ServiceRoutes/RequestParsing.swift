@@ -59,14 +59,11 @@ enum RequestParsing {
         guard let header else { return nil }
         let bytes = header.utf8
         guard bytes.count > 7, zip(bytes, "bearer ".utf8).allSatisfy({ $0 | 0x20 == $1 }) else { return nil }
-        // Byte-wise, in place: this runs on every relayed request.
-        func isBlank(_ byte: UInt8) -> Bool { byte == 0x20 || byte == 0x09 }
-        var start = bytes.index(bytes.startIndex, offsetBy: 7), end = bytes.endIndex
-        while start < end, isBlank(bytes[start]) { start = bytes.index(after: start) }
-        while end > start, isBlank(bytes[bytes.index(before: end)]) { end = bytes.index(before: end) }
-        // Sliced as bytes: slicing the String would round to a Character boundary (a combining
-        // mark after the blank would pull the blank back in).
-        return start == end ? nil : String(Substring(bytes[start..<end]))
+        // Byte-wise, in place: this runs on every relayed request. Sliced as bytes: slicing the
+        // String would round to a Character boundary (a combining mark after the blank would
+        // pull the blank back in).
+        let token = withoutBlanks(bytes.dropFirst(7))
+        return token.isEmpty ? nil : String(Substring(token))
     }
 }
 
@@ -83,12 +80,17 @@ extension RequestParsing {
     /// case. Byte by byte: header values are read this way on every request, and lowercasing a
     /// copy allocated.
     static func isTrimmed<Bytes: BidirectionalCollection<UInt8>>(_ bytes: Bytes, caseInsensitively lowercase: String) -> Bool {
+        withoutBlanks(bytes).elementsEqual(lowercase.utf8) { actual, wanted in
+            (actual >= 0x41 && actual <= 0x5A ? actual | 0x20 : actual) == wanted
+        }
+    }
+
+    /// `bytes` without the spaces and tabs around them, in place.
+    static func withoutBlanks<Bytes: BidirectionalCollection<UInt8>>(_ bytes: Bytes) -> Bytes.SubSequence {
         func isBlank(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 }
         var start = bytes.startIndex, end = bytes.endIndex
         while start < end, isBlank(bytes[start]) { start = bytes.index(after: start) }
         while end > start, isBlank(bytes[bytes.index(before: end)]) { end = bytes.index(before: end) }
-        return bytes[start..<end].elementsEqual(lowercase.utf8) { actual, wanted in
-            (actual >= 0x41 && actual <= 0x5A ? actual | 0x20 : actual) == wanted
-        }
+        return bytes[start..<end]
     }
 }

@@ -87,21 +87,15 @@ public final class Metrics: Sendable {
     public func prometheusText() -> String {
         let (counters, help, histograms) = state.withLock { ($0.counters, $0.help, $0.histograms) }
         var out = ""
-        // Grouped by name, names sorted, each name's series sorted by their rendered labels.
-        let counterNames = Dictionary(grouping: counters.keys, by: \.name)
-        for name in counterNames.keys.sorted() {
+        for (name, series) in Self.byName(counters) {
             if let text = help[name] { out += "# HELP \(name) \(text)\n" }
             out += "# TYPE \(name) counter\n"
-            for (labels, series) in counterNames[name]!.map({ ($0.renderedLabels, $0) }).sorted(by: { $0.0 < $1.0 }) {
-                out += "\(name)\(labels) \(format(counters[series]!))\n"
-            }
+            for (labels, value) in series { out += "\(name)\(labels) \(format(value))\n" }
         }
-        let histogramNames = Dictionary(grouping: histograms.keys, by: \.name)
-        for name in histogramNames.keys.sorted() {
+        for (name, series) in Self.byName(histograms) {
             if let text = help[name] { out += "# HELP \(name) \(text)\n" }
             out += "# TYPE \(name) histogram\n"
-            for (labels, series) in histogramNames[name]!.map({ ($0.renderedLabels, $0) }).sorted(by: { $0.0 < $1.0 }) {
-                let histogram = histograms[series]!
+            for (labels, histogram) in series {
                 let inner = labels.isEmpty ? "" : String(labels.dropFirst().dropLast()) + ","
                 var cumulative = 0
                 for (i, count) in histogram.buckets.enumerated() {
@@ -133,6 +127,14 @@ public final class Metrics: Sendable {
             }
         }
         return out
+    }
+
+    /// A table's series grouped by name, names sorted, each name's series sorted by their
+    /// rendered labels.
+    private static func byName<Value>(_ table: [Series: Value]) -> [(name: String, series: [(labels: String, value: Value)])] {
+        Dictionary(grouping: table, by: \.key.name).sorted { $0.key < $1.key }.map { name, entries in
+            (name, entries.map { (labels: $0.key.renderedLabels, value: $0.value) }.sorted { $0.labels < $1.labels })
+        }
     }
 
     /// `{name="value",…}`, for /metrics.

@@ -115,19 +115,15 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
         guard let (easy, shared, resources) = spareEasies.popLast() ?? curl_easy_init().map({ ($0, false, EasyResources()) }) else {
             return refuse(.other, "curl_easy_init failed")
         }
-        var kept = resources
-        let isInlinePost = TransferState.isInlinePost(request)
+        let state = TransferState(handle: handle, request: request, delegate: delegate, easy: easy, resources: resources)
         // A handle kept after an inline POST is reset first for any other kind of request.
-        if shared && !isInlinePost {
-            curl_easy_reset(easy)
-            kept.keptPath = nil
-        }
-        let state = TransferState(handle: handle, request: request, delegate: delegate, easy: easy, resources: kept)
-        if let problem = state.configure(settings, shared: shared && state.isInlinePost) {
+        let keepsOptions = shared && state.isInlinePost
+        if shared && !keepsOptions { curl_easy_reset(easy) }
+        if let problem = state.configure(settings, shared: keepsOptions) {
             recycle(easy, state.release(), keepOptions: false)
             return refuse(.other, problem)
         }
-        if !(shared && state.isInlinePost) {
+        if !keepsOptions {
             let me = Unmanaged.passUnretained(self).toOpaque()
             attest_curl_easy_setopt_opensocket_function(easy, openSocketCallback)
             attest_curl_easy_setopt_pointer(easy, CURLOPT_OPENSOCKETDATA, me)
@@ -166,11 +162,7 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
             resources.free()
             return
         }
-        var resources = resources
-        if !keepOptions {
-            curl_easy_reset(easy)
-            resources.keptPath = nil
-        }
+        if !keepOptions { curl_easy_reset(easy) }
         spareEasies.append((easy, keepOptions, resources))
     }
 

@@ -14,8 +14,9 @@ struct EasyResources {
     /// The list CURLOPT_HTTPHEADER points to (curl does not copy it), and what it was built from.
     fileprivate(set) var headerList: UnsafeMutablePointer<curl_slist>?
     fileprivate(set) var listSource: [(name: String, value: String)] = []
-    /// The path of the URL the handle holds, while its options are kept (nil after a reset).
-    var keptPath: String?
+    /// The path of the URL last set on the handle: what it still holds while its options are kept
+    /// (`configure`'s `shared`), since any reset makes the next transfer set the URL again.
+    fileprivate(set) var keptPath: String?
 
     init() {
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
@@ -42,7 +43,7 @@ struct EasyResources {
 }
 
 /// Whether two strings hold the same UTF-8 bytes (not merely canonically equivalent text).
-func sameBytes(_ a: String, _ b: String) -> Bool {
+private func sameBytes(_ a: String, _ b: String) -> Bool {
     var (a, b) = (a, b)
     return a.utf8.count == b.utf8.count && a.withUTF8 { x in b.withUTF8 { y in x.count == 0 || memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0 } }
 }
@@ -79,11 +80,6 @@ final class TransferState {
     var paused = false
     var lastActivity: UInt64
 
-    /// Whether `request` goes out as an inline POST (see `isInlinePost`).
-    static func isInlinePost(_ request: UpstreamRequest) -> Bool {
-        request.method == "POST" && request.body.count <= inlineBodyLimit
-    }
-
     init(handle: UpstreamTransfer, request: UpstreamRequest, delegate: any UpstreamDelegate, easy: UnsafeMutableRawPointer,
          resources: EasyResources) {
         self.handle = handle
@@ -91,7 +87,7 @@ final class TransferState {
         head.body = []
         self.request = head
         self.body = request.body
-        isInlinePost = Self.isInlinePost(request)
+        isInlinePost = request.method == "POST" && request.body.count <= Self.inlineBodyLimit
         self.delegate = delegate
         self.easy = easy
         self.resources = resources

@@ -428,9 +428,7 @@ struct StreamingTests {
         defer { server.stop() }
 
         // Declares 8 MB, sends 100 kB: it holds the up-front 1 MB, not 8.
-        let slow = try RawConnection(port: server.port)
-        #expect(slow.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 8000000\r\n\r\n"))
-        #expect(slow.sendAll([UInt8](repeating: 0x61, count: 100_000)))
+        let slow = try Self.upload(to: server, declaring: 8_000_000, sending: 100_000)
         #expect(waitUntil(timeout: 10) { server.bufferedBodyBytes == 1_000_000 })
         // So a 1.5 MB request still fits.
         let other = try RawConnection(port: server.port)
@@ -443,8 +441,7 @@ struct StreamingTests {
         #expect(slow.sendAll([UInt8](repeating: 0x61, count: 2_000_000)))
         #expect(waitUntil(timeout: 10) { server.bufferedBodyBytes == 2_100_000 })
         // 0.95 MB more does not fit (2.1 + 0.95 > 3): refused before its body is read.
-        let refused = try RawConnection(port: server.port)
-        #expect(refused.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 950000\r\n\r\n"))
+        let refused = try Self.upload(to: server, declaring: 950_000)
         #expect(refused.readResponse()?.status == 529)
 
         // The slow upload itself outgrows the budget: refused once its body has ended.
@@ -452,6 +449,14 @@ struct StreamingTests {
         #expect(slow.readResponse()?.status == 529)
         #expect(server.stats().overloadedRequests == 2)
         expectNoLeaks(server)
+    }
+
+    /// A POST to /v1/messages declaring `declared` body bytes, of which `sending` are sent.
+    static func upload(to server: HTTPServer, declaring declared: Int, sending: Int = 0) throws -> RawConnection {
+        let connection = try RawConnection(port: server.port)
+        #expect(connection.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: \(declared)\r\n\r\n"))
+        if sending > 0 { #expect(connection.sendAll([UInt8](repeating: 0x61, count: sending))) }
+        return connection
     }
 
     /// Answers each request with its body's length; bodies up to 10 MB, `budget` held at once.
@@ -473,14 +478,11 @@ struct StreamingTests {
         defer { server.stop() }
 
         // A slow upload holds 800 kB of the 1 MB budget.
-        let slow = try RawConnection(port: server.port)
-        #expect(slow.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 800000\r\n\r\n"))
-        #expect(slow.sendAll([UInt8](repeating: 0x61, count: 400_000)))
+        let slow = try Self.upload(to: server, declaring: 800_000, sending: 400_000)
         #expect(waitUntil(timeout: 2) { server.bufferedBodyBytes == 800_000 })
 
         // Another 300 kB does not fit: the configured answer, without reading the body.
-        let refused = try RawConnection(port: server.port)
-        #expect(refused.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 300000\r\n\r\n"))
+        let refused = try Self.upload(to: server, declaring: 300_000)
         let overloaded = try #require(refused.readResponse())
         #expect(overloaded.status == 529)
         #expect(overloaded.text == #"{"type":"error","error":{"type":"overloaded_error","message":"busy: /v1/messages"}}"#)
@@ -502,8 +504,7 @@ struct StreamingTests {
         #expect(server.stats().overloadedRequests == 2)
 
         // A request that dies mid-body gives its reservation back too.
-        let dying = try RawConnection(port: server.port)
-        #expect(dying.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 900000\r\n\r\nabc"))
+        let dying = try Self.upload(to: server, declaring: 900_000, sending: 3)
         #expect(waitUntil(timeout: 2) { server.bufferedBodyBytes == 900_000 })
         dying.disconnect()
         expectNoLeaks(server)
