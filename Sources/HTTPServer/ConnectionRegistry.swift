@@ -183,6 +183,12 @@ final class ConnectionRegistry: Sendable {
         record.state.withLock { $0.writer = nil }
     }
 
+    /// Closes a connection whose client is known to be gone (its loop's thread, between runs of
+    /// its daemon, so libmicrohttpd cannot be closing the descriptor meanwhile).
+    func reapClosedByClient(_ record: ConnectionRecord) {
+        state.withLock { _ in _ = reap(record, .clientClosed) }
+    }
+
     private func reap(_ record: ConnectionRecord, _ reason: HTTPReapReason) -> Bool {
         guard record.reap(reason) else { return false }
         totals.countReap(reason)

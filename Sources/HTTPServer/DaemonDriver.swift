@@ -29,6 +29,9 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     /// epoll_ctl calls and the monitor's lock), and a hang-up during a longer wait is seen
     /// this much later at most.
     static let hangUpWatchDelay: UInt64 = 20_000_000
+    /// Requests whose body was still arriving when libmicrohttpd last handed us bytes: looked at
+    /// once its run returns (`checkReceiving`).
+    private var receiving: [HTTPResponseWriter] = []
 
     init(daemon: OpaquePointer, loop: EventLoop) throws {
         self.daemon = daemon
@@ -59,6 +62,7 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         if ready || deadline.map({ now >= $0 }) ?? false {
             ready = false
             _ = MHD_run(daemon)
+            checkReceiving()
             var milliseconds: UInt64 = 0
             // 0 when connections still hold unprocessed data: the loop turns again without sleeping.
             deadline = MHD_get_timeout(daemon, &milliseconds) == .YES
@@ -67,6 +71,28 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         let watchBy = watchLongSuspensions(now: now)
         guard let watchBy else { return deadline }
         return min(deadline ?? watchBy, watchBy)
+    }
+
+    /// A request of this daemon expects more body bytes (loop thread: libmicrohttpd's callbacks).
+    func noteReceiving(_ writer: HTTPResponseWriter) {
+        receiving.append(writer)
+    }
+
+    /// Finds the clients that hung up mid-body without libmicrohttpd noticing.
+    ///
+    /// libmicrohttpd 0.9.75 watches connections edge-triggered and, after a read shorter than its
+    /// buffer, takes the socket for drained (connection.c, recv_param_adapter). When the last
+    /// bytes and the FIN arrive before its epoll_wait, one edge reports both; the read returns the
+    /// bytes, the end of file is never read, and no further edge comes. The request then waits
+    /// for a body that will never arrive, holding its share of the body budget until a deadline.
+    /// After each run (its reads are done), a request still waiting for its body peeks at the
+    /// socket: an end of file or a reset there is a client that is gone. A FIN that arrives after
+    /// this peek comes with an edge of its own, which libmicrohttpd does see.
+    private func checkReceiving() {
+        guard !receiving.isEmpty else { return }
+        let writers = receiving
+        receiving.removeAll(keepingCapacity: receiving.capacity <= 1024)
+        for writer in writers { writer.closeIfClientLeftMidBody() }
     }
 
     /// A connection of this daemon was suspended (loop thread: libmicrohttpd's callbacks).
@@ -111,6 +137,7 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
             loop.remove(self)
             MHD_stop_daemon(daemon)
             suspensions = []
+            receiving = []
             return true
         })
         if stopped == nil { MHD_stop_daemon(daemon) }

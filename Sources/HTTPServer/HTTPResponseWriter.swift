@@ -1,6 +1,9 @@
 import CMicroHTTPD
 import EventLoops
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Handed to the handler with every request; the way to answer later (`respond`) or in pieces
 /// (`startStream`, `write`, `finish`). Thread-safe: every method may be called from any thread.
@@ -206,6 +209,18 @@ public final class HTTPResponseWriter: Sendable {
             return s.producerDone ? nil : s.takeCancelCallback()
         }
         callback?()
+    }
+
+    /// Closes the connection if its request is still receiving its body and the client has hung
+    /// up (see `DaemonDriver.checkReceiving`). The loop's thread, between runs of the daemon.
+    func closeIfClientLeftMidBody() {
+        let receiving = state.withLock { s in s.headersSeen && !s.handlerCalled && !s.closed }
+        guard receiving, let record else { return }
+        var byte: UInt8 = 0
+        let peeked = recv(record.fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
+        if peeked == 0 || (peeked < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            core.registry.reapClosedByClient(record)
+        }
     }
 
     /// A graceful shutdown began: runs the producer's `onShutdown` if its answer is incomplete.

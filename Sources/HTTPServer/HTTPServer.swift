@@ -532,6 +532,7 @@ extension HTTPResponseWriter {
                 reserved = upFront
             }
         }
+        let chunked = headers.contains { $0.name == "transfer-encoding" }
         state.withLock { s in
             s.headersSeen = true
             s.method = method
@@ -543,6 +544,7 @@ extension HTTPResponseWriter {
             if reserved > 0 { s.body.reserveCapacity(reserved) }
         }
         record?.enter(.body)
+        if chunked || (declared ?? 0) > 0 { record?.driver?.noteReceiving(self) }
         return .YES
     }
 
@@ -621,6 +623,7 @@ extension HTTPResponseWriter {
         }
         record?.addBodyBytes(chunk.count)
         if released > 0 { core.releaseBodyBytes(released) }
+        if keepGoing { record?.driver?.noteReceiving(self) }
         return keepGoing ? .YES : .NO
     }
 

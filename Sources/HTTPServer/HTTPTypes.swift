@@ -211,6 +211,9 @@ public enum HTTPReapReason: String, Sendable, CaseIterable {
     case evictedHead
     /// Closed by a graceful shutdown (idle or slow, or accepted after the shutdown began).
     case shutdown
+    /// The client hung up mid-request in a way libmicrohttpd did not notice (see
+    /// `DaemonDriver.checkReceiving`).
+    case clientClosed
 }
 
 /// A snapshot of the server's connections and counters, for /metrics.

@@ -16,8 +16,11 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
     let settings: LoopSettings
 
     private var transfers: [UInt64: TransferState] = [:]
-    /// The events each descriptor is registered for in the loop's epoll set.
-    private var registered: [Int32: UInt32] = [:]
+    /// The events each descriptor is registered for in the loop's epoll set (its size is
+    /// mirrored in `counters.watchedSockets`).
+    private var registered: [Int32: UInt32] = [:] {
+        didSet { if registered.count != oldValue.count { counters.watchedSockets.add(registered.count - oldValue.count, ordering: .relaxed) } }
+    }
     /// Descriptors curl wants watched now.
     private var wanted = Set<Int32>()
     /// Connection sockets curl opened and has not closed (`openSocket`, `closeSocket`). When curl
@@ -67,6 +70,7 @@ final class CurlDriver: EventLoopParticipant, @unchecked Sendable {
             // An idle pooled connection became readable or hung up: the upstream closed it or
             // sent what it should not. curl is not watching it and finds it dead when it next
             // looks; it leaves the epoll set now, so that it does not wake the loop again.
+            counters.strayEvents.add(1, ordering: .relaxed)
             registered[fd] = nil
             loop.unwatch(fd: fd)
             return

@@ -89,12 +89,22 @@ public final class UpstreamClient: Sendable {
 
     /// Transfers started and not yet finished.
     public var activeTransfers: Int { counters.active.load(ordering: .relaxed) }
+
+    /// Sockets in the loops' epoll sets: connections in use or kept in the pool.
+    public var watchedSockets: Int { counters.watchedSockets.load(ordering: .relaxed) }
+
+    /// How many times a socket curl was not watching woke a loop (each then leaves the set).
+    public var strayWakeups: Int { counters.strayEvents.load(ordering: .relaxed) }
 }
 
 /// Counters shared by a client's drivers.
 final class ClientCounters: Sendable {
     let active = Atomic<Int>(0)
     let nextID = Atomic<UInt64>(0)
+    /// Descriptors the drivers have in their loops' epoll sets.
+    let watchedSockets = Atomic<Int>(0)
+    /// Events on descriptors curl was not watching (idle pooled connections that woke the loop).
+    let strayEvents = Atomic<Int>(0)
 }
 
 /// A handle on one transfer. Thread-safe: `cancel` and `resume` may be called from any thread,

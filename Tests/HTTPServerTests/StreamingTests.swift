@@ -511,3 +511,57 @@ struct StreamingTests {
     }
 }
 }
+
+/// A client that hangs up mid-body must give its share of the body budget back at once, however
+/// its last bytes and its FIN reach the server.
+@Suite struct ClientGoneMidBodyTests {
+    /// The loop is held while the client sends its head, part of its body and its FIN, so
+    /// libmicrohttpd gets all three from one epoll edge: the case its edge-triggered reads miss
+    /// (it takes a short read for a drained socket and never reads the end of file). Without the
+    /// server's own check the request waits for the rest of its body until a deadline, holding
+    /// its reservation; 200 rounds in a row.
+    @Test func aHangUpThatArrivesWithTheLastBytesReleasesTheReservation() throws {
+        let loops = try EventLoopGroup(loops: 1, name: "held-loop")
+        defer { loops.shutdown() }
+        var config = loopbackConfig()
+        config.threads = 1
+        config.maxBodyBytes = 10_000_000
+        config.maxBufferedBodyBytes = 10_000_000
+        let server = HTTPServer(configuration: config, loops: loops) { request, _ in
+            .response(HTTPResponse(status: 200, body: Array("\(request.body.count)".utf8)))
+        }
+        try server.start()
+        defer { server.stop() }
+        let loop = loops.loops[0]
+        for round in 0..<200 {
+            // The head is read on its own (the request holds its up-front reservation)...
+            let client = try RawConnection(port: server.port)
+            #expect(client.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 900000\r\n\r\n"))
+            guard waitUntil(timeout: 10, { server.bufferedBodyBytes == 900_000 }) else {
+                Issue.record("round \(round): the head was not read")
+                break
+            }
+            // ...then a few body bytes and the FIN reach it while the loop is busy.
+            let held = DispatchSemaphore(value: 0), holding = DispatchSemaphore(value: 0)
+            loop.execute {
+                holding.signal()
+                held.wait()
+            }
+            holding.wait()
+            #expect(client.sendAll(String(repeating: "a", count: 1 + round % 5)))
+            client.disconnect()
+            held.signal()
+            let released = waitUntil(timeout: 10) { server.liveRequestContexts == 0 && server.bufferedBodyBytes == 0 }
+            #expect(released, "round \(round): \(server.liveRequestContexts) live requests, \(server.bufferedBodyBytes) bytes reserved")
+            if !released { break }
+        }
+        #expect(server.stats().reaped[.clientClosed] ?? 0 > 0)
+        // A request whose client stays keeps its reservation until its body arrives.
+        let staying = try RawConnection(port: server.port)
+        #expect(staying.sendAll("POST /v1/messages HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nab"))
+        #expect(waitUntil(timeout: 10) { server.bufferedBodyBytes == 5 })
+        #expect(staying.sendAll("cde"))
+        #expect(staying.readResponse()?.text == "5")
+        expectNoLeaks(server)
+    }
+}
