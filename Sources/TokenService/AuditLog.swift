@@ -53,8 +53,11 @@ public final class BufferedAuditLog: AuditSink, Sendable {
         }
     }
 
-    /// Writes everything buffered so far; on failure the events go back to the front of the buffer
-    /// and are retried at the next flush.
+    /// Writes everything buffered so far. When the store is unavailable the events go back to the
+    /// front of the buffer and are retried at the next flush. When it refuses the batch itself
+    /// (an event it cannot store), they are written one by one, so one bad event cannot hold back
+    /// the rest forever: an event refused on its own is written again with every text field
+    /// reduced to printable ASCII, and one refused even then is logged in full, never silently lost.
     public func flush() {
         let events = buffer.withLock { buffer in
             defer { buffer.inFlight = buffer.pending.count; buffer.pending.removeAll(keepingCapacity: true) }
@@ -64,10 +67,39 @@ public final class BufferedAuditLog: AuditSink, Sendable {
         do {
             try store.appendAudit(events)
             buffer.withLock { $0.inFlight = 0 }
+        } catch where Self.isUnavailable(error) {
+            keep(events, error)
         } catch {
-            buffer.withLock { $0.pending.insert(contentsOf: events, at: 0); $0.inFlight = 0 }
-            onError("audit write failed, \(events.count) events kept for the next attempt: \(error)")
+            onError("audit batch of \(events.count) events refused, writing them one by one: \(error)")
+            for (index, event) in events.enumerated() {
+                do {
+                    try store.appendAudit([event])
+                } catch where Self.isUnavailable(error) {
+                    // The store went away meanwhile: what is not written yet waits for the next flush.
+                    keep(Array(events[index...]), error)
+                    return
+                } catch {
+                    let plain = event.asciiOnly
+                    do {
+                        try store.appendAudit([plain])
+                        onError("audit event stored with its text reduced to ASCII (\(error)): \(event.logText)")
+                    } catch {
+                        onError("audit event refused by the store and not stored (\(error)): \(event.logText)")
+                    }
+                }
+            }
+            buffer.withLock { $0.inFlight = 0 }
         }
+    }
+
+    private func keep(_ events: [AuditEvent], _ error: any Error) {
+        buffer.withLock { $0.pending.insert(contentsOf: events, at: 0); $0.inFlight = 0 }
+        onError("audit write failed, \(events.count) events kept for the next attempt: \(error)")
+    }
+
+    /// The store could not be reached or was busy (try again later), as against refusing what was sent.
+    static func isUnavailable(_ error: any Error) -> Bool {
+        (error as? any StoreAvailabilityError)?.isUnavailable ?? false
     }
 
     /// The next flush, one interval from now, on the log's own queue (until closed).

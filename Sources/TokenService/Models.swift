@@ -182,6 +182,23 @@ public struct AuditEvent: Sendable {
         self.detail = detail.map(Self.printable)
     }
 
+    /// The event with every text field reduced to printable ASCII (anything else as `\u{…}`):
+    /// what a store that refused the event as it was can always hold.
+    public var asciiOnly: AuditEvent {
+        func ascii(_ text: String?) -> String? {
+            text.map { $0.unicodeScalars.map { (0x20...0x7e).contains($0.value) ? String($0) : "\\u{\(String($0.value, radix: 16))}" }.joined() }
+        }
+        return AuditEvent(at: at, actor: ascii(actor), action: ascii(action) ?? "", clientID: ascii(clientID), keyID: keyID,
+                          reason: ascii(reason), detail: ascii(detail))
+    }
+
+    /// One line for the error log: every field but the key ID (logs carry none), so an event the
+    /// store refused is not lost.
+    public var logText: String {
+        "at=\(at.timeIntervalSince1970) action=\(action) actor=\(actor ?? "-") client_id=\(clientID ?? "-") "
+            + "key_id=\(keyID == nil ? "-" : "(withheld)") reason=\(reason ?? "-") detail=\(detail ?? "-")"
+    }
+
     static func printable(_ text: String) -> String {
         func isControl(_ scalar: Unicode.Scalar) -> Bool { scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value) }
         guard text.unicodeScalars.contains(where: isControl) else { return text }

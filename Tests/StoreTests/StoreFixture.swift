@@ -1,5 +1,6 @@
 import AppAttest
 import AttestCrypto
+import CSQLite
 import Dispatch
 import Foundation
 import PostgresStore
@@ -42,6 +43,29 @@ final class StoreFixture: Sendable {
     }
 
     deinit { if let directory { try? FileManager.default.removeItem(at: directory) } }
+
+    var sqlitePath: String? { directory?.appendingPathComponent("s.sqlite").path }
+
+    /// Runs SQL on the store's database behind its back, on a connection of its own (schema
+    /// changes a test needs: a trigger that refuses some rows, say).
+    func execute(_ sql: String) throws {
+        switch backend {
+        case .sqlite:
+            var db: OpaquePointer?
+            guard sqlite3_open(sqlitePath!, &db) == SQLITE_OK else { throw FixtureError("cannot open \(sqlitePath!)") }
+            defer { sqlite3_close(db) }
+            var message: UnsafeMutablePointer<CChar>?
+            guard sqlite3_exec(db, sql, nil, nil, &message) == SQLITE_OK else {
+                defer { sqlite3_free(message) }
+                throw FixtureError("sqlite: \(message.map { String(cString: $0) } ?? "error")")
+            }
+        case .postgres:
+            let cluster = try PostgresCluster.shared.get()
+            let connection = try PostgresConnection(PostgresConnectionString(cluster.url(database!)), deadline: .after(seconds: 30))
+            defer { connection.close() }
+            try connection.execute(sql)
+        }
+    }
 
     func auditEvents(limit: Int = 100, clientID: String? = nil) throws -> [AuditEvent] {
         switch store {
