@@ -17,6 +17,7 @@ public enum PostgresValue: Sendable, Equatable {
 
     public static let nullText = PostgresValue.null(.text)
     public static let nullBytes = PostgresValue.null(.bytea)
+    public static let nullInt = PostgresValue.null(.int8)
 }
 
 /// The type OIDs the store uses (from `pg_type`; fixed since PostgreSQL 7).

@@ -275,7 +275,7 @@ public final class PostgresTokenStore: TokenStore {
     /// Parameters: $1 client ID, $2 key ID, $3 now, $4 challenge to redeem (NULL: none),
     /// $5… the exchange's own, then `firstTokenParameter`… token hash, client ID, workspace ID,
     /// key ID, issued, expires, next challenge, its expiry.
-    private static func exchangeSQL(done: String, firstTokenParameter p: Int, grant: String) -> String {
+    private static func exchangeSQL(done: String, firstTokenParameter p: Int, grant: String, quotaOK: String = "true") -> String {
         """
         WITH ch AS (
             SELECT 1 FROM challenges
@@ -300,18 +300,22 @@ public final class PostgresTokenStore: TokenStore {
             UPDATE challenges SET used = true
             WHERE client_id = $1 AND key_id = $2 AND EXISTS (SELECT 1 FROM ch) AND NOT EXISTS (SELECT 1 FROM done)
         )
-        SELECT EXISTS (SELECT 1 FROM ch), EXISTS (SELECT 1 FROM done)
+        SELECT EXISTS (SELECT 1 FROM ch), EXISTS (SELECT 1 FROM done), \(quotaOK)
         """
     }
+
+    /// $18: the quota (NULL: none), $19: the start of its window.
+    private static let registrationQuotaOK = "($18::bigint IS NULL OR (SELECT count(*) FROM devices WHERE client_id = $1 AND registered_at > $19) < $18)"
 
     private static let registerSQL = exchangeSQL(done: """
         INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at)
             SELECT $2, $1, $5, $6, $7, $8, $9, $3
             WHERE ($4::bytea IS NULL OR EXISTS (SELECT 1 FROM ch))
               AND EXISTS (SELECT 1 FROM integrations WHERE client_id = $1 AND revoked_at IS NULL)
+              AND \(registrationQuotaOK)
             ON CONFLICT (key_id) DO NOTHING
             RETURNING 1
-        """, firstTokenParameter: 10, grant: "registration")
+        """, firstTokenParameter: 10, grant: "registration", quotaOK: registrationQuotaOK)
 
     private static let advanceSQL = exchangeSQL(done: """
         UPDATE devices SET sign_counter = $5
@@ -329,22 +333,38 @@ public final class PostgresTokenStore: TokenStore {
     private static func outcome(_ result: PostgresResult, redeeming challenge: [UInt8]?) throws -> CommitResult {
         let row = result[0]
         if challenge != nil, try !row.bool(0) { return .challengeGone }
-        return try row.bool(1) ? .committed : .conflict
+        if try row.bool(1) { return .committed }
+        return try row.bool(2) ? .conflict : .quotaExceeded
     }
 
     public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
-                               nextChallenge: IssuedChallenge, at time: Date) throws -> CommitResult {
-        let values: [PostgresValue] = [.text(device.clientID), .bytes(device.keyID), Self.seconds(time), Self.optional(challenge),
-                                       .bytes(device.publicKey), .int(Int64(device.counter)), .text(device.environment.rawValue),
-                                       .text(device.appID), .bytes(receipt)] + Self.tokenValues(firstToken, nextChallenge)
-        return try run { db in try Self.outcome(try db.query(Self.registerSQL, values), redeeming: challenge) }
+                               nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
+                               commitTime: @Sendable () -> Date) throws -> CommitResult {
+        func values(_ committing: Date) -> [PostgresValue] {
+            [.text(device.clientID), .bytes(device.keyID), Self.seconds(committing), Self.optional(challenge),
+             .bytes(device.publicKey), .int(Int64(device.counter)), .text(device.environment.rawValue),
+             .text(device.appID), .bytes(receipt)] + Self.tokenValues(firstToken, nextChallenge)
+                + [quota.map { .int(Int64($0.limit)) } ?? .nullInt, Self.seconds(committing - (quota?.window ?? 0))]
+        }
+        return try run { db in
+            guard quota != nil else { return try Self.outcome(try db.query(Self.registerSQL, values(commitTime())), redeeming: challenge) }
+            // The integration's row is locked first, so its registrations are counted one at a
+            // time: the statement after the lock sees every registration committed before it (one
+            // statement alone would count from a snapshot taken before a concurrent one committed).
+            return try db.transaction {
+                _ = try db.query("SELECT 1 FROM integrations WHERE client_id = $1 FOR UPDATE", [.text(device.clientID)])
+                return try Self.outcome(try db.query(Self.registerSQL, values(commitTime())), redeeming: challenge)
+            }
+        }
     }
 
     public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
-                               nextChallenge: IssuedChallenge, at time: Date) throws -> CommitResult {
-        let values: [PostgresValue] = [.text(clientID), .bytes(keyID), Self.seconds(time), Self.optional(challenge),
-                                       .int(Int64(to)), .int(Int64(from))] + Self.tokenValues(token, nextChallenge)
-        return try run { db in try Self.outcome(try db.query(Self.advanceSQL, values), redeeming: challenge) }
+                               nextChallenge: IssuedChallenge, at time: Date, commitTime: @Sendable () -> Date) throws -> CommitResult {
+        try run { db in
+            let values: [PostgresValue] = [.text(clientID), .bytes(keyID), Self.seconds(commitTime()), Self.optional(challenge),
+                                           .int(Int64(to)), .int(Int64(from))] + Self.tokenValues(token, nextChallenge)
+            return try Self.outcome(try db.query(Self.advanceSQL, values), redeeming: challenge)
+        }
     }
 
     public func liveToken(hash: [UInt8], at time: Date) throws -> TokenGrant? {
@@ -391,28 +411,38 @@ public final class PostgresTokenStore: TokenStore {
     ///
     /// Rows go in key order: two instances upserting the same rows in their own dictionary
     /// orders (each process hashes with its own seed) could lock them crosswise and deadlock.
-    public func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws {
+    public func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws -> Bool {
         let usage = batch.usage.sorted { ($0.key.clientID, $0.key.model, $0.key.hour) < ($1.key.clientID, $1.key.model, $1.key.hour) }
         let errors = usage.flatMap { key, c in c.errors.sorted { $0.key < $1.key }.map { (key, $0.key, $0.value) } }
         let refusals = usage.flatMap { key, c in c.refusals.sorted { $0.key < $1.key }.map { (key, $0.key, $0.value) } }
-        try run { db in
+        return try run { db in
             try db.transaction {
+                if let id = batch.id {
+                    let at = Double(purgeDeviceMinutesBefore * 60)
+                    // Written first: a retried batch whose earlier commit went through stops here.
+                    guard try db.query("""
+                        WITH added AS (INSERT INTO usage_flushes (batch_id, flushed_at) VALUES ($1, $2) ON CONFLICT (batch_id) DO NOTHING
+                                       RETURNING 1),
+                             forgotten AS (DELETE FROM usage_flushes WHERE flushed_at < $3)
+                        SELECT count(*) FROM added
+                        """, [.text(id), .double(at), .double(at - 86_400)]).first({ try $0.int(0) == 1 }) == true else { return false }
+                }
                 if !usage.isEmpty {
                     _ = try db.query("""
                         INSERT INTO usage_hourly AS u (client_id, model, hour, requests, input_tokens, output_tokens,
-                                                       cache_creation_input_tokens, cache_read_input_tokens, incomplete)
+                                                       cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned)
                         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
-                                             $7::bigint[], $8::bigint[], $9::bigint[])
+                                             $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[])
                         ON CONFLICT (client_id, model, hour) DO UPDATE SET requests = u.requests + excluded.requests,
                           input_tokens = u.input_tokens + excluded.input_tokens, output_tokens = u.output_tokens + excluded.output_tokens,
                           cache_creation_input_tokens = u.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
                           cache_read_input_tokens = u.cache_read_input_tokens + excluded.cache_read_input_tokens,
-                          incomplete = u.incomplete + excluded.incomplete
+                          incomplete = u.incomplete + excluded.incomplete, abandoned = u.abandoned + excluded.abandoned
                         """, [Self.textArray(usage.map(\.key.clientID)), Self.textArray(usage.map(\.key.model)),
                               Self.intArray(usage.map(\.key.hour)), Self.intArray(usage.map(\.value.requests)),
                               Self.intArray(usage.map(\.value.inputTokens)), Self.intArray(usage.map(\.value.outputTokens)),
                               Self.intArray(usage.map(\.value.cacheCreationInputTokens)), Self.intArray(usage.map(\.value.cacheReadInputTokens)),
-                              Self.intArray(usage.map(\.value.incomplete))])
+                              Self.intArray(usage.map(\.value.incomplete)), Self.intArray(usage.map(\.value.abandoned))])
                 }
                 if !errors.isEmpty {
                     _ = try db.query("""
@@ -449,6 +479,7 @@ public final class PostgresTokenStore: TokenStore {
                               Self.intArray(minutes.map(\.key.minute)), Self.intArray(minutes.map(\.value))])
                 }
                 _ = try db.query("DELETE FROM device_request_minutes WHERE minute < $1", [.int(purgeDeviceMinutesBefore)])
+                return true
             }
         }
     }
@@ -476,12 +507,13 @@ public final class PostgresTokenStore: TokenStore {
             var rows: [UsageKey: UsageRow] = [:]
             for row in try db.query("""
                 SELECT w.name, u.client_id, u.model, u.hour, u.requests, u.input_tokens, u.output_tokens,
-                       u.cache_creation_input_tokens, u.cache_read_input_tokens, u.incomplete FROM usage_hourly u
+                       u.cache_creation_input_tokens, u.cache_read_input_tokens, u.incomplete, u.abandoned FROM usage_hourly u
                 """ + filtered, values).rows {
                 let key = UsageKey(clientID: try row.text(1), model: try row.text(2), hour: try row.int(3))
                 var c = UsageCounters()
                 c.requests = try row.int(4); c.inputTokens = try row.int(5); c.outputTokens = try row.int(6)
                 c.cacheCreationInputTokens = try row.int(7); c.cacheReadInputTokens = try row.int(8); c.incomplete = try row.int(9)
+                c.abandoned = try row.int(10)
                 rows[key] = UsageRow(workspace: try row.text(0), key: key, counters: c)
             }
             for row in try db.query("SELECT u.client_id, u.model, u.hour, u.status, u.count FROM usage_errors u" + filtered, values).rows {

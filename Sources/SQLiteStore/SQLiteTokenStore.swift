@@ -337,11 +337,20 @@ public final class SQLiteTokenStore: TokenStore {
     }
 
     public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
-                               nextChallenge: IssuedChallenge, at time: Date) throws -> CommitResult {
+                               nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
+                               commitTime: @Sendable () -> Date) throws -> CommitResult {
         try write { db in
+            // IMMEDIATE: the write lock is held from here, so this time is the commit's and the
+            // quota's count cannot change before the insert.
             try db.transaction {
-                if let challenge, try Self.redeem(db, clientID: device.clientID, keyID: device.keyID, challenge: challenge, at: time) == nil {
+                let committing = commitTime()
+                if let challenge, try Self.redeem(db, clientID: device.clientID, keyID: device.keyID, challenge: challenge, at: committing) == nil {
                     return .challengeGone
+                }
+                if let quota, try db.first("SELECT count(*) FROM devices WHERE client_id = ? AND registered_at > ?",
+                                           [.text(device.clientID), .real((committing - quota.window).timeIntervalSince1970)], { $0.int(0) }) ?? 0
+                    >= Int64(quota.limit) {
+                    return .quotaExceeded   // committed all the same: the challenge stays used
                 }
                 let inserted = try db.run("""
                     INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at)
@@ -359,10 +368,10 @@ public final class SQLiteTokenStore: TokenStore {
     }
 
     public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
-                               nextChallenge: IssuedChallenge, at time: Date) throws -> CommitResult {
+                               nextChallenge: IssuedChallenge, at time: Date, commitTime: @Sendable () -> Date) throws -> CommitResult {
         try write { db in
             try db.transaction {
-                if let challenge, try Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, at: time) == nil {
+                if let challenge, try Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, at: commitTime()) == nil {
                     return .challengeGone
                 }
                 // Compare-and-set on the counter, and only while the integration is live.
@@ -426,22 +435,29 @@ public final class SQLiteTokenStore: TokenStore {
         }
     }
 
-    public func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws {
+    public func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws -> Bool {
         try writeInBackground { db in
             try db.transaction {
+                if let id = batch.id {
+                    let at = Double(purgeDeviceMinutesBefore * 60)
+                    guard try db.run("INSERT INTO usage_flushes (batch_id, flushed_at) VALUES (?, ?) ON CONFLICT (batch_id) DO NOTHING",
+                                     [.text(id), .real(at)]) == 1 else { return false }
+                    // An ID matters only while its batch may still be retried: a day is ample.
+                    try db.run("DELETE FROM usage_flushes WHERE flushed_at < ?", [.real(at - 86_400)])
+                }
                 for (key, c) in batch.usage {
                     let row: [SQLValue] = [.text(key.clientID), .text(key.model), .int(key.hour)]
                     try db.run("""
                         INSERT INTO usage_hourly (client_id, model, hour, requests, input_tokens, output_tokens,
-                                                  cache_creation_input_tokens, cache_read_input_tokens, incomplete)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                                  cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                         ON CONFLICT (client_id, model, hour) DO UPDATE SET requests = requests + excluded.requests,
                           input_tokens = input_tokens + excluded.input_tokens, output_tokens = output_tokens + excluded.output_tokens,
                           cache_creation_input_tokens = cache_creation_input_tokens + excluded.cache_creation_input_tokens,
                           cache_read_input_tokens = cache_read_input_tokens + excluded.cache_read_input_tokens,
-                          incomplete = incomplete + excluded.incomplete
+                          incomplete = incomplete + excluded.incomplete, abandoned = abandoned + excluded.abandoned
                         """, row + [.int(c.requests), .int(c.inputTokens), .int(c.outputTokens), .int(c.cacheCreationInputTokens),
-                                    .int(c.cacheReadInputTokens), .int(c.incomplete)])
+                                    .int(c.cacheReadInputTokens), .int(c.incomplete), .int(c.abandoned)])
                     for (status, count) in c.errors {
                         try db.run("""
                             INSERT INTO usage_errors (client_id, model, hour, status, count) VALUES (?, ?, ?, ?, ?)
@@ -468,6 +484,7 @@ public final class SQLiteTokenStore: TokenStore {
                         """, [.blob(key.keyID), .text(key.clientID), .int(key.minute), .int(requests)])
                 }
                 try db.run("DELETE FROM device_request_minutes WHERE minute < ?", [.int(purgeDeviceMinutesBefore)])
+                return true
             }
         }
     }
@@ -485,12 +502,13 @@ public final class SQLiteTokenStore: TokenStore {
             var rows: [UsageKey: UsageRow] = [:]
             try db.query("""
                 SELECT w.name, u.client_id, u.model, u.hour, u.requests, u.input_tokens, u.output_tokens,
-                       u.cache_creation_input_tokens, u.cache_read_input_tokens, u.incomplete FROM usage_hourly u
+                       u.cache_creation_input_tokens, u.cache_read_input_tokens, u.incomplete, u.abandoned FROM usage_hourly u
                 """ + filtered, values) { row in
                     let key = UsageKey(clientID: row.text(1), model: row.text(2), hour: row.int(3))
                     var c = UsageCounters()
                     c.requests = row.int(4); c.inputTokens = row.int(5); c.outputTokens = row.int(6)
                     c.cacheCreationInputTokens = row.int(7); c.cacheReadInputTokens = row.int(8); c.incomplete = row.int(9)
+                    c.abandoned = row.int(10)
                     rows[key] = UsageRow(workspace: row.text(0), key: key, counters: c)
                 }
             try db.query("SELECT u.client_id, u.model, u.hour, u.status, u.count FROM usage_errors u " + filtered, values) { row in

@@ -148,6 +148,14 @@ final class RelayedExchange: UpstreamDelegate {
         var partialEvent: [UInt8] = []
         /// The last bytes of a JSON reply too large to hold, where its `usage` is.
         var tail: [UInt8] = []
+        /// The client left before a non-streamed reply came: it is read to its end for its usage
+        /// (the upstream bills it all the same), and nothing more goes to the client.
+        var abandoned = false
+        /// Bytes read since the client left (bounded by `maxAbandonedBytes`).
+        var abandonedBytes = 0
+        /// The transfer, once started: cancelled when an abandoned reply turns out to be a stream
+        /// or grows past its cap.
+        var transfer: UpstreamTransfer?
     }
 
     /// How the exchange ended, for the ledger, the metrics and the log.
@@ -157,24 +165,55 @@ final class RelayedExchange: UpstreamDelegate {
         var bytes: Int
         var usage: TokenUsage
         var incomplete: Bool
+        var abandoned = false
         /// Nanoseconds (uptime) of the first body byte from upstream.
         var firstByteAt: UInt64?
     }
 
     static let maxHeldReply = 1 << 20
     static let keptTail = 64 << 10
+    /// How much of a reply its client left is read for its usage: a Messages reply is far
+    /// smaller; past this it is cancelled and recorded as cut short.
+    static let maxAbandonedBytes = 32 << 20
 
     let writer: HTTPResponseWriter
     let requestID: String
     let started: UInt64
+    /// A reply whose client leaves is read to its end for its usage (a request that did not ask
+    /// for a stream, with a ledger to record it); otherwise it is cancelled upstream at once.
+    let readsAbandonedReply: Bool
     let finished: @Sendable (Result) -> Void
     private let state = Mutex(State())
 
-    init(writer: HTTPResponseWriter, requestID: String, started: UInt64, finished: @escaping @Sendable (Result) -> Void) {
+    init(writer: HTTPResponseWriter, requestID: String, started: UInt64, readsAbandonedReply: Bool = false,
+         finished: @escaping @Sendable (Result) -> Void) {
         self.writer = writer
         self.requestID = requestID
         self.started = started
+        self.readsAbandonedReply = readsAbandonedReply
         self.finished = finished
+    }
+
+    /// The transfer this exchange relays (set once, right after it starts).
+    func attach(_ transfer: UpstreamTransfer) {
+        state.withLock { $0.transfer = transfer }
+    }
+
+    /// The client went away. A stream is cancelled upstream at once (true: cancel it), as the
+    /// client can no longer read it. A non-streamed reply is read to its end instead, so that its
+    /// real usage is recorded (false): the upstream generates and bills it all the same.
+    func clientLeft() -> Bool {
+        let (cancel, transfer) = state.withLock { state -> (Bool, UpstreamTransfer?) in
+            guard readsAbandonedReply, !state.isEventStream, !state.shutDown else { return (true, state.transfer) }
+            state.abandoned = true
+            // What was held so far is where the reply's usage will be, if it is small.
+            if let held = state.held { state.tail = Array(held.body.suffix(Self.keptTail)) }
+            state.held = nil
+            return (false, state.transfer)
+        }
+        // A chunk refused while the client was going (write returned false) paused the transfer.
+        if !cancel { transfer?.resume() }
+        return cancel
     }
 
     func upstreamDidReceiveHead(status: Int, headers: [(name: String, value: String)]) {
@@ -182,17 +221,37 @@ final class RelayedExchange: UpstreamDelegate {
         if !forwarded.contains(where: { $0.name == "request-id" }) { forwarded.append(("request-id", requestID)) }
         let isEventStream = forwarded.contains { $0.name == "content-type" && $0.value.lowercased().hasPrefix("text/event-stream") }
         if isEventStream { forwarded.append(("cache-control", "no-cache")) }
-        state.withLock {
-            $0.headSent = true
-            $0.status = status
-            $0.isEventStream = isEventStream
-            if !isEventStream { $0.held = (forwarded, []) }
+        let (abandoned, transfer) = state.withLock { state -> (Bool, UpstreamTransfer?) in
+            state.headSent = true
+            state.status = status
+            state.isEventStream = isEventStream
+            if !isEventStream && !state.abandoned { state.held = (forwarded, []) }
+            return (state.abandoned, state.transfer)
+        }
+        if abandoned {
+            // A stream nobody reads is cancelled, and recorded with what was seen (nothing yet).
+            if isEventStream { transfer?.cancel() }
+            return
         }
         // Streams go out at once, chunk by chunk; a JSON reply waits for its last byte.
         if isEventStream { writer.startStream(status: status, headers: forwarded) }
     }
 
     func upstreamDidReceive(_ chunk: UnsafeRawBufferPointer) -> Bool {
+        // A reply whose client left: only its last bytes are kept, for the usage at its end.
+        let overCap: UpstreamTransfer?? = state.withLock { state in
+            guard state.abandoned else { return nil }
+            if state.firstByteAt == nil { state.firstByteAt = DispatchTime.now().uptimeNanoseconds }
+            state.bytes += chunk.count
+            state.abandonedBytes += chunk.count
+            state.tail.append(contentsOf: chunk)
+            if state.tail.count > 2 * Self.keptTail { state.tail.removeFirst(state.tail.count - Self.keptTail) }
+            return .some(state.abandonedBytes > Self.maxAbandonedBytes ? state.transfer : nil)
+        }
+        if let overCap {
+            overCap?.cancel()
+            return true
+        }
         let overflow: (status: Int, headers: [(name: String, value: String)], body: [UInt8])? = state.withLock { state in
             if state.firstByteAt == nil { state.firstByteAt = DispatchTime.now().uptimeNanoseconds }
             state.bytes += chunk.count
@@ -268,10 +327,19 @@ final class RelayedExchange: UpstreamDelegate {
     }
 
     func upstreamDidFinish(_ error: UpstreamError?) {
-        let (headSent, status, isEventStream, bytes, held, streamUsage, tail, firstByteAt, partialEvent) = state.withLock { state in
-            defer { state.held = nil; state.partialEvent = [] }
+        let (headSent, status, isEventStream, bytes, held, streamUsage, tail, firstByteAt, partialEvent, abandoned) = state.withLock { state in
+            defer { state.held = nil; state.partialEvent = []; state.transfer = nil }
             return (state.headSent, state.status, state.isEventStream, state.bytes, state.held, state.streamUsage, state.tail, state.firstByteAt,
-                    state.partialEvent)
+                    state.partialEvent, state.abandoned)
+        }
+        if abandoned {
+            // Nobody to answer. Read whole, the reply's usage is what the upstream bills; cut short
+            // (cancelled past the cap, a stream after all, the upstream failing), what was seen.
+            let whole = error == nil && headSent && !isEventStream
+            let usage = (whole && status < 400 ? UsageObject.ofTail(tail) : nil) ?? TokenUsage()
+            finished(Result(status: headSent ? status : 499, error: error, bytes: bytes, usage: usage, incomplete: !whole,
+                            abandoned: true, firstByteAt: firstByteAt))
+            return
         }
         /// Usage as far as it was seen; cut short unless the reply arrived whole.
         func result(_ status: Int, cut: Bool) -> Result {

@@ -376,7 +376,8 @@ public final class ServiceRouter: Sendable {
 
         let clientID = grant.clientID
         let admitted = ticket
-        let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start) { [self] result in
+        let readsAbandoned = admitted != nil && route == WireProtocol.messagesPath && !MessagesRequestFields.asksForStream(request.body)
+        let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start, readsAbandonedReply: readsAbandoned) { [self] result in
             let label = result.error.map { $0.kind == .cancelled ? "cancelled" : "error" } ?? String(result.status)
             metrics.increment("attestd_upstream_requests_total", labels: [("status", label)])
             let now = DispatchTime.now().uptimeNanoseconds
@@ -384,13 +385,19 @@ public final class ServiceRouter: Sendable {
             if let firstByte = result.firstByteAt {
                 metrics.observe("attestd_upstream_ttfb_seconds", seconds: Double(firstByte - start) / 1e9, buckets: Metrics.relayBuckets)
             }
-            if let admitted { ledger?.finish(admitted, RelayOutcome(status: result.status, usage: result.usage, incomplete: result.incomplete)) }
+            if let admitted {
+                ledger?.finish(admitted, RelayOutcome(status: result.status, usage: result.usage, incomplete: result.incomplete,
+                                                      abandoned: result.abandoned))
+            }
             logRequest(request, route: route, status: result.status, requestID: requestID, start: start, clientID: clientID,
-                       reason: nil, detail: result.error.map { "upstream \($0)" }, bytes: result.bytes)
+                       reason: nil, detail: result.error.map { "upstream \($0)" } ?? (result.abandoned ? "the client left; the reply was read for its usage" : nil),
+                       bytes: result.bytes)
         }
         let transfer = relay.start(MessagesRelay.upstreamRequest(request, key: key), delegate: exchange)
+        exchange.attach(transfer)
         writer.onWritable { transfer.resume() }
-        writer.onCancel { transfer.cancel() }
+        // A stream is cancelled upstream with its client; a JSON reply is read to its end, for its usage.
+        writer.onCancel { if exchange.clientLeft() { transfer.cancel() } }
         writer.onShutdown {
             if exchange.endForShutdown() { transfer.cancel() }
         }

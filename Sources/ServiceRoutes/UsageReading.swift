@@ -27,6 +27,18 @@ public enum MessagesRequestFields {
         }
         return input
     }
+
+    static let streamMember = JSONMemberScan.Names("stream")
+
+    /// Whether the request asks for an SSE stream (`"stream": true`); true as well when that
+    /// cannot be read, so such a request is treated as a stream.
+    public static func asksForStream(_ body: [UInt8]) -> Bool {
+        body.withUnsafeBytes { bytes in
+            guard let found = try? JSONMemberScan.members(of: streamMember, in: bytes) else { return true }
+            guard let range = found[0] else { return false }
+            return !bytes[range].elementsEqual("false".utf8)
+        }
+    }
 }
 
 /// The upstream's own `usage` object, as the ledger records it.

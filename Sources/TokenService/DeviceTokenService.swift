@@ -113,9 +113,18 @@ public final class DeviceTokenService: Sendable {
                 _ = try keyCache.key(for: device)
                 let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
                 let next = nextChallenge(at: time)
-                switch try store.registerDevice(device, receipt: verified.receipt, firstToken: record, redeeming: challenge, nextChallenge: next, at: time) {
+                let quota = configuration.registrationQuotaPerHour > 0
+                    ? RegistrationQuota(limit: configuration.registrationQuotaPerHour, window: 3600) : nil
+                switch try store.registerDevice(device, receipt: verified.receipt, firstToken: record, redeeming: challenge, nextChallenge: next,
+                                                quota: quota, at: time, commitTime: now) {
                 case .committed: break
-                case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge was redeemed concurrently")
+                case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge expired or was redeemed concurrently")
+                case .quotaExceeded:
+                    // Concurrent registrations filled the quota while this one was verified.
+                    let retry = Self.atLimit(try store.registrationsSince(clientID: clientID, since: now() - 3600),
+                                             limit: configuration.registrationQuotaPerHour, seconds: 3600, at: now()) ?? 1
+                    throw Rejection(.rateLimited(retryAfter: retry), .registrationQuota,
+                                    "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
                 case .conflict:
                     _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
                     throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID was registered concurrently")
@@ -157,9 +166,10 @@ public final class DeviceTokenService: Sendable {
                 let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
                 let next = nextChallenge(at: time)
                 switch try store.advanceCounter(clientID: clientID, keyID: keyID, from: device.counter, to: verified.counter,
-                                                token: record, redeeming: challenge, nextChallenge: next, at: time) {
+                                                token: record, redeeming: challenge, nextChallenge: next, at: time, commitTime: now) {
                 case .committed: break
-                case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge was redeemed concurrently")
+                case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge expired or was redeemed concurrently")
+                case .quotaExceeded: throw Rejection(.invalidGrant, .internalError, "a refresh has no quota")
                 case .conflict:
                     _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
                     throw Rejection(.invalidGrant, .counterRaced, "counter moved past \(device.counter) concurrently")

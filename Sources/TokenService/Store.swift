@@ -36,15 +36,20 @@ public protocol TokenStore: AnyObject, Sendable {
     // Devices and tokens
     func device(clientID: String, keyID: [UInt8]) throws -> Device?
     /// In one transaction: uses up `challenge` (when given; `.challengeGone` if it is no longer
-    /// pending), stores the device and its first token (`.conflict` if the key is registered or
-    /// the integration revoked) and the next challenge.
+    /// pending), checks the integration's registration quota (`.quotaExceeded`: the challenge is
+    /// used up all the same), stores the device and its first token (`.conflict` if the key is
+    /// registered or the integration revoked) and the next challenge. The challenge's expiry and
+    /// the quota's window are read at `commitTime()`, called inside the transaction (once it holds
+    /// the locks it needs), so verification that outlasts the challenge does not redeem it.
     func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
-                        nextChallenge: IssuedChallenge, at: Date) throws -> CommitResult
-    /// In one transaction: uses up `challenge` (when given), advances the counter from `from` to
-    /// `to` (`.conflict` when it was no longer `from`: a concurrent request won; the challenge is
-    /// used up all the same), stores the token and the next challenge.
+                        nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at: Date,
+                        commitTime: @Sendable () -> Date) throws -> CommitResult
+    /// In one transaction: uses up `challenge` (when given, as pending at `commitTime()`),
+    /// advances the counter from `from` to `to` (`.conflict` when it was no longer `from`: a
+    /// concurrent request won; the challenge is used up all the same), stores the token and the
+    /// next challenge.
     func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
-                        nextChallenge: IssuedChallenge, at: Date) throws -> CommitResult
+                        nextChallenge: IssuedChallenge, at: Date, commitTime: @Sendable () -> Date) throws -> CommitResult
     /// The grant behind a token hash if it is live: unexpired, unrevoked, integration not revoked;
     /// with the workspace's sealed upstream key, in the same query.
     func liveToken(hash: [UInt8], at: Date) throws -> TokenGrant?
@@ -63,8 +68,10 @@ public protocol TokenStore: AnyObject, Sendable {
     /// Replaces the integration's policy; false when no integration has this client ID.
     func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool
     /// Adds a batch of usage (every count an increment) in one transaction, and forgets device
-    /// minutes before `purgeDeviceMinutesBefore`.
-    func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws
+    /// minutes before `purgeDeviceMinutesBefore`. A batch with an `id` already recorded adds
+    /// nothing (false): it was committed by an earlier attempt whose answer was lost.
+    @discardableResult
+    func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws -> Bool
     /// The ledger rows the filter selects, with their errors and refusals.
     func usage(_ filter: UsageFilter) throws -> [UsageRow]
 
@@ -129,6 +136,20 @@ public enum CommitResult: Sendable, Equatable {
     case challengeGone
     /// The row the write depended on changed: key already registered, counter moved, integration revoked.
     case conflict
+    /// The integration already holds its quota of registrations in the window.
+    case quotaExceeded
+}
+
+/// Successful registrations an integration may have in a rolling window, checked in the
+/// registration's own transaction (with concurrent registrations of the integration serialised),
+/// so that no number of concurrent requests can overshoot it.
+public struct RegistrationQuota: Sendable, Equatable {
+    public let limit: Int
+    public let window: TimeInterval
+    public init(limit: Int, window: TimeInterval) {
+        self.limit = limit
+        self.window = window
+    }
 }
 
 extension TokenStore {
@@ -141,9 +162,23 @@ extension TokenStore {
         try registerDevice(device, receipt: receipt, firstToken: firstToken, redeeming: nil, nextChallenge: nextChallenge, at: time) == .committed
     }
 
+    /// With no quota, the challenge checked at `time`.
+    public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+                               nextChallenge: IssuedChallenge, at time: Date) throws -> CommitResult {
+        try registerDevice(device, receipt: receipt, firstToken: firstToken, redeeming: challenge, nextChallenge: nextChallenge,
+                           quota: nil, at: time, commitTime: { time })
+    }
+
     public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord,
                                nextChallenge: IssuedChallenge, at time: Date) throws -> Bool {
         try advanceCounter(clientID: clientID, keyID: keyID, from: from, to: to, token: token, redeeming: nil,
                            nextChallenge: nextChallenge, at: time) == .committed
+    }
+
+    /// The challenge checked at `time`.
+    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
+                               nextChallenge: IssuedChallenge, at time: Date) throws -> CommitResult {
+        try advanceCounter(clientID: clientID, keyID: keyID, from: from, to: to, token: token, redeeming: challenge,
+                           nextChallenge: nextChallenge, at: time, commitTime: { time })
     }
 }

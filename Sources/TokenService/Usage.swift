@@ -130,6 +130,9 @@ public struct UsageCounters: Sendable, Equatable {
     public var cacheReadInputTokens: Int64 = 0
     /// Streams (and replies) cut short: recorded with what was seen.
     public var incomplete: Int64 = 0
+    /// Non-streamed replies whose client left before they came: read to their end all the same,
+    /// so their usage is what the upstream bills.
+    public var abandoned: Int64 = 0
     /// Error answers, by status.
     public var errors: [Int: Int64] = [:]
     /// Requests the policy refused (never relayed), by reason.
@@ -144,6 +147,7 @@ public struct UsageCounters: Sendable, Equatable {
         lhs.cacheCreationInputTokens += rhs.cacheCreationInputTokens
         lhs.cacheReadInputTokens += rhs.cacheReadInputTokens
         lhs.incomplete += rhs.incomplete
+        lhs.abandoned += rhs.abandoned
         lhs.errors.merge(rhs.errors, uniquingKeysWith: +)
         lhs.refusals.merge(rhs.refusals, uniquingKeysWith: +)
     }
@@ -185,6 +189,9 @@ public struct MonthKey: Hashable, Sendable {
 
 /// What one flush writes, in one transaction: every count is an increment.
 public struct UsageBatch: Sendable {
+    /// Written with the batch in the same transaction, when set: a batch whose commit went through
+    /// but whose answer was lost is retried under the same ID and adds nothing twice.
+    public var id: String?
     public var usage: [UsageKey: UsageCounters] = [:]
     public var monthTokens: [MonthKey: Int64] = [:]
     public var deviceMinutes: [DeviceMinuteKey: Int64] = [:]

@@ -1,3 +1,5 @@
+import AttestCrypto
+import AttestWire
 import Foundation
 import Synchronization
 
@@ -69,11 +71,14 @@ public struct RelayOutcome: Sendable {
     public var usage: TokenUsage
     /// Cut short (client gone, upstream interrupted, stream without `message_stop`): recorded with what was seen.
     public var incomplete: Bool
+    /// A non-streamed reply the client left before it came, read to its end for its usage.
+    public var abandoned: Bool
 
-    public init(status: Int, usage: TokenUsage, incomplete: Bool) {
+    public init(status: Int, usage: TokenUsage, incomplete: Bool, abandoned: Bool = false) {
         self.status = status
         self.usage = usage
         self.incomplete = incomplete
+        self.abandoned = abandoned
     }
 }
 
@@ -208,20 +213,24 @@ public final class UsageLedger: Sendable {
     }
 
     /// Seconds until one more request fits a sliding one-minute window, or nil if it fits now. The
-    /// window is estimated from two fixed minutes: the last one weighted by how much of it the
-    /// window still covers, plus this one (constant memory per device, at most a minute's error
-    /// in when capacity frees, never more requests than the limit within any fixed minute).
+    /// window is estimated from two fixed minutes (constant memory per device): the last one's
+    /// requests spread evenly over it, this one's over the part of it that has passed. Whether
+    /// one more fits now is exact to that estimate, and never lets more than the limit into a
+    /// fixed minute. The wait is at most 60 s: every request counted happened by now, so a minute
+    /// from now the window holds none of them.
     public static func slidingWindowRetry(current: Int64, previous: Int64, limit: Int, at time: Date) -> Int? {
-        let intoMinute = time.timeIntervalSince1970.truncatingRemainder(dividingBy: 60)
+        let intoMinute = time.timeIntervalSince1970 - (time.timeIntervalSince1970 / 60).rounded(.down) * 60
+        /// Requests still inside the window `wait` seconds from now.
         func estimate(after wait: Double) -> Double {
-            let elapsed = intoMinute + wait
-            if elapsed < 60 { return Double(previous) * (60 - elapsed) / 60 + Double(current) }
-            if elapsed < 120 { return Double(current) * (120 - elapsed) / 60 }
-            return 0
+            // The window then starts `wait - (60 - intoMinute)` seconds into this minute.
+            let intoThisMinute = wait - (60 - intoMinute)
+            if intoThisMinute <= 0 { return Double(previous) * (-intoThisMinute / 60) + Double(current) }
+            guard intoMinute > 0, intoThisMinute < intoMinute else { return 0 }
+            return Double(current) * (intoMinute - intoThisMinute) / intoMinute
         }
         guard estimate(after: 0) + 1 > Double(limit) else { return nil }
-        for wait in 1...120 where estimate(after: Double(wait)) + 1 <= Double(limit) { return wait }
-        return 120
+        for wait in 1..<60 where estimate(after: Double(wait)) + 1 <= Double(limit) { return wait }
+        return 60
     }
 
     // MARK: Recording
@@ -238,6 +247,7 @@ public final class UsageLedger: Sendable {
                 counters.cacheCreationInputTokens += usage.cacheCreationInputTokens
                 counters.cacheReadInputTokens += usage.cacheReadInputTokens
                 if outcome.incomplete { counters.incomplete += 1 }
+                if outcome.abandoned { counters.abandoned += 1 }
                 // 499: the client left before an answer; that is `incomplete`, not an upstream error.
                 if outcome.status >= 400 && outcome.status != 499 { counters.errors[outcome.status, default: 0] += 1 }
             }
@@ -260,45 +270,51 @@ public final class UsageLedger: Sendable {
 
     // MARK: Flushing
 
-    /// Writes what is pending in one transaction. On failure the batch goes back to pending (none
-    /// of it is lost) and is retried on the next flush.
+    /// Writes what is pending in one transaction. On failure the batch is kept, under its ID, and
+    /// written again first on the next flush (none of it is lost, and a batch whose commit went
+    /// through though its answer was lost is not counted twice); requests meanwhile go to pending.
     @discardableResult
     public func flush(at time: Date = Date()) -> Bool {
         flushLock.withLock { _ in
-            let batch: UsageBatch? = state.withLock { state in
-                guard !state.pending.isEmpty else { return nil }
-                state.flushing = state.pending
-                state.pending = UsageBatch()
-                return state.flushing
-            }
-            guard let batch else { return true }
             let minute = UsageClock.minute(time)
-            do {
-                try store.recordUsage(batch, purgeDeviceMinutesBefore: minute - 2)
-                state.withLock { state in
-                    state.flushing = nil
-                    let commit = commits.add(1, ordering: .releasing).newValue
-                    state.recentlyFlushed.append((commit, batch))
-                    if state.recentlyFlushed.count > Self.flushedBatchesKept { state.recentlyFlushed.removeFirst() }
-                    let hour = UsageClock.hour(time)
-                    state.modelsSeen = state.modelsSeen.filter { $0.key.hour >= hour - 3600 }
+            // At most two writes: a batch an earlier flush could not confirm, then what is pending.
+            for _ in 0..<2 {
+                let batch: UsageBatch? = state.withLock { state in
+                    if let unconfirmed = state.flushing { return unconfirmed }
+                    guard !state.pending.isEmpty else { return nil }
+                    var batch = state.pending
+                    batch.id = Self.newBatchID()
+                    state.flushing = batch
+                    state.pending = UsageBatch()
+                    return batch
                 }
-                return true
-            } catch {
-                state.withLock { state in
-                    var kept = batch
-                    // Device minutes matter only for the limit's two-minute window.
-                    kept.deviceMinutes = kept.deviceMinutes.filter { $0.key.minute >= minute - 1 }
-                    kept.merge(state.pending)
-                    state.pending = kept
-                    state.flushing = nil
+                guard let batch else { return true }
+                do {
+                    try store.recordUsage(batch, purgeDeviceMinutesBefore: minute - 2)
+                    state.withLock { state in
+                        state.flushing = nil
+                        let commit = commits.add(1, ordering: .releasing).newValue
+                        state.recentlyFlushed.append((commit, batch))
+                        if state.recentlyFlushed.count > Self.flushedBatchesKept { state.recentlyFlushed.removeFirst() }
+                        let hour = UsageClock.hour(time)
+                        state.modelsSeen = state.modelsSeen.filter { $0.key.hour >= hour - 3600 }
+                    }
+                } catch {
+                    state.withLock { state in
+                        // Device minutes matter only for the limit's two-minute window.
+                        state.flushing?.deviceMinutes = batch.deviceMinutes.filter { $0.key.minute >= minute - 1 }
+                    }
+                    metrics.increment("attestd_usage_flush_failures_total")
+                    report("usage flush failed, kept for the next one: \(error)")
+                    return false
                 }
-                metrics.increment("attestd_usage_flush_failures_total")
-                report("usage flush failed, kept for the next one: \(error)")
-                return false
             }
+            return true
         }
     }
+
+    /// 16 random bytes, URL-safe base64: unique across instances and restarts.
+    static func newBatchID() -> String { Base64.encode(secureRandomBytes(16), urlSafe: true, padded: false) }
 
     /// Flushes every `flushInterval` until `stop`.
     public func start() {
@@ -319,7 +335,10 @@ public final class UsageLedger: Sendable {
         var pause: TimeInterval = 0.05
         while !flush() {
             guard Date() + pause < deadline else {
-                let requests = state.withLock { $0.pending.usage.values.reduce(Int64(0)) { $0 + $1.requests } }
+                let requests = state.withLock { state in
+                    (state.flushing?.usage.values.reduce(Int64(0)) { $0 + $1.requests } ?? 0)
+                        + state.pending.usage.values.reduce(Int64(0)) { $0 + $1.requests }
+                }
                 report("usage not written at shutdown after \(seconds) s of retries: \(requests) requests' counts lost")
                 return false
             }

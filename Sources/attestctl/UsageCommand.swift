@@ -52,7 +52,7 @@ enum UsageCommand {
         fields += [("requests", c.requests), ("input_tokens", c.inputTokens), ("output_tokens", c.outputTokens),
                    ("cache_creation_input_tokens", c.cacheCreationInputTokens), ("cache_read_input_tokens", c.cacheReadInputTokens),
                    ("errors", c.errors.sorted { $0.key < $1.key }.map { (String($0.key), $0.value as Any) }),
-                   ("incomplete", c.incomplete),
+                   ("incomplete", c.incomplete), ("abandoned", c.abandoned),
                    ("refused", c.refusals.sorted { $0.key < $1.key }.map { ($0.key, $0.value as Any) })]
         return fields
     }
@@ -69,10 +69,10 @@ enum UsageCommand {
         func counts(_ c: UsageCounters) -> [String] {
             [String(c.requests), String(c.inputTokens), String(c.outputTokens), String(c.cacheCreationInputTokens), String(c.cacheReadInputTokens),
              c.errors.isEmpty ? "-" : c.errors.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","),
-             String(c.incomplete),
+             String(c.incomplete), String(c.abandoned),
              c.refusals.isEmpty ? "-" : c.refusals.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ",")]
         }
-        let header = keys.map(\.0) + ["REQUESTS", "INPUT", "OUTPUT", "CACHE_WRITE", "CACHE_READ", "ERRORS", "INCOMPLETE", "REFUSED"]
+        let header = keys.map(\.0) + ["REQUESTS", "INPUT", "OUTPUT", "CACHE_WRITE", "CACHE_READ", "ERRORS", "INCOMPLETE", "ABANDONED", "REFUSED"]
         var lines = groups.map { group in keys.map { $0.1(group) ?? "-" } + counts(group.counters) }
         lines.append(keys.enumerated().map { $0.offset == 0 ? "TOTAL" : "" } + counts(UsageReport.total(groups)))
         let widths = header.indices.map { column in ([header] + lines).map { $0[column].count }.max()! }

@@ -17,9 +17,21 @@ import FoundationNetworking
 final class TestClock: @unchecked Sendable {
     private let lock = NSLock()
     private var current: Date
+    /// Seconds the clock moves on right after its next reading (a request that takes that long).
+    private var jumpAfterNextRead: TimeInterval?
     init(_ start: Date = Date()) { current = start }
-    var now: Date { lock.lock(); defer { lock.unlock() }; return current }
+    var now: Date {
+        lock.lock(); defer { lock.unlock() }
+        let reading = current
+        if let jump = jumpAfterNextRead {
+            jumpAfterNextRead = nil
+            current += jump
+        }
+        return reading
+    }
     func advance(_ seconds: TimeInterval) { lock.lock(); current += seconds; lock.unlock() }
+    /// The next reading is the current time; every one after it is `seconds` later.
+    func jump(_ seconds: TimeInterval, afterNextRead: Void = ()) { lock.lock(); jumpAfterNextRead = seconds; lock.unlock() }
 }
 
 /// A real attestd stack — SQLite in a temporary directory, the token service, the routes and

@@ -115,6 +115,56 @@ import ServiceRoutes
         #expect(right.error == "invalid_grant")
     }
 
+    /// The challenge is pending when a registration or a refresh begins and has expired by the
+    /// time it commits (here the clock moves 10 minutes while the request is verified): refused,
+    /// and the next attempt with a new challenge succeeds.
+    @Test func aChallengeThatExpiresWhileItsRequestIsVerifiedIsRefused() async throws {
+        let service = try TestService()
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let device = try ManualDevice(clientID: integration.clientID)
+        let challenge = try await http.challengeBytes(device)
+        // The request begins on time; its commit is 10 minutes later, past the challenge's 5.
+        service.clock.jump(600)
+        let late = try await http.register(device, attestation: try device.attestation(challenge: challenge))
+        #expect(late.status == 401 && late.error == "invalid_grant")
+        #expect(try service.store.auditEvents(limit: 1).first?.reason == RejectionReason.noPendingChallenge.rawValue)
+        #expect(try service.store.device(clientID: integration.clientID, keyID: device.key.keyID) == nil)
+        let registered = try await http.registerFresh(device)
+        #expect(registered.status == 200)
+        // The same for a refresh, with the next challenge the registration handed out (its
+        // lifetime is the token's plus 5 minutes).
+        let next = Array(Data(base64Encoded: registered.json["next_challenge"] as! String)!)
+        service.clock.jump(3600 + 301)
+        let refresh = try await http.token(device, assertion: try device.assertion(challenge: next))
+        #expect(refresh.status == 401 && refresh.error == "invalid_grant")
+        #expect(try service.store.device(clientID: integration.clientID, keyID: device.key.keyID)?.counter == 0)
+        let retried = try await http.token(device, assertion: try device.assertion(challenge: try await http.challengeBytes(device)))
+        #expect(retried.status == 200)
+    }
+
+    /// Ten fresh installs register at once against a quota of 4 an hour: exactly 4 get tokens,
+    /// the other 6 get 429 with a Retry-After, however the requests interleave.
+    @Test func theRegistrationQuotaHoldsWhenInstallsRegisterAtOnce() async throws {
+        let service = try TestService { $0.registrationQuotaPerHour = 4 }
+        let integration = try service.createIntegration()
+        let http = TestHTTP(baseURL: service.baseURL)
+        let devices = try (0..<10).map { _ in try ManualDevice(clientID: integration.clientID) }
+        // Challenges first, so that every registration passes the early check before any commits.
+        var attestations: [String] = []
+        for device in devices { attestations.append(try device.attestation(challenge: try await http.challengeBytes(device))) }
+        let statuses = try await withThrowingTaskGroup(of: (Int, String?).self) { group in
+            for (device, attestation) in zip(devices, attestations) {
+                group.addTask { let r = try await http.register(device, attestation: attestation); return (r.status, r.header("retry-after")) }
+            }
+            return try await group.reduce(into: [(Int, String?)]()) { $0.append($1) }
+        }
+        #expect(statuses.filter { $0.0 == 200 }.count == 4, "\(statuses)")
+        #expect(statuses.filter { $0.0 == 429 }.count == 6, "\(statuses)")
+        #expect(statuses.filter { $0.0 == 429 }.allSatisfy { (Int($0.1 ?? "") ?? 0) > 0 })
+        #expect(try service.store.registrationsSince(clientID: integration.clientID, since: service.clock.now - 3600).count == 4)
+    }
+
     /// Every rejection case of PROTOCOL.md's table, with the exact reason recorded in the audit trail.
     @Test func protocolRejectionTable() async throws {
         let service = try TestService { $0.mintLimitPerMinute = 3; $0.registrationQuotaPerHour = 2 }

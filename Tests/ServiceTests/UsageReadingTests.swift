@@ -180,10 +180,42 @@ import TokenService
     @Test func theSlidingWindowAllowsTheLimitAndSaysWhenMoreFits() {
         let minuteStart = Date(timeIntervalSince1970: 1_800_000_000 - 1_800_000_000.truncatingRemainder(dividingBy: 60))
         #expect(UsageLedger.slidingWindowRetry(current: 2, previous: 0, limit: 3, at: minuteStart + 10) == nil)
-        // Full this minute: frees when the next minute has begun and the weight has fallen enough.
-        #expect(UsageLedger.slidingWindowRetry(current: 3, previous: 0, limit: 3, at: minuteStart + 10) == 50 + 20)
+        // Full this minute after 10 s: its 3 requests are spread over those 10 s, so one has left
+        // the window when it starts 6.7 s into this minute, 54 s from now (never the 70 s a
+        // spread over the whole minute gave, past the minute in which all three surely leave).
+        #expect(UsageLedger.slidingWindowRetry(current: 3, previous: 0, limit: 3, at: minuteStart + 10) == 54)
         // Half-way through the minute, 4 last minute count as 2: with 1 this minute, 3 of 3 used.
         #expect(UsageLedger.slidingWindowRetry(current: 1, previous: 4, limit: 3, at: minuteStart + 30) == 15)
         #expect(UsageLedger.slidingWindowRetry(current: 0, previous: 4, limit: 3, at: minuteStart + 30) == nil)
+    }
+
+    /// Over every count, limit and second of the minute: a refused request is told to wait 1 to
+    /// 60 s, the estimate admits one more exactly then and not a second earlier, and whatever was
+    /// counted has left the window 60 s on.
+    @Test(arguments: [1, 2, 3, 10, 60])
+    func retryAfterIsAtMostAMinuteAndExactlyWhenOneMoreFits(limit: Int) {
+        let minuteStart = 1_800_000_000 - 1_800_000_000.truncatingRemainder(dividingBy: 60)
+        for tenths in stride(from: 0, to: 600, by: 7) {
+            let now = minuteStart + Double(tenths) / 10
+            for current in Int64(0)...Int64(limit + 2) {
+                for previous in [Int64(0), Int64(limit / 2), Int64(limit), Int64(limit * 3)] {
+                    guard let retry = UsageLedger.slidingWindowRetry(current: current, previous: previous, limit: limit,
+                                                                     at: Date(timeIntervalSince1970: now)) else { continue }
+                    #expect((1...60).contains(retry), "limit \(limit), \(current)+\(previous) at +\(Double(tenths) / 10): \(retry)")
+                    guard retry > 1 else { continue }
+                    // One second earlier, it would not have fitted yet.
+                    let earlier = now + Double(retry - 1)
+                    let (c, p) = shifted(current, previous, from: now, to: earlier)
+                    #expect(UsageLedger.slidingWindowRetry(current: c, previous: p, limit: limit, at: Date(timeIntervalSince1970: earlier)) != nil
+                            || earlier.truncatingRemainder(dividingBy: 60) < now.truncatingRemainder(dividingBy: 60),
+                            "limit \(limit), \(current)+\(previous) at +\(Double(tenths) / 10): fits before \(retry) s")
+                }
+            }
+        }
+        /// The counts as the two-minute view sees them at `later` (a new minute moves them along).
+        func shifted(_ current: Int64, _ previous: Int64, from now: Double, to later: Double) -> (Int64, Int64) {
+            let minutes = Int((later / 60).rounded(.down) - (now / 60).rounded(.down))
+            return minutes == 0 ? (current, previous) : minutes == 1 ? (0, current) : (0, 0)
+        }
     }
 }

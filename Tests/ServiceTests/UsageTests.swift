@@ -134,6 +134,40 @@ import Glibc
         }
     }
 
+    /// A client that hangs up while its non-streamed reply is being generated: the upstream
+    /// generates and bills it all the same, so the relay reads it to its end and records its real
+    /// usage, flagged abandoned. A stream whose client leaves is cancelled upstream, as before.
+    @Test func anAbandonedReplyIsReadToItsEndAndRecordedWithItsRealUsage() async throws {
+        let fixture = try await Fixture()
+        defer { fixture.stop() }
+        let reply = try RawStream(port: fixture.server.port, path: "/v1/messages", token: fixture.tokenA,
+                                  body: RelayTests.request(model: "stub-latency-1000"))
+        let stream = try RawStream(port: fixture.server.port, path: "/v1/messages", token: fixture.tokenA,
+                                   body: RelayTests.request(model: "stub-latency-1001", stream: true))
+        // Both reached the upstream, which is still working on them.
+        #expect(await fixture.stub.waitUntil(timeout: .seconds(10)) { $0.requests.count == 2 })
+        reply.close()
+        stream.close()
+        let lines = try await Self.waitForRequests(fixture, 2, timeout: 15)
+        let records = fixture.stub.requests
+        let json = try #require(records.first { $0.model == "stub-latency-1000" })
+        let line = try #require(lines.first { $0["model"] as? String == "stub-latency-1000" })
+        #expect(json.outcome == .completed, "the relay kept reading the reply its client left")
+        #expect(line["abandoned"] as? Int == 1)
+        #expect(line["incomplete"] as? Int == 0)
+        #expect(line["input_tokens"] as? Int == json.usage?.inputTokens && (json.usage?.inputTokens ?? 0) > 0)
+        #expect(line["output_tokens"] as? Int == json.usage?.outputTokens && (json.usage?.outputTokens ?? 0) > 0)
+        #expect(line["errors"] as? [String: Int] == [:])
+        // The stream: cancelled upstream while it waited, recorded as cut short with what was seen.
+        let streamed = try #require(records.first { $0.model == "stub-latency-1001" })
+        #expect(await fixture.stub.waitUntil(timeout: .seconds(10)) { stub in
+            stub.requests.first { $0.model == "stub-latency-1001" }?.outcome == .clientClosed
+        }, "\(streamed.outcome)")
+        let streamLine = try #require(lines.first { $0["model"] as? String == "stub-latency-1001" })
+        #expect(streamLine["incomplete"] as? Int == 1)
+        #expect(streamLine["abandoned"] as? Int == 0)
+    }
+
     /// A stream the upstream cuts after five deltas, before its closing message_delta, counts at
     /// least those five output tokens (message_start said 1).
     @Test func aStreamCutBeforeItsEndCountsTheDeltasItCarried() async throws {
