@@ -8,7 +8,9 @@
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/socket.h>
+#include <sys/ioctl.h>
 #ifdef __linux__
+#include <linux/sockios.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #endif
@@ -131,5 +133,17 @@ attest_watch_wait(int epfd, uint64_t *keys, int capacity, int timeout_ms)
   return count;
 }
 #endif
+
+/* Bytes of earlier answers the client has not taken yet: queued in the socket, unsent or
+ * unacknowledged (SIOCOUTQ); -1 on error. */
+static inline int
+attest_unread_bytes(int fd)
+{
+  int count = 0;
+#ifdef __linux__
+  if (ioctl(fd, SIOCOUTQ, &count) != 0) return -1;
+#endif
+  return count;
+}
 
 #endif

@@ -19,6 +19,8 @@ enum ConnectionPhase: Sendable {
     case responding
     /// A streamed response is under way.
     case streaming
+    /// A request is held, unhandled, while its connection's earlier answers wait unread.
+    case held
 }
 
 /// One per TCP connection (libmicrohttpd's socket context), from the STARTED to the CLOSED
@@ -75,6 +77,9 @@ final class ConnectionRecord: Sendable {
             s.writer = nil
         }
     }
+
+    /// Whether a request on this connection has completed before (the current one follows it).
+    var hasServedRequests: Bool { state.withLock { $0.requests > 0 } }
 
     func addBodyBytes(_ count: Int) {
         state.withLock { $0.bodyBytes += count }
@@ -208,8 +213,15 @@ final class ConnectionRegistry: Sendable {
         let slowHead = head > 0 ? min(1_000_000_000, head / 10) : 1_000_000_000
         // Workers move their records' clocks concurrently: a time may be later than `now`.
         func age(_ since: UInt64) -> UInt64 { now > since ? now - since : 0 }
+        var resumable: [HTTPResponseWriter] = []
         state.withLock { s in
             let draining = s.draining
+            var heldWriters: [(record: ConnectionRecord, writer: HTTPResponseWriter)] = []
+            defer {
+                // Under the registry's lock, so each descriptor is still its connection's. A held
+                // request goes on once its client has taken half of what waited.
+                for (record, writer) in heldWriters where unreadBytes(record.fd) <= c.maxUnreadResponseBytes / 2 { resumable.append(writer) }
+            }
             var live: [pthread_t: Int] = [:]
             var candidates: [pthread_t: [(rank: Int, since: UInt64, record: ConnectionRecord)]] = [:]
             for record in s.records.values {
@@ -238,6 +250,10 @@ final class ConnectionRegistry: Sendable {
                         if write > 0, stalled != 0, age(stalled) > write { return (.writeTimeout, 0, 0) }
                     case .handling:
                         break
+                    case .held:
+                        if write > 0, age(r.phaseSince) > write { return (.unreadAnswers, 0, 0) }
+                        if let writer = r.writer { heldWriters.append((record, writer)) }
+                        return (nil, 0, r.phaseSince)
                     }
                     return (nil, 2, 0)
                 }
@@ -249,7 +265,8 @@ final class ConnectionRegistry: Sendable {
                 live[record.worker, default: 0] += 1
                 if verdict.rank < 2 { candidates[record.worker, default: []].append((verdict.rank, verdict.since, record)) }
             }
-            // Slots: a worker over its high mark closes the connections doing the least.
+            // Slots: a worker over its high mark closes the connections doing the least (idle
+            // keep-alives and requests held for unread answers first, then heads).
             for (worker, count) in live where count > evictAbove {
                 var excess = count - evictDownTo
                 let ordered = (candidates[worker] ?? []).sorted { ($0.rank, $0.since) < ($1.rank, $1.since) }
@@ -258,6 +275,7 @@ final class ConnectionRegistry: Sendable {
                 }
             }
         }
+        for writer in resumable { writer.releaseHold() }
     }
 
     /// Graceful shutdown begins: new connections are closed at once, idle ones now, heads older
@@ -309,9 +327,9 @@ final class ConnectionRegistry: Sendable {
     }
 
     /// Counts connections by phase (for `HTTPServer.stats()`).
-    func phaseCounts() -> (total: Int, waiting: Int, heads: Int, bodies: Int, handling: Int, responding: Int, streams: Int) {
+    func phaseCounts() -> (total: Int, waiting: Int, heads: Int, bodies: Int, handling: Int, responding: Int, streams: Int, held: Int) {
         state.withLock { s in
-            var counts = (total: s.records.count, waiting: 0, heads: 0, bodies: 0, handling: 0, responding: 0, streams: 0)
+            var counts = (total: s.records.count, waiting: 0, heads: 0, bodies: 0, handling: 0, responding: 0, streams: 0, held: 0)
             for record in s.records.values {
                 switch record.state.withLock({ $0.phase }) {
                 case .waiting: counts.waiting += 1
@@ -320,6 +338,7 @@ final class ConnectionRegistry: Sendable {
                 case .handling: counts.handling += 1
                 case .responding: counts.responding += 1
                 case .streaming: counts.streams += 1
+                case .held: counts.held += 1
                 }
             }
             return counts
@@ -374,6 +393,8 @@ final class ServerTotals: Sendable {
     let tooLarge = Atomic<UInt64>(0)
     let overloaded = Atomic<UInt64>(0)
     let cancelled = Atomic<UInt64>(0)
+    /// Requests held for their connection's unread answers (each time one was held).
+    let held = Atomic<UInt64>(0)
     private let reaped = Mutex<[HTTPReapReason: UInt64]>([:])
 
     func countReap(_ reason: HTTPReapReason) {
@@ -382,3 +403,6 @@ final class ServerTotals: Sendable {
 
     var reapedByReason: [HTTPReapReason: UInt64] { reaped.withLock { $0 } }
 }
+
+/// Bytes of answers waiting in the socket for the client (0 when that cannot be told).
+func unreadBytes(_ fd: Int32) -> Int { max(0, Int(attest_unread_bytes(fd))) }

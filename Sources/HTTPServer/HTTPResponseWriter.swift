@@ -223,6 +223,16 @@ public final class HTTPResponseWriter: Sendable {
         }
     }
 
+    /// A request held for its connection's unread answers goes on (the reaper's thread, once the
+    /// client has taken enough of them).
+    func releaseHold() {
+        state.withLock { s in
+            guard s.heldForUnread, !s.closed else { return }
+            s.heldForUnread = false
+            resumeIfSuspended(&s)
+        }
+    }
+
     /// A graceful shutdown began: runs the producer's `onShutdown` if its answer is incomplete.
     func notifyShutdown() {
         let callback = state.withLock { s -> (@Sendable () -> Void)? in
@@ -343,6 +353,8 @@ struct WriterState {
     var reservedBodyBytes = 0
     /// Chosen while the body was arriving (413, overload); sent once it has ended.
     var refusal: HTTPResponse?
+    /// Suspended before its handler while earlier answers on the connection wait unread.
+    var heldForUnread = false
     var discardedBytes = 0
 
     // Answering.

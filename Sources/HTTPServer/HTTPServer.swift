@@ -121,6 +121,7 @@ public final class HTTPServer: Sendable {
             stats.handling = counts.handling
             stats.responding = counts.responding
             stats.openStreams = counts.streams
+            stats.held = counts.held
         }
         stats.bufferedBodyBytes = counters.bufferedBodyBytes.load(ordering: .relaxed)
         stats.connectionsAccepted = totals.accepted.load(ordering: .relaxed)
@@ -129,6 +130,7 @@ public final class HTTPServer: Sendable {
         stats.tooLargeRequests = totals.tooLarge.load(ordering: .relaxed)
         stats.overloadedRequests = totals.overloaded.load(ordering: .relaxed)
         stats.cancelledAnswers = totals.cancelled.load(ordering: .relaxed)
+        stats.heldRequests = totals.held.load(ordering: .relaxed)
         let reaped = totals.reapedByReason
         for reason in HTTPReapReason.allCases { stats.reaped[reason] = reaped[reason] ?? 0 }
         return stats
@@ -632,7 +634,12 @@ extension HTTPResponseWriter {
             case refuse(HTTPResponse)
             case callHandler(HTTPRequestParts)
             case deliver
+            case hold
+            case close
         }
+        // Only a request that follows another on its connection can find answers still unread.
+        let unreadLimit = core.configuration.maxUnreadResponseBytes
+        let mayHold = unreadLimit > 0 && record?.hasServedRequests == true
         let next = state.withLock { s -> Next in
             if let refusal = s.refusal {
                 s.refusal = nil
@@ -640,6 +647,12 @@ extension HTTPResponseWriter {
                 return .refuse(refusal)
             }
             guard !s.handlerCalled else { return .deliver }
+            if s.cancelled { return .close }   // held, and the client hung up
+            // Pipelined behind answers the client has not read: no work for it until it reads.
+            if mayHold, let record, unreadBytes(record.fd) > unreadLimit, suspend(&s) {
+                s.heldForUnread = true
+                return .hold
+            }
             s.handlerCalled = true
             let parts = HTTPRequestParts(method: s.method, path: s.path, query: s.query, headers: s.headers, body: s.body)
             s.body = []  // the handler owns the bytes now
@@ -651,6 +664,12 @@ extension HTTPResponseWriter {
             return send(response, on: connection, close: true)
         case .deliver:
             return deliverAnswer(connection: connection)
+        case .hold:
+            core.totals.held.add(1, ordering: .relaxed)
+            record?.enter(.held)
+            return .YES
+        case .close:
+            return .NO
         case .callHandler(let parts):
             record?.enter(.handling)
             let request = HTTPRequest(method: parts.method, path: parts.path, query: parts.query,

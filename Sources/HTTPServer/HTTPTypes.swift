@@ -189,6 +189,14 @@ public struct HTTPServerConfiguration: Sendable {
     public var streamHighWaterBytes: Int = 64 << 10
     /// `onWritable` fires when the unsent bytes drop to this or below (after a `write` said false).
     public var streamLowWaterBytes: Int = 16 << 10
+    /// A request that follows another on its connection is held, its handler not called, while
+    /// more than this many bytes of earlier responses wait in the socket for the client to take
+    /// them (SIOCOUTQ: sent and unacknowledged, or not sent yet). A client that reads each answer
+    /// before it asks again never comes near it; one that pipelines requests and never reads
+    /// gets this much and then costs nothing until it reads (the reaper looks a few times a
+    /// second and resumes the request once the client has taken half) or `writeTimeoutSeconds`
+    /// closes it. 8 KiB: a few dozen small answers. 0 = no bound.
+    public var maxUnreadResponseBytes: Int = 8 << 10
 
     public init() {}
 }
@@ -214,6 +222,9 @@ public enum HTTPReapReason: String, Sendable, CaseIterable {
     /// The client hung up mid-request in a way libmicrohttpd did not notice (see
     /// `DaemonDriver.checkReceiving`).
     case clientClosed
+    /// A pipelined request was held for its connection's unread answers longer than
+    /// `writeTimeoutSeconds` (see `maxUnreadResponseBytes`).
+    case unreadAnswers
 }
 
 /// A snapshot of the server's connections and counters, for /metrics.
@@ -243,10 +254,39 @@ public struct HTTPServerStats: Sendable {
     public var overloadedRequests: UInt64 = 0
     /// Deferred or streamed answers cut short (client gone, deadline, stop): `onCancel` ran.
     public var cancelledAnswers: UInt64 = 0
+    /// Pipelined requests held while their connection's earlier answers waited unread.
+    public var heldRequests: UInt64 = 0
+    /// Requests held now.
+    public var held = 0
     /// Connections the server closed on its own, by reason (every reason present, 0 if none).
     public var reaped: [HTTPReapReason: UInt64] = [:]
 
     public init() {}
+}
+
+extension HTTPServerStats {
+    /// Two servers' figures together (a service's public and admin listeners).
+    public static func + (lhs: HTTPServerStats, rhs: HTTPServerStats) -> HTTPServerStats {
+        var sum = lhs
+        sum.openConnections += rhs.openConnections
+        sum.waitingConnections += rhs.waitingConnections
+        sum.receivingHeads += rhs.receivingHeads
+        sum.receivingBodies += rhs.receivingBodies
+        sum.handling += rhs.handling
+        sum.responding += rhs.responding
+        sum.openStreams += rhs.openStreams
+        sum.held += rhs.held
+        sum.bufferedBodyBytes += rhs.bufferedBodyBytes
+        sum.connectionsAccepted += rhs.connectionsAccepted
+        sum.requestsCompleted += rhs.requestsCompleted
+        sum.malformedRequests += rhs.malformedRequests
+        sum.tooLargeRequests += rhs.tooLargeRequests
+        sum.overloadedRequests += rhs.overloadedRequests
+        sum.cancelledAnswers += rhs.cancelledAnswers
+        sum.heldRequests += rhs.heldRequests
+        sum.reaped.merge(rhs.reaped, uniquingKeysWith: +)
+        return sum
+    }
 }
 
 /// Failure to start the server; `message` is meant for humans (logs, CLI).

@@ -38,16 +38,36 @@ public final class ServiceRouter: Sendable {
 
     var metricsText: String { metrics.prometheusText() + (transportMetrics.withLock { $0 }?() ?? "") }
 
+    /// /metrics as last rendered, and when (uptime nanoseconds): a page costs tens of
+    /// microseconds to render and many kilobytes to send, so scrapes within `metricsMaxAge`
+    /// of each other share one rendering.
+    private let renderedMetrics = Mutex<(at: UInt64, body: [UInt8])?>(nil)
+    /// How long one rendering of /metrics is served (0: every scrape renders).
+    let metricsMaxAge: UInt64
+
+    func metricsPage() -> [UInt8] {
+        let now = DispatchTime.now().uptimeNanoseconds
+        if metricsMaxAge > 0, let page = renderedMetrics.withLock({ $0 }), now - page.at < metricsMaxAge { return page.body }
+        let body = Array(metricsText.utf8)
+        renderedMetrics.withLock { $0 = (now, body) }
+        return body
+    }
+
     /// Who the caller is behind trusted proxies (`--trusted-proxy`).
     let callers: CallerResolver
 
     /// With an admin listener, the admin routes answer only there (the public listener says 404).
     let separateAdminListener: Bool
-    static let adminPaths: Set<String> = ["/metrics", "/v1/oauth/introspect", "/healthz", "/readyz"]
+    static let adminPaths: Set<String> = ["/metrics", "/v1/oauth/introspect", "/healthz", "/readyz", authzCheckPath]
+    /// The token check for a proxy in front (nginx `auth_request`, Envoy's HTTP `ext_authz`,
+    /// which appends the original path to it).
+    static let authzCheckPath = "/v1/authz/check"
 
+    /// - Parameter metricsMaxAge: how long one rendering of /metrics is served (seconds).
     public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil,
                 ledger: UsageLedger? = nil, trustedProxies: [CIDR] = [], separateAdminListener: Bool = false,
-                exchangeWorkers: WorkerPool? = nil) {
+                exchangeWorkers: WorkerPool? = nil, metricsMaxAge: Double = 0) {
+        self.metricsMaxAge = UInt64(max(0, metricsMaxAge) * 1e9)
         self.ledger = ledger
         self.exchangeWorkers = exchangeWorkers
         callers = CallerResolver(trustedProxies: trustedProxies)
@@ -108,7 +128,7 @@ public final class ServiceRouter: Sendable {
             },
             Route(path: "/metrics", methods: ["GET"], endpoint: nil) { router, _, _ in
                 Outcome(response: HTTPResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")],
-                                               body: Array(router.metricsText.utf8)))
+                                               body: router.metricsPage()))
             },
         ]
         return Dictionary(uniqueKeysWithValues: table.map { ($0.path, $0) })
@@ -126,8 +146,10 @@ public final class ServiceRouter: Sendable {
            Self.routes[request.path]?.reads(request) != false {
             return relayMessages(request, writer, relay)
         }
+        // Queued by caller, so that no caller's flood delays another's exchange.
         if let exchangeWorkers, Self.offloadedPaths.contains(request.path),
-           exchangeWorkers.submit({ [self] in writer.respond(handle(request)) }) {
+           exchangeWorkers.submit(key: callers.caller(peer: request.remoteAddress, headers: request.headers),
+                                  { [self] in writer.respond(handle(request)) }) {
             return .deferred
         }
         return .response(handle(request))
@@ -135,8 +157,59 @@ public final class ServiceRouter: Sendable {
 
     /// The admin listener's entry point: its routes only.
     public func handleAdmin(_ request: HTTPRequest) -> HTTPResponse {
+        if request.path == Self.authzCheckPath || request.path.hasPrefix(Self.authzCheckPath + "/") { return authzCheck(request) }
         guard Self.adminPaths.contains(request.path) else { return .json(404, #"{"error":"not_found"}"#) }
         return handle(request, admin: true)
+    }
+
+    /// `GET /v1/authz/check` (any method, any body, ignored): whether the request's bearer token
+    /// may call the Messages API. 200 with `x-attest-workspace` and `x-attest-client-id` for a
+    /// live token; otherwise 401, or 403 when the original request was for another API, in the
+    /// relay's own shapes. The original path is what Envoy appends to this path, or nginx's
+    /// `X-Original-URI` (or `X-Forwarded-Uri`); without either, the Messages API is assumed.
+    func authzCheck(_ request: HTTPRequest) -> HTTPResponse {
+        let start = DispatchTime.now().uptimeNanoseconds
+        let requestID = Self.newRequestID()
+        var outcome: Outcome
+        do {
+            if let grant = try authenticated(request) {
+                if let original = Self.originalPath(request), !MessagesRelay.relayedPaths.contains(original) {
+                    outcome = Outcome(response: Self.apiError(403, "permission_error", "this access token authorizes the Messages API only",
+                                                              requestID: requestID), clientID: grant.clientID, reason: .outOfScope)
+                } else {
+                    outcome = Outcome(response: HTTPResponse(status: 200, headers: [
+                        ("x-attest-workspace", grant.workspaceName), ("x-attest-client-id", grant.clientID), ("cache-control", "no-store"),
+                    ], body: []), clientID: grant.clientID)
+                }
+            } else {
+                outcome = Outcome(response: Self.unauthenticated(requestID), reason: .tokenRejected)
+            }
+        } catch {
+            logger.error("store_unavailable", [("route", Self.authzCheckPath), ("request_id", requestID), ("error", String(describing: error))])
+            outcome = Outcome(response: Self.apiError(503, "api_error", "the service is temporarily unavailable", requestID: requestID),
+                              reason: .storeUnavailable)
+        }
+        outcome.response.headers.append(("request-id", requestID))
+        logRequest(request, route: Self.authzCheckPath, status: outcome.response.status, requestID: requestID, start: start,
+                   clientID: outcome.clientID, reason: outcome.reason, detail: outcome.detail)
+        return outcome.response
+    }
+
+    /// The path of the request a proxy is asking about, when it says.
+    static func originalPath(_ request: HTTPRequest) -> String? {
+        if request.path.count > authzCheckPath.count { return String(request.path.dropFirst(authzCheckPath.count)) }
+        guard let uri = request.header("x-original-uri") ?? request.header("x-forwarded-uri") else { return nil }
+        return splitPath(uri)
+    }
+
+    /// The path of a request target (origin or absolute form), without its query.
+    static func splitPath(_ target: String) -> String {
+        var rest = Substring(target)
+        if !rest.hasPrefix("/"), let scheme = rest.range(of: "://") {
+            rest = rest[scheme.upperBound...]
+            rest = rest.firstIndex(of: "/").map { rest[$0...] } ?? "/"
+        }
+        return String(rest.prefix { $0 != "?" && $0 != "#" })
     }
 
     public func handle(_ request: HTTPRequest) -> HTTPResponse { handle(request, admin: false) }
@@ -144,7 +217,8 @@ public final class ServiceRouter: Sendable {
     func handle(_ request: HTTPRequest, admin: Bool) -> HTTPResponse {
         let start = DispatchTime.now().uptimeNanoseconds
         let requestID = Self.newRequestID()
-        let adminOnly = separateAdminListener && !admin && (request.path == "/metrics" || request.path == "/v1/oauth/introspect")
+        let adminOnly = separateAdminListener && !admin && (request.path == "/metrics" || request.path == "/v1/oauth/introspect"
+                                                            || request.path == Self.authzCheckPath || request.path.hasPrefix(Self.authzCheckPath + "/"))
         let route = adminOnly ? nil : Self.routes[request.path] ?? (request.path.hasPrefix("/v1/") ? Self.otherAPI : nil)
         // A bounded set of route labels for metrics: never the raw path, which a caller controls.
         let routeName = route?.path ?? "other"

@@ -5,7 +5,7 @@ extension HTTPServerStats {
     public var prometheusText: String {
         var out = "# HELP attestd_connections Open connections, by what they are doing.\n# TYPE attestd_connections gauge\n"
         for (state, value) in [("waiting", waitingConnections), ("head", receivingHeads), ("body", receivingBodies),
-                               ("handling", handling), ("responding", responding), ("streaming", openStreams)] {
+                               ("handling", handling), ("responding", responding), ("streaming", openStreams), ("held", held)] {
             out += "attestd_connections{state=\"\(state)\"} \(value)\n"
         }
         out += "# HELP attestd_buffered_body_bytes Request-body bytes held in memory.\n# TYPE attestd_buffered_body_bytes gauge\n"
@@ -16,6 +16,7 @@ extension HTTPServerStats {
             ("attestd_too_large_requests_total", "Requests refused with 413.", tooLargeRequests),
             ("attestd_overloaded_requests_total", "Requests refused because the body budget was spent (529).", overloadedRequests),
             ("attestd_cancelled_answers_total", "Deferred or streamed answers cut short (client gone, deadline, stop).", cancelledAnswers),
+            ("attestd_held_requests_total", "Pipelined requests held while earlier answers on their connection waited unread.", heldRequests),
         ]
         for (name, help, value) in counters { out += "# HELP \(name) \(help)\n# TYPE \(name) counter\n\(name) \(value)\n" }
         out += "# HELP attestd_connections_reaped_total Connections the server closed on its own, by reason.\n"

@@ -8,6 +8,7 @@ import ServiceRoutes
 import SQLiteStore
 import Stores
 import TokenService
+import Synchronization
 import UpstreamClient
 
 /// attestd: the App Attest token service. `attestd serve [options]`.
@@ -44,8 +45,10 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
 --trusted-proxy CIDR (repeatable): only when the peer is in one of these networks is the caller's
           address taken from X-Forwarded-For or Forwarded (the right-most hop that is not a trusted
           proxy); from anyone else those headers are ignored. Rate limits per caller use that address.
---admin-listen HOST:PORT: serve /metrics and /v1/oauth/introspect there (and /healthz, /readyz),
-          and no longer on the public listener, which faces the internet. Recommended.
+--admin-listen HOST:PORT (default 127.0.0.1:9090; none: no admin listener): /metrics,
+          /v1/oauth/introspect and /v1/authz/check (the token check for nginx auth_request and Envoy
+          ext_authz) are served there only, never on the public listener, which faces the internet;
+          /healthz and /readyz on both.
 --max-connections (default 10000): open streams hold a connection each (epoll keeps idle ones cheap),
           so 1,000 streams plus exchanges fit with room; --max-connections-per-ip (default 64, 0 = none):
           one address cannot take every slot; raise it behind a proxy that connects from one address.
@@ -85,8 +88,9 @@ struct ServeOptions {
     var upstreamKeyFile: String?
     var secretsKeyFile: String?
     var shutdownGrace = 10.0
-    /// A second listener for /metrics and /v1/oauth/introspect, which then leave the public one.
-    var admin: (host: String, port: UInt16)?
+    /// The internal listener for /metrics, /v1/oauth/introspect and /v1/authz/check (nil: none,
+    /// and those routes are served nowhere: the public listener never has them).
+    var admin: (host: String, port: UInt16)? = ("127.0.0.1", 9090)
     var trustedProxies: [CIDR] = []
     var headDeadline = HTTPServerConfiguration().headDeadlineSeconds
     var minBodyRate = HTTPServerConfiguration().minBodyBytesPerSecond
@@ -112,7 +116,9 @@ struct ServeOptions {
             switch arguments[i] {
             case "--db": db = try value()
             case "--listen": (host, port) = try Self.hostPort(try value(), option: "--listen")
-            case "--admin-listen": admin = try Self.hostPort(try value(), option: "--admin-listen")
+            case "--admin-listen":
+                let text = try value()
+                admin = text == "none" ? nil : try Self.hostPort(text, option: "--admin-listen")
             case "--trust-anchor": trustAnchors.append(try value())
             case "--token-ttl": exchange.tokenTTL = TimeInterval(try number("--token-ttl", 300...86_400))
             case "--mint-limit": exchange.mintLimitPerMinute = try number("--mint-limit", 0...1_000_000)
@@ -241,9 +247,11 @@ func serve(_ options: ServeOptions) throws -> Never {
         : nil
     ledger?.start()
     let exchangeWorkers = try WorkerPool(threads: options.exchangeThreads, name: "exchange")
+    // The admin routes never answer on the public listener. /metrics is rendered at most once a
+    // second: a scrape costs a page of text, and a flood of them must not cost a page each.
     let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay, ledger: ledger,
-                               trustedProxies: options.trustedProxies, separateAdminListener: options.admin != nil,
-                               exchangeWorkers: exchangeWorkers)
+                               trustedProxies: options.trustedProxies, separateAdminListener: true,
+                               exchangeWorkers: exchangeWorkers, metricsMaxAge: 1)
 
     var configuration = HTTPServerConfiguration()
     configuration.host = options.host
@@ -264,8 +272,10 @@ func serve(_ options: ServeOptions) throws -> Never {
               headers: [("retry-after", "1")])
     }
     let server = HTTPServer(configuration: configuration, loops: loops) { router.handle($0, $1) }
+    // Both listeners' figures: refusals and connections on the admin one count too.
+    let adminListener = Mutex<HTTPServer?>(nil)
     router.reportTransport {
-        server.stats().prometheusText
+        (adminListener.withLock { $0 }.map { server.stats() + $0.stats() } ?? server.stats()).prometheusText
             + "# HELP attestd_audit_pending Audit events waiting to be written (they are kept and retried, never dropped).\n"
             + "# TYPE attestd_audit_pending gauge\nattestd_audit_pending \(audit.pendingCount)\n"
     }
@@ -275,13 +285,17 @@ func serve(_ options: ServeOptions) throws -> Never {
         var adminConfiguration = HTTPServerConfiguration()
         adminConfiguration.host = admin.host
         adminConfiguration.port = admin.port
-        adminConfiguration.threads = 1
+        adminConfiguration.threads = options.threads
         adminConfiguration.refusalResponse = configuration.refusalResponse
-        let server = HTTPServer(configuration: adminConfiguration) { router.handleAdmin($0) }
-        try server.start()
+        // On the same loops: the token check a proxy asks for costs what the relay's own does.
+        let server = HTTPServer(configuration: adminConfiguration, loops: loops) { request, _ in .response(router.handleAdmin(request)) }
+        do { try server.start() } catch { throw StartupError("--admin-listen: \(error) (--admin-listen none turns the admin listener off)") }
         adminServer = server
+        adminListener.withLock { $0 = server }
         logger.info("admin_listening", [("address", "\(admin.host.contains(":") ? "[\(admin.host)]" : admin.host):\(server.port)"),
-                                        ("routes", "/metrics /v1/oauth/introspect /healthz /readyz")])
+                                        ("routes", "/metrics /v1/oauth/introspect /v1/authz/check /healthz /readyz")])
+    } else {
+        logger.warning("no_admin_listener", [("note", "/metrics, /v1/oauth/introspect and /v1/authz/check are served nowhere (--admin-listen none)")])
     }
     logger.info("listening", [("address", "\(options.host.contains(":") ? "[\(options.host)]" : options.host):\(server.port)"),
                               ("db", Stores.redacted(options.db)), ("upstream", options.upstreamURL), ("threads", options.threads), ("exchange_threads", options.exchangeThreads), ("token_ttl", Int(options.exchange.tokenTTL)),

@@ -228,3 +228,33 @@ private func threads(named prefix: String) -> Int {
         return tasks.filter { ((try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8)) ?? "").hasPrefix(name) }.count
     }
 }
+
+/// The worker pool serves callers fairly: one caller's queued flood does not delay another.
+@Suite struct WorkerPoolFairnessTests {
+    @Test func aCallerWithNothingQueuedIsServedBeforeAFloodersBacklog() throws {
+        let pool = try WorkerPool(threads: 1, name: "fair")
+        defer { pool.shutdown() }
+        let order = Mutex<[String]>([])
+        let blocked = DispatchSemaphore(value: 0), running = DispatchSemaphore(value: 0)
+        let all = DispatchGroup()
+        func submit(_ key: String, _ before: @escaping @Sendable () -> Void = {}) {
+            all.enter()
+            pool.submit(key: key) { before(); order.withLock { $0.append(key) }; all.leave() }
+        }
+        // The one thread is busy with the flooder's first task while the rest queue up.
+        submit("flooder") { running.signal(); blocked.wait() }
+        running.wait()
+        for _ in 0..<200 { submit("flooder") }
+        submit("fresh")
+        for _ in 0..<3 { submit("second") }
+        blocked.signal()
+        #expect(all.wait(timeout: .now() + 10) == .success)
+        let seen = order.withLock { $0 }
+        // The fresh caller goes right after the task that was running; the second caller's three
+        // are not behind the flood either; the flood still runs in full, in order.
+        #expect(seen.firstIndex(of: "fresh") == 1, "\(seen.prefix(10))")
+        #expect((seen.lastIndex(of: "second") ?? 999) < 10, "\(seen.prefix(12))")
+        #expect(seen.filter { $0 == "flooder" }.count == 201)
+        #expect(pool.queued == 0)
+    }
+}

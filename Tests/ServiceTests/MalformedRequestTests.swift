@@ -27,6 +27,8 @@ import Testing
         let status: Int
         /// What a well-formed request's answer must show besides its status.
         let check: @Sendable (RawResponse) -> Bool
+        /// Served on the admin listener only (never on the public one).
+        var onAdminListener = false
         var description: String { "\(method) \(path)" }
     }
 
@@ -69,7 +71,7 @@ import Testing
         Route(method: "POST", path: "/v1/oauth/introspect", contentType: form, shape: .oauth, bodyLimit: 65_536,
               authorization: { "Bearer \($0.introspectionKey)" },
               body: { formEncoded([("token", $0.token)]) }, status: 200,
-              check: { $0.json?["active"] as? Bool == true }),
+              check: { $0.json?["active"] as? Bool == true }, onAdminListener: true),
         Route(method: "POST", path: WireProtocol.messagesPath, contentType: json, shape: .api, bodyLimit: 32_000_000,
               authorization: { "Bearer \($0.token)" },
               body: { _ in RelayTests.request() }, status: 200,
@@ -86,7 +88,7 @@ import Testing
               check: { $0.json?["status"] as? String == "ready" }),
         Route(method: "GET", path: "/metrics", contentType: nil, shape: .oauth, bodyLimit: 65_536,
               authorization: { _ in nil }, body: { _ in "" }, status: 200,
-              check: { $0.text.contains("attestd_http_requests_total") }),
+              check: { $0.text.contains("attestd_http_requests_total") }, onAdminListener: true),
         // Any other /v1/ path is another API: a device token is refused there.
         Route(method: "POST", path: "/v1/models/unknown", contentType: nil, shape: .api, bodyLimit: 65_536,
               authorization: { "Bearer \($0.token)" }, body: { _ in "{}" }, status: 403,
@@ -194,10 +196,9 @@ import Testing
         }
         defer { fixture.stop() }
         let context = Context(clientID: fixture.clientA, token: fixture.tokenA, introspectionKey: Self.introspectionKey)
-        let port = fixture.server.port
-
         for probe in Self.probes {
             for route in Self.routes {
+                let port = route.onAdminListener ? fixture.server.adminPort : fixture.server.port
                 let label = "\(probe) on \(route)"
                 let upstreamBefore = fixture.stub.requests.count
                 let connection = try RawConnection(port: port, timeout: 2)
@@ -231,10 +232,19 @@ import Testing
 
         // The transport counted what it refused: 413 once per route; framing (400, 501) and
         // oversize heads (414, 431) six times per route.
-        let metrics = try await TestHTTP(baseURL: fixture.server.baseURL).send("GET", "/metrics")
-        let text = String(decoding: metrics.body, as: UTF8.self)
-        #expect(text.contains("\nattestd_too_large_requests_total \(Self.routes.count)\n"))
-        #expect(text.contains("\nattestd_malformed_requests_total \(6 * Self.routes.count)\n"))
+        // Polled: a rendering of /metrics is shared for up to a second.
+        let admin = TestHTTP(baseURL: fixture.server.adminBaseURL)
+        let counted = [
+            "\nattestd_too_large_requests_total \(Self.routes.count)\n", "\nattestd_malformed_requests_total \(6 * Self.routes.count)\n",
+        ]
+        var text = ""
+        let deadline = Date() + 5
+        repeat {
+            text = String(decoding: try await admin.send("GET", "/metrics").body, as: UTF8.self)
+            if counted.allSatisfy(text.contains) { break }
+            try await Task.sleep(for: .milliseconds(100))
+        } while Date() < deadline
+        for line in counted { #expect(text.contains(line), "\(line) in \(text.split(separator: "\n").filter { $0.contains("requests_total") })") }
     }
 
     static func check(_ response: RawResponse, _ answer: Answer, _ route: Route, _ label: String) {

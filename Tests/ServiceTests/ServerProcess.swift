@@ -16,7 +16,9 @@ final class ServerProcess: @unchecked Sendable {
     /// Starts `attestd serve` and waits for its `listening` log line.
     init(db: String, extraArguments: [String] = []) throws {
         process.executableURL = URL(fileURLWithPath: Self.attestd)
-        process.arguments = ["serve", "--db", db, "--listen", "127.0.0.1:0", "--trust-anchor", Self.testAuthorityRoot] + extraArguments
+        // The admin listener on a port of its own (its default, 9090, would clash between instances).
+        let admin = extraArguments.contains("--admin-listen") ? [] : ["--admin-listen", "127.0.0.1:0"]
+        process.arguments = ["serve", "--db", db, "--listen", "127.0.0.1:0", "--trust-anchor", Self.testAuthorityRoot] + admin + extraArguments
         let pipe = Pipe()
         process.standardError = pipe
         process.standardOutput = FileHandle.nullDevice
@@ -45,6 +47,10 @@ final class ServerProcess: @unchecked Sendable {
 
     var baseURL: URL { URL(string: "http://127.0.0.1:\(port)")! }
 
+    /// The admin listener's port (0 when it has none), from its `admin_listening` log line.
+    var adminPort: UInt16 { port(ofEvent: "admin_listening") ?? 0 }
+    var adminBaseURL: URL { URL(string: "http://127.0.0.1:\(adminPort)")! }
+
     /// Whether the log shows `text` within `timeout` (it arrives through a pipe, a little after
     /// the response that it describes).
     func waitForLog(containing text: String, timeout: TimeInterval = 3) async -> Bool {
@@ -56,8 +62,10 @@ final class ServerProcess: @unchecked Sendable {
         return log.contains(text)
     }
 
-    private func listeningPort() -> UInt16? {
-        for line in log.split(separator: "\n") where line.contains(#""event":"listening""#) {
+    private func listeningPort() -> UInt16? { port(ofEvent: "listening") }
+
+    private func port(ofEvent event: String) -> UInt16? {
+        for line in log.split(separator: "\n") where line.contains("\"event\":\"\(event)\"") {
             guard let data = line.data(using: .utf8), let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
                   let address = object["address"] as? String, let colon = address.lastIndex(of: ":") else { continue }
             return UInt16(address[address.index(after: colon)...])

@@ -104,7 +104,7 @@ import Glibc
         let totalRow = try #require(table.split(separator: "\n").last).split(separator: " ", omittingEmptySubsequences: true)
         #expect(totalRow.first == "TOTAL" && totalRow.dropFirst().first.map(String.init) == "8")
         // And the metrics.
-        let metrics = String(decoding: try await fixture.http.send("GET", "/metrics").body, as: UTF8.self)
+        let metrics = String(decoding: try await TestHTTP(baseURL: fixture.server.adminBaseURL).send("GET", "/metrics").body, as: UTF8.self)
         #expect(metrics.contains(#"attestd_upstream_tokens_total{kind="output"} \#(stubOutput)"#))
         #expect(metrics.contains(#"attestd_upstream_requests_total{status="529"} 1"#))
         #expect(metrics.contains("attestd_upstream_latency_seconds_count 8") && metrics.contains("attestd_upstream_ttfb_seconds_bucket"))
