@@ -9,7 +9,8 @@ usage: scripts/attack-bench.py PORT MODES CONNECTIONS SECONDS [ATTESTD_PID]
   MODES, comma-separated (or "all"), each run in turn for SECONDS:
     head:   a partial request head, one more byte every 5 s (reconnecting when cut)
     body:   a token request whose 60,000-byte body arrives one byte every 5 s
-    noread: PIPELINE (default 50) pipelined requests per connection, responses never read
+    noread: PIPELINE (default 50) pipelined requests per connection, responses never read; ROUTE=healthz
+            (default), metrics or challenge (POST /v1/oauth/app-attest/challenge) says which
     head1:  the slow heads of "head", all from one address (the per-address limit's case)
     flood:  challenge requests as fast as FLOOD_THREADS (default 48) threads can send them, each
             from a new address (127.1.0.1 upward; CONNECTIONS is ignored): the rate limiter must
@@ -37,6 +38,18 @@ if client_id and not attest_sim:
     sys.exit("no attest-sim binary: build it or set ATTEST_SIM")
 
 
+def noread_request():
+    route = os.environ.get("ROUTE", "healthz")
+    if route == "challenge":
+        body = json.dumps({"client_id": client_id or "clid_flood", "key_id": "A" * 43 + "="}).encode()
+        return (b"POST /v1/oauth/app-attest/challenge HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    return b"GET /%s HTTP/1.1\r\nHost: a\r\n\r\n" % route.encode()
+
+
+NOREAD_REQUEST = None
+
+
 def open_one(mode, i):
     src = "127.0.%d.%d" % (1 + (i % 200) // 250, 2 + (i % 200) % 250) if mode != "head1" else "127.0.1.2"
     if mode == "head1": mode = "head"
@@ -47,7 +60,10 @@ def open_one(mode, i):
         elif mode == "body": s.send(b"POST /v1/oauth/token HTTP/1.1\r\nHost: a\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 60000\r\n\r\n")
         elif mode == "noread":
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-            s.send((b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n" if os.environ.get("ROUTE") != "metrics" else b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n") * int(os.environ.get("PIPELINE", "50")))
+            s.setblocking(False)
+            data = NOREAD_REQUEST * int(os.environ.get("PIPELINE", "50"))
+            try: s.send(data)   # what the socket takes now; the rest is the attacker's loss
+            except BlockingIOError: pass
         else:
             sys.exit("unknown mode %s" % mode)
         s.setblocking(False)
@@ -169,6 +185,8 @@ def rss_kb():
     try: return int(open("/proc/%d/status" % pid).read().split("VmRSS:")[1].split()[0])
     except (OSError, IndexError, ValueError): return 0
 
+
+NOREAD_REQUEST = noread_request()
 
 if client_id:
     base = []

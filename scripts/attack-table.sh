@@ -24,7 +24,7 @@ clid=$($bin/attestctl integrations create --db "$db" --actor bench@example.com -
   --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 serve() {  # serve PORT OPTION… → pid in $served
-  $bin/attestd serve --db "$db" --listen "127.0.0.1:$1" --trust-anchor Fixtures/test-authority/root.pem "${@:2}" 2>>"$work/attestd.log" &
+  $bin/attestd serve --db "$db" --admin-listen 127.0.0.1:0 --listen "127.0.0.1:$1" --trust-anchor Fixtures/test-authority/root.pem "${@:2}" 2>>"$work/attestd.log" &
   served=$!
   pids+=("$served")
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$1/healthz" >/dev/null && break; sleep 0.05; done

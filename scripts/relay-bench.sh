@@ -8,6 +8,11 @@
 #             threads as attestd has loops: the most any relay built on libcurl can reach here
 #   attestd — wrk → attestd (token check + relay + usage ledger + the integration's policy) → upstream
 #   attestd-noledger — the same attestd without ledger and policy (--no-usage-ledger): their cost
+#   nginx-auth — nginx as the data plane with auth_request to attestd's /v1/authz/check (the README's
+#             configuration), then proxy_pass as in "nginx"
+# For each, the CPU per request of the processes doing the work (nginx's worker, attestd), less
+# the upstream's own share (the fixed reply is served by the same nginx worker: its CPU per
+# request in the direct run).
 # Small non-streaming requests at C connections; prints requests/s and p50/p99 per round and the
 # medians, the ratios attestd/nginx, curl-floor/nginx, attestd/curl-floor and ledger on/off, and the time to first byte of a stream (upstream-stub)
 # direct and through attestd.
@@ -27,6 +32,10 @@ mint_token "$attestd_port"
 floor_port=$(free_port)
 serve_floor "$floor_port" "${THREADS:-$(( $(nproc) > 2 ? $(nproc) : 2 ))}"
 
+nginx_worker=$(pgrep -P "$(cat "$work/nginx.pid")" | head -1)
+cpu_ticks() {  # cpu_ticks PID… → user+system clock ticks of those processes, summed
+  for p in "$@"; do awk '{print $14 + $15}' "/proc/$p/stat"; done | awk '{s += $1} END {print s}'
+}
 run() {  # run NAME URL → "rps p50_ms p99_ms"
   wrk -t2 -c"$connections" -d"${seconds}s" --latency -s "$work/post.lua" "$2" 2>&1 | tee "$work/wrk-$1.txt" | python3 -c '
 import re, sys
@@ -42,26 +51,37 @@ print(f"{rps:.0f} {p50:.3f} {p99:.3f} {non2xx.group(1) if non2xx else 0}")'
 }
 
 echo "relay bench: $seconds s per run, $rounds rounds, $connections connections, attestd threads ${THREADS:-as attestd defaults (one per core)}"
-printf '%-6s %-16s %10s %9s %9s %7s\n' round target req/s p50_ms p99_ms non2xx
-declare -A rps p50 p99
+printf '%-6s %-16s %10s %9s %9s %7s %8s\n' round target req/s p50_ms p99_ms non2xx cpu_us
+targets="direct nginx nginx-auth curl-floor attestd attestd-noledger"
+ticks_per_second=$(getconf CLK_TCK)
+declare -A rps p50 p99 cpu
 for round in $(seq "$rounds"); do
-  for target in direct nginx curl-floor attestd attestd-noledger; do
+  for target in $targets; do
     case $target in
-      direct) url="http://127.0.0.1:$upstream_port/v1/messages" ;;
-      nginx) url="http://127.0.0.1:$proxy_port/v1/messages" ;;
-      curl-floor) url="http://127.0.0.1:$floor_port/v1/messages" ;;
-      attestd) url="http://127.0.0.1:$attestd_port/v1/messages" ;;
-      attestd-noledger) url="http://127.0.0.1:$noledger_port/v1/messages" ;;
+      direct) url="http://127.0.0.1:$upstream_port/v1/messages"; busy="$nginx_worker" ;;
+      nginx) url="http://127.0.0.1:$proxy_port/v1/messages"; busy="$nginx_worker" ;;
+      nginx-auth) url="http://127.0.0.1:$auth_port/v1/messages"; busy="$nginx_worker $attestd_pid" ;;
+      curl-floor) url="http://127.0.0.1:$floor_port/v1/messages"; busy="$nginx_worker ${pids[-1]}" ;;
+      attestd) url="http://127.0.0.1:$attestd_port/v1/messages"; busy="$nginx_worker $attestd_pid" ;;
+      attestd-noledger) url="http://127.0.0.1:$noledger_port/v1/messages"; busy="$nginx_worker $noledger_pid" ;;
     esac
+    before=$(cpu_ticks $busy)
     read -r r a b n < <(run "$target" "$url")
-    printf '%-6s %-16s %10s %9s %9s %7s\n' "$round" "$target" "$r" "$a" "$b" "$n"
-    rps[$target]+="$r " p50[$target]+="$a " p99[$target]+="$b "
+    after=$(cpu_ticks $busy)
+    # CPU µs per request of the processes serving this target (the upstream's share included).
+    c=$(python3 -c 'import sys; t,tps,rps,s=map(float,sys.argv[1:]); print(f"{t/tps*1e6/max(1,rps*s):.1f}")' "$((after - before))" "$ticks_per_second" "$r" "$seconds")
+    printf '%-6s %-16s %10s %9s %9s %7s %8s\n' "$round" "$target" "$r" "$a" "$b" "$n" "$c"
+    rps[$target]+="$r " p50[$target]+="$a " p99[$target]+="$b " cpu[$target]+="$c "
   done
 done
 median() { python3 -c 'import statistics,sys; print(round(statistics.median(map(float, sys.argv[1:])), 3))' $1; }
-for target in direct nginx curl-floor attestd attestd-noledger; do
-  echo "median $target: $(median "${rps[$target]}") req/s, p50 $(median "${p50[$target]}") ms, p99 $(median "${p99[$target]}") ms"
+upstream_cpu=$(median "${cpu[direct]}")
+for target in $targets; do
+  own=$(python3 -c 'import sys; print(f"{float(sys.argv[1])-float(sys.argv[2]):.1f}")' "$(median "${cpu[$target]}")" "$upstream_cpu")
+  echo "median $target: $(median "${rps[$target]}") req/s, p50 $(median "${p50[$target]}") ms, p99 $(median "${p99[$target]}") ms, CPU $(median "${cpu[$target]}") µs/request ($own µs without the upstream's)"
 done
+python3 -c 'import sys; print(f"nginx-auth/nginx requests per second: {float(sys.argv[1])/float(sys.argv[2]):.2f}; attestd/nginx-auth: {float(sys.argv[3])/float(sys.argv[1]):.2f}")' \
+  "$(median "${rps[nginx-auth]}")" "$(median "${rps[nginx]}")" "$(median "${rps[attestd]}")"
 python3 -c 'import sys; print(f"attestd/nginx requests per second: {float(sys.argv[1])/float(sys.argv[2]):.2f}")' \
   "$(median "${rps[attestd]}")" "$(median "${rps[nginx]}")"
 python3 -c 'import sys; print(f"curl-floor/nginx requests per second: {float(sys.argv[1])/float(sys.argv[2]):.2f}")' \
@@ -81,7 +101,7 @@ pids+=($!)
 for _ in $(seq 100); do [ -s "$work/stub.json" ] && break; sleep 0.05; done
 stub_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$work/stub.json")
 kill "$attestd_pid" "$noledger_pid"; wait "$attestd_pid" "$noledger_pid" 2>/dev/null || true
-$bin/attestd serve --db "$db" --listen "127.0.0.1:$attestd_port" --trust-anchor Fixtures/test-authority/root.pem \
+$bin/attestd serve --db "$db" --listen "127.0.0.1:$attestd_port" --admin-listen 127.0.0.1:0 --trust-anchor Fixtures/test-authority/root.pem \
   --upstream-url "http://127.0.0.1:$stub_port" --upstream-key-file "$work/upstream.key" 2>>"$work/attestd.log" &
 pids+=($!)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$attestd_port/healthz" >/dev/null && break; sleep 0.05; done

@@ -24,7 +24,7 @@ cleanup() {
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-upstream_port=$(free_port) proxy_port=$(free_port)
+upstream_port=$(free_port) proxy_port=$(free_port) auth_port=$(free_port) admin_port=$(free_port)
 key="bench-key-not-a-real-key-0000000000"
 reply='{"id":"msg_bench","type":"message","role":"assistant","model":"claude-bench","content":[{"type":"text","text":"Hello."}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":3,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}}'
 
@@ -57,6 +57,30 @@ http {
       proxy_buffering off;
     }
   }
+  # nginx as the data plane, attestd as the token check (the README's auth_request
+  # configuration; the first attestd started listens for admin requests on $admin_port).
+  upstream attest_check { server 127.0.0.1:$admin_port; keepalive 64; }
+  server {
+    listen 127.0.0.1:$auth_port;
+    location /v1/messages {
+      auth_request /_attest_check;
+      proxy_pass http://messages;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Authorization "";
+      proxy_set_header x-api-key "$key";
+      proxy_buffering off;
+    }
+    location = /_attest_check {
+      internal;
+      proxy_pass http://attest_check/v1/authz/check;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_pass_request_body off;
+      proxy_set_header Content-Length "";
+      proxy_set_header X-Original-URI \$request_uri;
+    }
+  }
 }
 EOF
 nginx -c "$work/nginx.conf" -p "$work/nginx"
@@ -71,8 +95,11 @@ clid=$($bin/attestctl integrations create --db "$db" --actor bench@example.com -
 $bin/attestctl integrations update "$clid" --db "$db" --actor bench@example.com --models claude-bench --max-tokens 4096 \
   --device-requests-per-minute 1000000000 --monthly-token-budget 1000000000000000 >/dev/null
 echo "$key" > "$work/upstream.key"
-serve() {  # serve PORT [OPTION…]: attestd ($ATTESTD, default the release build) on the fixed upstream, exchange limits off for load
-  ${ATTESTD:-$bin/attestd} serve --db "$db" --listen "127.0.0.1:$1" --trust-anchor Fixtures/test-authority/root.pem \
+serve() {  # serve PORT [OPTION…]: attestd ($ATTESTD, default the release build) on the fixed upstream, exchange limits off for load;
+          # the first one takes $admin_port for its admin listener (nginx's token check), the others any free port
+  local admin
+  if [ -z "${admin_taken:-}" ]; then admin="127.0.0.1:$admin_port"; admin_taken=1; else admin="127.0.0.1:0"; fi
+  ${ATTESTD:-$bin/attestd} serve --db "$db" --listen "127.0.0.1:$1" --admin-listen "$admin" --trust-anchor Fixtures/test-authority/root.pem \
     --upstream-url "http://127.0.0.1:$upstream_port" --upstream-key-file "$work/upstream.key" \
     --mint-limit 0 --challenge-limit 0 --registration-quota 0 ${THREADS:+--threads "$THREADS"} "${@:2}" 2>>"$work/attestd.log" &
   pids+=($!)

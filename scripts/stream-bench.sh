@@ -32,7 +32,7 @@ clid=$($bin/attestctl integrations create --db "$db" --actor bench@example.com -
   --bundle-id com.example.app --device-requests-per-minute 0 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
 port=$(free_port)
 # Every stream comes from 127.0.0.1 here, so the per-address limit is lifted for the run.
-$bin/attestd serve --db "$db" --listen "127.0.0.1:$port" --trust-anchor Fixtures/test-authority/root.pem \
+$bin/attestd serve --db "$db" --admin-listen 127.0.0.1:0 --listen "127.0.0.1:$port" --trust-anchor Fixtures/test-authority/root.pem \
   --upstream-url "http://127.0.0.1:$stub_port" --upstream-key-file "$work/upstream.key" --max-connections-per-ip 0 \
   --mint-limit 0 --challenge-limit 0 --registration-quota 0 ${THREADS:+--threads "$THREADS"} 2>"$work/attestd.log" &
 pids+=($!)

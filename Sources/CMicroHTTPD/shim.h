@@ -1,5 +1,8 @@
 #ifndef ATTEST_CMICROHTTPD_SHIM_H
 #define ATTEST_CMICROHTTPD_SHIM_H
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -39,6 +42,23 @@ attest_mhd_epoll_fd(struct MHD_Daemon *daemon)
   const union MHD_DaemonInfo *info =
     MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_EPOLL_FD);
   return (NULL == info) ? -1 : info->epoll_fd;
+}
+
+/* Connections the daemon holds now, or -1. */
+static inline int
+attest_mhd_current_connections(struct MHD_Daemon *daemon)
+{
+  const union MHD_DaemonInfo *info =
+    MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+  return (NULL == info) ? -1 : (int) info->num_connections;
+}
+
+/* Takes one pending connection: non-blocking, close-on-exec; -1 with errno otherwise. */
+static inline int
+attest_accept(int listen_fd, struct sockaddr_storage *address, socklen_t *length)
+{
+  *length = sizeof(*address);
+  return accept4(listen_fd, (struct sockaddr *) address, length, SOCK_NONBLOCK | SOCK_CLOEXEC);
 }
 
 /* The peer address of a connection, or NULL. */

@@ -6,8 +6,15 @@ import Glibc
 
 /// One libmicrohttpd daemon in external-polling epoll mode, driven by one event loop: the loop
 /// watches the daemon's epoll descriptor and calls `MHD_run` when it is ready or when the
-/// daemon's own time-out (idle connections) falls due. Every daemon of a server accepts from the
-/// same listening socket, so each loop takes connections as it has time for them.
+/// daemon's own time-out (idle connections) falls due.
+///
+/// The driver accepts connections itself and hands them to its daemon (MHD_add_connection):
+/// every loop watches the one listening socket (EPOLLEXCLUSIVE, so a new connection wakes one
+/// loop, an idle one first) and, before running its daemon, takes every connection waiting, up
+/// to `acceptBatch` a turn. libmicrohttpd's own accept takes at most 10 a run, after walking
+/// every ready connection; with thousands of connections busy, the queue of new ones grew
+/// behind them and a legitimate caller waited there for a second. A daemon at its share of
+/// the connection limit passes a connection to a sibling that has room.
 ///
 /// libmicrohttpd without an internal thread is single-threaded except for
 /// `MHD_resume_connection` (its cleanup mutex and inter-thread channel make that safe from
@@ -18,7 +25,22 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     let daemon: OpaquePointer
     let loop: EventLoop
     let epollFD: Int32
+    /// This daemon's own duplicate of the listening socket (closed when it stops).
+    let listenFD: Int32
+    /// Its share of the server's connection limit.
+    let connectionLimit: Int
+    /// The server's drivers, to pass a connection to when this one is full.
+    weak var siblings: DriverSet?
     private var ready = true
+    /// The listening socket has connections waiting.
+    private var acceptReady = true
+    /// After EMFILE or ENFILE: accepting pauses until then, rather than spinning on the socket.
+    private var acceptPausedUntil: UInt64 = 0
+    /// Every daemon of the server is at its limit: the listening socket is out of this loop's set.
+    private var fullUp = false
+    /// Called when accepting stops for a full server (wakes the reaper, which frees slots).
+    var onFull: (@Sendable () -> Void)?
+    static let acceptBatch = 256
     private var deadline: UInt64? = 0
     /// Connections suspended on this daemon, oldest first, from `suspensionsHead` on: each is
     /// looked at once `hangUpWatchDelay` has passed, and joins the monitor's hang-up watch if it
@@ -33,16 +55,76 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     /// once its run returns (`checkReceiving`).
     private var receiving: [HTTPResponseWriter] = []
 
-    init(daemon: OpaquePointer, loop: EventLoop) throws {
+    init(daemon: OpaquePointer, loop: EventLoop, listenFD: Int32, connectionLimit: Int) throws {
         self.daemon = daemon
         self.loop = loop
+        self.listenFD = listenFD
+        self.connectionLimit = connectionLimit
         epollFD = attest_mhd_epoll_fd(daemon)
         guard epollFD >= 0 else { throw HTTPServerError("libmicrohttpd did not report its epoll descriptor") }
     }
 
     func handleEvent(fd: Int32, events: UInt32) {
-        ready = true
+        if fd == listenFD { acceptReady = true } else { ready = true }
     }
+
+    /// Takes the connections waiting on the listening socket (loop thread, before the daemon runs).
+    private func acceptPending(now: UInt64) {
+        guard acceptReady, !fullUp, now >= acceptPausedUntil else { return }
+        var address = sockaddr_storage()
+        var length = socklen_t(0)
+        for _ in 0..<Self.acceptBatch {
+            // Every daemon full: new connections wait in the kernel's queue (the reaper frees
+            // slots) instead of being taken and closed; a connection closing here resumes.
+            if !hasRoom && siblings?.withRoom(besides: self) == nil {
+                fullUp = true
+                loop.unwatch(fd: listenFD)
+                onFull?()
+                return
+            }
+            let fd = attest_accept(listenFD, &address, &length)
+            if fd < 0 {
+                switch errno {
+                case EAGAIN, EWOULDBLOCK: acceptReady = false
+                case EINTR, ECONNABORTED, EPROTO: continue
+                case EMFILE, ENFILE, ENOBUFS, ENOMEM: acceptPausedUntil = now &+ 100_000_000   // out of descriptors: retry soon
+                default: acceptReady = false
+                }
+                return
+            }
+            ready = true
+            if attest_mhd_current_connections(daemon) >= connectionLimit, let sibling = siblings?.withRoom(besides: self) {
+                let passed = AcceptedAddress(storage: address, length: length)
+                sibling.loop.execute { sibling.adopt(fd, passed.storage, passed.length) }
+                continue
+            }
+            adopt(fd, address, length)
+        }
+    }
+
+    /// Hands an accepted connection to this daemon (its loop's thread). libmicrohttpd applies the
+    /// accept policy (the per-address limit) and its own limit, and closes what it refuses.
+    func adopt(_ fd: Int32, _ address: sockaddr_storage, _ length: socklen_t) {
+        var address = address
+        _ = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { MHD_add_connection(daemon, fd, $0, length) }
+        }
+        ready = true
+        loop.requestTurn()
+    }
+
+    /// A connection of this daemon closed (loop thread): a daemon that stopped accepting because
+    /// every daemon was full takes connections again.
+    func connectionClosed() {
+        guard fullUp else { return }
+        fullUp = false
+        acceptReady = true
+        _ = loop.watch(fd: listenFD, events: UInt32(EPOLLIN.rawValue) | EPOLLEXCLUSIVE.rawValue, for: self)
+        loop.requestTurn()
+    }
+
+    /// Whether this daemon has room for another connection (loop thread; approximate elsewhere).
+    var hasRoom: Bool { attest_mhd_current_connections(daemon) < connectionLimit }
 
     /// A connection of this daemon was resumed. Without an internal thread libmicrohttpd has no
     /// wake-up channel of its own (it drops MHD_USE_ITC), so the loop must run the daemon again:
@@ -59,6 +141,7 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     }
 
     func poll(now: UInt64) -> UInt64? {
+        acceptPending(now: now)
         if ready || deadline.map({ now >= $0 }) ?? false {
             ready = false
             _ = MHD_run(daemon)
@@ -68,9 +151,13 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
             deadline = MHD_get_timeout(daemon, &milliseconds) == .YES
                 ? now &+ min(milliseconds, 3_600_000) &* 1_000_000 : nil
         }
-        let watchBy = watchLongSuspensions(now: now)
-        guard let watchBy else { return deadline }
-        return min(deadline ?? watchBy, watchBy)
+        var next = deadline
+        if let watchBy = watchLongSuspensions(now: now) { next = min(next ?? watchBy, watchBy) }
+        // More connections waiting than one batch took: the next turn takes more.
+        if acceptReady {
+            if now >= acceptPausedUntil { loop.requestTurn() } else { next = min(next ?? acceptPausedUntil, acceptPausedUntil) }
+        }
+        return next
     }
 
     /// A request of this daemon expects more body bytes (loop thread: libmicrohttpd's callbacks).
@@ -126,7 +213,8 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
 
     /// Joins the loop (on the loop's thread).
     func attach() -> Bool {
-        guard loop.watch(fd: epollFD, events: UInt32(EPOLLIN.rawValue), for: self) else { return false }
+        guard loop.watch(fd: epollFD, events: UInt32(EPOLLIN.rawValue), for: self),
+              loop.watch(fd: listenFD, events: UInt32(EPOLLIN.rawValue) | EPOLLEXCLUSIVE.rawValue, for: self) else { return false }
         loop.add(self)
         return true
     }
@@ -136,11 +224,37 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         let stopped = loop.run(andWait: { [self] in
             loop.remove(self)
             MHD_stop_daemon(daemon)
+            close(listenFD)
             suspensions = []
             receiving = []
             return true
         })
-        if stopped == nil { MHD_stop_daemon(daemon) }
+        if stopped == nil {
+            MHD_stop_daemon(daemon)
+            close(listenFD)
+        }
+    }
+}
+
+/// A peer address carried to another loop with its connection.
+/// @unchecked Sendable: plain bytes, copied.
+struct AcceptedAddress: @unchecked Sendable {
+    let storage: sockaddr_storage
+    let length: socklen_t
+}
+
+/// A server's drivers, so that a full daemon can pass a new connection to one with room.
+final class DriverSet: @unchecked Sendable {
+    // @unchecked: set once, before any loop accepts, and read only after.
+    private(set) var drivers: [DaemonDriver] = []
+
+    func set(_ drivers: [DaemonDriver]) {
+        self.drivers = drivers
+        for driver in drivers { driver.siblings = self }
+    }
+
+    func withRoom(besides driver: DaemonDriver) -> DaemonDriver? {
+        drivers.first { $0 !== driver && $0.hasRoom }
     }
 }
 

@@ -29,6 +29,8 @@ public final class HTTPServer: Sendable {
 
     private struct Running {
         let drivers: [DaemonDriver]
+        /// Keeps the drivers' sibling table alive (they hold it weakly).
+        let siblings: DriverSet
         let core: ServerCore
         /// Started by this run (and stopped with it) when no loops were given.
         let ownLoops: EventLoopGroup?
@@ -162,25 +164,38 @@ public final class HTTPServer: Sendable {
         let core = ServerCore(configuration: config, handler: handler, counters: counters, totals: totals,
                               registry: registry, monitor: monitor)
         var drivers: [DaemonDriver] = []
+        let siblings = DriverSet()
+        var created: [DaemonDriver] = []
         func unwind() {
-            drivers.forEach { $0.stop() }
+            created.forEach { $0.stop() }
             ownLoops?.shutdown()
         }
         do {
+            // Every daemon first, then the loops start accepting: a full daemon passes
+            // connections to the others.
             for (index, loop) in loops.enumerated() {
                 // libmicrohttpd's own split of a connection limit across workers.
-                let share = config.maxConnections / loops.count + (index < config.maxConnections % loops.count ? 1 : 0)
-                let daemon = try startDaemon(core: core, listener: listener, connectionLimit: max(1, share), endpoint: endpoint)
-                let driver: DaemonDriver
-                do {
-                    driver = try DaemonDriver(daemon: daemon, loop: loop)
-                } catch {
-                    MHD_stop_daemon(daemon)
+                let share = max(1, config.maxConnections / loops.count + (index < config.maxConnections % loops.count ? 1 : 0))
+                let listenFD = listener.duplicate()
+                guard listenFD >= 0 else { throw HTTPServerError("cannot listen on \(endpoint): \(String(cString: strerror(errno)))") }
+                let daemon: OpaquePointer
+                do { daemon = try startDaemon(core: core, connectionLimit: share, endpoint: endpoint) } catch {
+                    close(listenFD)
                     throw error
                 }
-                core.setDriver(driver, forLoop: loop.index)
-                guard loop.run(andWait: { driver.attach() }) == true else {
+                do {
+                    created.append(try DaemonDriver(daemon: daemon, loop: loop, listenFD: listenFD, connectionLimit: share))
+                } catch {
                     MHD_stop_daemon(daemon)
+                    close(listenFD)
+                    throw error
+                }
+            }
+            siblings.set(created)
+            for driver in created { driver.onFull = { [monitor] in monitor.wake() } }
+            for driver in created {
+                core.setDriver(driver, forLoop: driver.loop.index)
+                guard driver.loop.run(andWait: { driver.attach() }) == true else {
                     throw HTTPServerError("cannot listen on \(endpoint): the event loop refused the daemon (errno \(errno))")
                 }
                 drivers.append(driver)
@@ -190,19 +205,15 @@ public final class HTTPServer: Sendable {
             unwind()
             throw error
         }
-        return (Running(drivers: drivers, core: core, ownLoops: ownLoops), listener.port)
+        return (Running(drivers: drivers, siblings: siblings, core: core, ownLoops: ownLoops), listener.port)
     }
 
-    /// One daemon on a duplicate of the listening socket, in external-polling epoll mode.
-    private func startDaemon(core: ServerCore, listener: ListeningSocket, connectionLimit: Int,
-                             endpoint: String) throws -> OpaquePointer {
+    /// One daemon in external-polling epoll mode, without a listening socket of its own: its
+    /// driver accepts for it.
+    private func startDaemon(core: ServerCore, connectionLimit: Int, endpoint: String) throws -> OpaquePointer {
         let config = configuration
         let corePointer = Unmanaged.passUnretained(core).toOpaque()
-        let listenFD = listener.duplicate()
-        guard listenFD >= 0 else {
-            throw HTTPServerError("cannot listen on \(endpoint): \(String(cString: strerror(errno)))")
-        }
-        var flags = MHD_USE_ERROR_LOG.rawValue | MHD_ALLOW_SUSPEND_RESUME.rawValue
+        var flags = MHD_USE_ERROR_LOG.rawValue | MHD_ALLOW_SUSPEND_RESUME.rawValue | MHD_USE_NO_LISTEN_SOCKET.rawValue
         #if os(Linux)
         flags |= MHD_USE_EPOLL.rawValue
         #endif
@@ -210,7 +221,6 @@ public final class HTTPServer: Sendable {
             // First, so that start-up failures are captured rather than printed.
             MHD_OptionItem(option: .EXTERNAL_LOGGER,
                            value: unsafeBitCast(logCallback as MHD_LogCallback, to: Int.self), ptr_value: corePointer),
-            MHD_OptionItem(option: .LISTEN_SOCKET, value: Int(listenFD), ptr_value: nil),
             MHD_OptionItem(option: .CONNECTION_MEMORY_LIMIT, value: config.connectionMemoryBytes, ptr_value: nil),
             MHD_OptionItem(option: .CONNECTION_LIMIT, value: connectionLimit, ptr_value: nil),
             MHD_OptionItem(option: .CONNECTION_TIMEOUT, value: config.idleTimeoutSeconds, ptr_value: nil),
@@ -236,7 +246,6 @@ public final class HTTPServer: Sendable {
             return lines ?? []
         }
         guard let daemon else {
-            close(listenFD)
             throw HTTPServerError("cannot listen on \(endpoint): \(Self.describeStartFailure(errno: code, log: log))")
         }
         return daemon
@@ -408,7 +417,9 @@ private func connectionCallback(_ cls: UnsafeMutableRawPointer?, _ connection: O
         if core.registry.opened(record) { core.monitor.wake() }
     } else if let raw = socketContext.pointee {
         socketContext.pointee = nil
-        core.registry.closed(Unmanaged<ConnectionRecord>.fromOpaque(raw).takeRetainedValue())
+        let record = Unmanaged<ConnectionRecord>.fromOpaque(raw).takeRetainedValue()
+        core.registry.closed(record)
+        record.driver?.connectionClosed()
     }
 }
 

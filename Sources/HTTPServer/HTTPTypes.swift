@@ -195,8 +195,8 @@ public struct HTTPServerConfiguration: Sendable {
     /// before it asks again never comes near it; one that pipelines requests and never reads
     /// gets this much and then costs nothing until it reads (the reaper looks a few times a
     /// second and resumes the request once the client has taken half) or `writeTimeoutSeconds`
-    /// closes it. 8 KiB: a few dozen small answers. 0 = no bound.
-    public var maxUnreadResponseBytes: Int = 8 << 10
+    /// closes it. 4 KiB: a few dozen small answers. 0 = no bound.
+    public var maxUnreadResponseBytes: Int = 2 << 10
 
     public init() {}
 }

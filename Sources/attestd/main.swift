@@ -286,6 +286,8 @@ func serve(_ options: ServeOptions) throws -> Never {
         adminConfiguration.host = admin.host
         adminConfiguration.port = admin.port
         adminConfiguration.threads = options.threads
+        // Internal: a proxy asking for token checks connects from one address, many times over.
+        adminConfiguration.maxConnectionsPerIP = 0
         adminConfiguration.refusalResponse = configuration.refusalResponse
         // On the same loops: the token check a proxy asks for costs what the relay's own does.
         let server = HTTPServer(configuration: adminConfiguration, loops: loops) { request, _ in .response(router.handleAdmin(request)) }
