@@ -32,8 +32,10 @@ let package = Package(
                 path: "Fixtures/TestAuthority"),
 
         // Service.
-        .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire"]),
-        .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CSQLite"]),
+        // Services that run in the background and stop in order (listeners, flushes, jobs).
+        .target(name: "Lifecycle"),
+        .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "Lifecycle"]),
+        .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CSQLite", "Lifecycle"]),
         // `TokenStore` on PostgreSQL through libpq, for several attestd instances on one database.
         .target(name: "PostgresStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CPostgres"]),
         // The store a --db value names: PostgreSQL for a connection URL, SQLite for a path.
@@ -45,9 +47,16 @@ let package = Package(
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD", "EventLoops"]),
         // Client for the upstream Messages API: a libcurl multi handle on each event loop.
         .target(name: "UpstreamClient", dependencies: ["CCurl", "EventLoops"]),
-        // The service's HTTP API: routes from HTTP requests to the token service and back, and the
-        // Messages API relay.
-        .target(name: "ServiceRoutes", dependencies: ["TokenService", "HTTPServer", "AttestCrypto", "AttestWire", "UpstreamClient", "EventLoops"]),
+        // Routing, domain-free: one route table (pattern, listener, body limit, executor, error
+        // shape, metric and log name per route), middleware, the access log's logger.
+        .target(name: "HTTPRouting", dependencies: ["HTTPServer", "EventLoops", "AttestWire", "AttestCrypto"]),
+        // The route groups, each a few lines per route: decode, call one service method, encode.
+        .target(name: "ExchangeRoutes", dependencies: ["HTTPRouting", "TokenService", "AttestWire"]),
+        .target(name: "RelayRoutes", dependencies: ["HTTPRouting", "TokenService", "AttestWire", "AttestCrypto", "UpstreamClient", "EventLoops"]),
+        .target(name: "AdminRoutes", dependencies: ["HTTPRouting", "RelayRoutes", "TokenService", "AttestWire", "AttestCrypto"]),
+        // The service's HTTP API: the groups in one table, with the middleware every request runs.
+        .target(name: "ServiceRoutes", dependencies: ["HTTPRouting", "ExchangeRoutes", "RelayRoutes", "AdminRoutes", "TokenService", "HTTPServer",
+                                                      "AttestWire", "EventLoops"]),
 
         // Device side: the client module (Foundation and the wire module only; SHA-256 from
         // CryptoKit on Apple platforms, from AttestCrypto on Linux), and a simulated device on the
@@ -63,13 +72,15 @@ let package = Package(
         .target(name: "HTTPClient"),
         .target(name: "CommandLineSupport", dependencies: ["AttestWire"]),
 
-        .executableTarget(name: "attestd", dependencies: ["ServiceRoutes", "TokenService", "Stores", "SQLiteStore", "HTTPServer", "AppAttest", "AttestCrypto", "EventLoops",
-                                                          "AttestWire", "UpstreamClient"]),
+        // The daemon's wiring, as a library: a test starts the whole of attestd in process.
+        .target(name: "AttestDaemon", dependencies: ["ServiceRoutes", "HTTPRouting", "RelayRoutes", "TokenService", "Stores", "HTTPServer", "AppAttest",
+                                                     "AttestCrypto", "EventLoops", "AttestWire", "UpstreamClient", "Lifecycle"]),
+        .executableTarget(name: "attestd", dependencies: ["AttestDaemon", "HTTPRouting"]),
         // The operator's tool: administration and offline verification. No test authority.
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CommandLineSupport"]),
         // The developer's tool: simulated devices, load generation, verification benchmarks.
         .executableTarget(name: "attest-sim", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "TestAuthority", "AttestClient",
-                                                             "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport", "ServiceRoutes"]),
+                                                             "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport", "RelayRoutes"]),
 
         // Test support, never linked into the shipped binaries: a stub of the upstream Messages
         // API on raw sockets, and the same as a stand-alone executable for scripts and benchmarks.
@@ -84,7 +95,7 @@ let package = Package(
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR", "AttestWire"]),
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire"]),
-        .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
+        .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "HTTPRouting", "RelayRoutes", "ExchangeRoutes", "AdminRoutes", "AttestDaemon", "Lifecycle", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
                                                          "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub", "PostgresTestSupport",
                                                          "RawHTTP", "EventLoops"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "AttestWire"]),

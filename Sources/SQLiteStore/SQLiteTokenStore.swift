@@ -2,6 +2,7 @@ import AppAttest
 import AttestCrypto
 import CSQLite
 import Foundation
+import Lifecycle
 import Synchronization
 import TokenService
 
@@ -91,14 +92,8 @@ public final class SQLiteTokenStore: TokenStore {
         return nil
     }
 
-    /// Checks the file about once a second for as long as the store lives.
-    public func startWatching(every interval: TimeInterval = 1) {
-        DispatchQueue.global().asyncAfter(deadline: .now() + interval) { [weak self] in
-            guard let self else { return }
-            self.checkStorage()
-            self.startWatching(every: interval)
-        }
-    }
+    /// A check of the file about once a second while the service runs.
+    public var backgroundServices: [any Service] { [storageWatch()] }
 
     private func refuseIfFaulted() throws {
         if let fault = fault.withLock({ $0 }) { throw SQLiteError(code: SQLITE_CANTOPEN, message: fault + "; writes stopped") }
@@ -618,5 +613,12 @@ final class GrantCache: @unchecked Sendable {
 
     private static func slot(_ hash: [UInt8]) -> UInt64 {
         hash.prefix(8).reduce(0) { $0 << 8 | UInt64($1) }
+    }
+}
+
+extension SQLiteTokenStore {
+    /// Compares the database's path with the file opened, about once a second (`checkStorage`).
+    func storageWatch(every interval: Double = 1) -> PeriodicTask {
+        PeriodicTask("storage-watch", every: interval) { [self] in checkStorage() }
     }
 }

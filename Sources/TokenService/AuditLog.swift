@@ -1,4 +1,5 @@
 import Foundation
+import Lifecycle
 import Synchronization
 
 /// Where audit events go.
@@ -7,9 +8,11 @@ public protocol AuditSink: Sendable {
 }
 
 /// Buffers device-side audit events and writes them in batches off the request path, so a flood
-/// of bad requests costs one insert batch per interval rather than one transaction each. Admin
-/// actions are written synchronously by `AdminService` instead.
-public final class BufferedAuditLog: AuditSink, Sendable {
+/// of bad requests costs one insert batch per interval rather than one transaction each (once
+/// `run`; `flush` and `close` write at once). Admin actions are written synchronously by
+/// `AdminService` instead.
+public final class BufferedAuditLog: AuditSink, Service {
+    public let name = "audit-log"
     private struct Buffer {
         var pending: [AuditEvent] = []
         /// Taken by a flush that is writing them now.
@@ -21,10 +24,10 @@ public final class BufferedAuditLog: AuditSink, Sendable {
     /// Above this many events waiting (the store has refused them for a while), `record` writes
     /// synchronously instead: memory stays bounded and no event is ever dropped.
     private let maxPending: Int
-    private let queue = DispatchQueue(label: "audit-log")
+    /// The periodic flush, while it runs.
+    private let timer = Mutex<PeriodicTask?>(nil)
     private let onError: @Sendable (String) -> Void
     private let interval: TimeInterval
-    private let closed = Atomic<Bool>(false)
 
     public init(store: TokenStore, interval: TimeInterval = 0.25, maxPending: Int = 50_000,
                 onError: @escaping @Sendable (String) -> Void = { _ in }) {
@@ -32,8 +35,21 @@ public final class BufferedAuditLog: AuditSink, Sendable {
         self.maxPending = maxPending
         self.onError = onError
         self.interval = interval
-        scheduleFlush()
     }
+
+    /// Flushes every `interval` until stopped.
+    public func run() {
+        let task = PeriodicTask("audit-flush", every: interval) { [weak self] in self?.flush() }
+        guard timer.withLock({ current -> Bool in
+            guard current == nil else { return false }
+            current = task
+            return true
+        }) else { return }
+        task.run()
+    }
+
+    /// The last flush (after the last request that records events has ended).
+    public func stop(by deadline: ContinuousClock.Instant) { close() }
 
     /// Events waiting to be written (a gauge for /metrics: it grows only while the store refuses them).
     public var pendingCount: Int { buffer.withLock { $0.pending.count + $0.inFlight } }
@@ -102,18 +118,10 @@ public final class BufferedAuditLog: AuditSink, Sendable {
         (error as? any StoreAvailabilityError)?.isUnavailable ?? false
     }
 
-    /// The next flush, one interval from now, on the log's own queue (until closed).
-    private func scheduleFlush() {
-        queue.asyncAfter(deadline: .now() + interval) { [weak self] in
-            guard let self, !self.closed.load(ordering: .acquiring) else { return }
-            self.flush()
-            self.scheduleFlush()
-        }
-    }
-
+    /// Stops the periodic flush (one under way ends first) and writes what is left.
     public func close() {
-        closed.store(true, ordering: .releasing)
-        queue.sync { flush() }
+        timer.withLock { $0 }?.stop(by: .now)
+        flush()
     }
 }
 

@@ -2,6 +2,7 @@ import AttestWire
 import AttestCrypto
 import AppAttest
 import Foundation
+import Lifecycle
 
 /// Persistence for the token service. Every method that must not race (challenge use, counter
 /// advance, registration, revocation) is one atomic operation in the implementation.
@@ -77,6 +78,8 @@ public protocol TokenStore: AnyObject, Sendable {
 
     /// Nil when the store can serve (open, writable, the same database, room on disk); else why not.
     func readinessProblem() -> String?
+    /// What the store runs in the background while the service runs (a watch on its file).
+    var backgroundServices: [any Service] { get }
 
     // Audit
     func appendAudit(_ events: [AuditEvent]) throws
@@ -153,6 +156,8 @@ public struct RegistrationQuota: Sendable, Equatable {
 }
 
 extension TokenStore {
+    public var backgroundServices: [any Service] { [] }
+
     public func consumeChallenge(clientID: String, keyID: [UInt8], at time: Date) throws -> [UInt8]? {
         try consumeChallenge(clientID: clientID, keyID: keyID, challenge: nil, at: time)
     }

@@ -1,6 +1,7 @@
 import AttestCrypto
 import AttestWire
 import Foundation
+import Lifecycle
 import Synchronization
 
 /// Why the policy refused a request before it went upstream.
@@ -87,7 +88,8 @@ public struct RelayOutcome: Sendable {
 /// a `kill -9` loses at most the last interval. The limits read what every instance has flushed
 /// (from the token check's own query) plus what this one holds unflushed, so across instances
 /// they are exact to within one flush interval, and within one instance exact.
-public final class UsageLedger: Sendable {
+public final class UsageLedger: Service {
+    public let name = "usage-ledger"
     /// Distinct model names kept per integration and hour; more fold into `other`, so an app
     /// sending random model names cannot grow the ledger without bound.
     public static let modelsPerIntegrationHour = 64
@@ -120,8 +122,8 @@ public final class UsageLedger: Sendable {
     private let commits = Atomic<Int>(0)
     /// One flush at a time (the timer's and the final one).
     private let flushLock = Mutex(())
-    private let stopped = Atomic<Bool>(false)
-    private let timerQueue = DispatchQueue(label: "attestd.usage-ledger")
+    /// The periodic flush, while it runs.
+    private let timer = Mutex<PeriodicTask?>(nil)
 
     public init(store: TokenStore, metrics: Metrics, flushInterval: TimeInterval = 1, report: @escaping @Sendable (String) -> Void = { _ in }) {
         self.store = store
@@ -316,13 +318,21 @@ public final class UsageLedger: Sendable {
     /// 16 random bytes, URL-safe base64: unique across instances and restarts.
     static func newBatchID() -> String { Base64.encode(secureRandomBytes(16), urlSafe: true, padded: false) }
 
+    /// Flushes every `flushInterval` until stopped.
+    public func run() { start() }
+
+    /// The last flush, after the last relayed request has ended (retried for up to 5 s).
+    public func stop(by deadline: ContinuousClock.Instant) { stop(retryFor: 5) }
+
     /// Flushes every `flushInterval` until `stop`.
     public func start() {
-        timerQueue.asyncAfter(deadline: .now() + flushInterval) { [self] in
-            guard !stopped.load(ordering: .relaxed) else { return }
-            flush()
-            start()
-        }
+        let task = PeriodicTask("usage-flush", every: flushInterval) { [weak self] in self?.flush() }
+        guard timer.withLock({ current -> Bool in
+            guard current == nil else { return false }
+            current = task
+            return true
+        }) else { return }
+        task.run()
     }
 
     /// Stops the timer and flushes what is left (at shutdown, after the last relayed request ended).
@@ -330,7 +340,8 @@ public final class UsageLedger: Sendable {
     /// seconds: the process exits next, so what is unwritten then is lost, and reported.
     @discardableResult
     public func stop(retryFor seconds: TimeInterval = 5) -> Bool {
-        stopped.store(true, ordering: .relaxed)
+        // A flush under way ends first; no other starts.
+        timer.withLock { $0 }?.stop(by: .now)
         let deadline = Date() + seconds
         var pause: TimeInterval = 0.05
         while !flush() {

@@ -3,7 +3,7 @@ import AttestCrypto
 import CBOR
 import CommandLineSupport
 import Foundation
-import ServiceRoutes
+import RelayRoutes
 import TestAuthority
 
 /// `attest-sim bench verify`: single-threaded verification throughput, with in-process ECDSA

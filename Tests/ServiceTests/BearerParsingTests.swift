@@ -1,4 +1,4 @@
-@testable import ServiceRoutes
+@testable import HTTPRouting
 import Testing
 
 /// The Authorization header read on every relayed request: scheme in any case, blanks around

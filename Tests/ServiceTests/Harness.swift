@@ -4,6 +4,7 @@ import AppAttest
 import AttestCrypto
 import EventLoops
 import Foundation
+@testable import HTTPRouting
 import HTTPServer
 import ServiceRoutes
 import SQLiteStore

@@ -1,5 +1,6 @@
 import HTTPServer
 @testable import ServiceRoutes
+@testable import RelayRoutes
 import Testing
 
 /// Which headers cross the relay: a short allow-list each way, minus any that the message's own

@@ -2,6 +2,7 @@ import AttestWire
 import AppAttest
 import AttestCrypto
 import Foundation
+@testable import HTTPRouting
 import Testing
 import TestAuthority
 import TokenService

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import TokenService
 @testable import ServiceRoutes
+@testable import RelayRoutes
 
 /// The bounded scans behind the policy and the ledger: the request's `model` and `max_tokens`,
 /// the reply's `usage`, and usage read from an SSE stream as its bytes pass.

@@ -37,7 +37,7 @@ public struct CIDR: Sendable, Equatable, CustomStringConvertible {
 
     /// The address's bytes (4 or 16), or nil when it is not an IP literal. IPv4-mapped IPv6
     /// addresses are read as IPv4.
-    static func parse(_ text: String) -> [UInt8]? {
+    public static func parse(_ text: String) -> [UInt8]? {
         var trimmed = Substring(text)
         while trimmed.first == " " { trimmed.removeFirst() }
         while trimmed.last == " " { trimmed.removeLast() }
@@ -62,7 +62,7 @@ public struct CallerResolver: Sendable {
 
     public init(trustedProxies: [CIDR]) { self.trustedProxies = trustedProxies }
 
-    func isTrusted(_ address: String) -> Bool {
+    public func isTrusted(_ address: String) -> Bool {
         guard !trustedProxies.isEmpty, let bytes = CIDR.parse(address) else { return false }
         return trustedProxies.contains { $0.contains(bytes) }
     }

@@ -1,3 +1,4 @@
+import HTTPRouting
 import TokenService
 
 /// What the policy needs from a Messages request: `model` and `max_tokens`, read with the bounded

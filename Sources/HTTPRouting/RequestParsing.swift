@@ -1,26 +1,24 @@
 import AttestWire
-import AttestCrypto
 import Foundation
-import TokenService
 
 /// A malformed request: answered 400 `invalid_request`, with `detail` kept for the log.
-struct BadRequest: Error {
-    let detail: String
-    init(_ detail: String) { self.detail = detail }
+public struct BadRequest: Error {
+    public let detail: String
+    public init(_ detail: String) { self.detail = detail }
 }
 
 /// Field limits on everything a device sends (the body as a whole is capped by the HTTP server).
-enum FieldLimits {
-    static let clientID = 64
-    static let keyID = 64            // base64 of 32 bytes is 44 characters
-    static let attestationObject = 24 * 1024
-    static let assertion = 2 * 1024
-    static let token = 256
+public enum FieldLimits {
+    public static let clientID = 64
+    public static let keyID = 64            // base64 of 32 bytes is 44 characters
+    public static let attestationObject = 24 * 1024
+    public static let assertion = 2 * 1024
+    public static let token = 256
 }
 
-enum RequestParsing {
+public enum RequestParsing {
     /// A JSON object whose values for `fields` are strings; any other field is ignored.
-    static func jsonFields(_ body: [UInt8], _ fields: [(name: String, limit: Int)]) throws -> [String: String] {
+    public static func jsonFields(_ body: [UInt8], _ fields: [(name: String, limit: Int)]) throws -> [String: String] {
         guard !body.isEmpty else { throw BadRequest("empty body") }
         guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any] else {
             throw BadRequest("body is not a JSON object")
@@ -36,26 +34,26 @@ enum RequestParsing {
     }
 
     /// `application/x-www-form-urlencoded` fields (AttestWire's decoder), malformed → 400.
-    static func formFields(_ body: [UInt8]) throws -> [String: String] {
+    public static func formFields(_ body: [UInt8]) throws -> [String: String] {
         do { return try FormEncoding.decode(body) } catch { throw BadRequest(error.detail) }
     }
 
     /// Base64 in the standard or URL-safe alphabet, padded or not. A space is a `+` whose
     /// percent-encoding was lost on the way (a raw `+` in a form decodes to a space).
-    static func base64(_ text: String) -> [UInt8]? {
+    public static func base64(_ text: String) -> [UInt8]? {
         if text.utf8.contains(UInt8(ascii: " ")) {
             return Base64.decode(String(decoding: text.utf8.map { $0 == UInt8(ascii: " ") ? UInt8(ascii: "+") : $0 }, as: UTF8.self))
         }
         return Base64.decode(text)
     }
 
-    static func requireBase64(_ fields: [String: String], _ name: String) throws -> [UInt8] {
+    public static func requireBase64(_ fields: [String: String], _ name: String) throws -> [UInt8] {
         guard let text = fields[name], let bytes = base64(text) else { throw BadRequest("field \(name) is not base64") }
         return bytes
     }
 
     /// The token of an `Authorization: Bearer …` header.
-    static func bearer(_ header: String?) -> String? {
+    public static func bearer(_ header: String?) -> String? {
         guard let header else { return nil }
         let bytes = header.utf8
         guard bytes.count > 7, zip(bytes, "bearer ".utf8).allSatisfy({ $0 | 0x20 == $1 }) else { return nil }
@@ -70,7 +68,7 @@ enum RequestParsing {
 extension RequestParsing {
     /// Whether a `Content-Type` value names `expected` ("type/subtype" in any case; parameters
     /// such as `charset` ignored). No header is no match: a body is read only as what it says it is.
-    static func hasMediaType(_ header: String?, _ expected: String) -> Bool {
+    public static func hasMediaType(_ header: String?, _ expected: String) -> Bool {
         guard let header else { return false }
         let bytes = header.utf8
         return isTrimmed(bytes[..<(bytes.firstIndex(of: UInt8(ascii: ";")) ?? bytes.endIndex)], caseInsensitively: expected)
@@ -79,14 +77,14 @@ extension RequestParsing {
     /// Whether `bytes`, without the spaces and tabs around them, are `lowercase` in any ASCII
     /// case. Byte by byte: header values are read this way on every request, and lowercasing a
     /// copy allocated.
-    static func isTrimmed<Bytes: BidirectionalCollection<UInt8>>(_ bytes: Bytes, caseInsensitively lowercase: String) -> Bool {
+    public static func isTrimmed<Bytes: BidirectionalCollection<UInt8>>(_ bytes: Bytes, caseInsensitively lowercase: String) -> Bool {
         withoutBlanks(bytes).elementsEqual(lowercase.utf8) { actual, wanted in
             (actual >= 0x41 && actual <= 0x5A ? actual | 0x20 : actual) == wanted
         }
     }
 
     /// `bytes` without the spaces and tabs around them, in place.
-    static func withoutBlanks<Bytes: BidirectionalCollection<UInt8>>(_ bytes: Bytes) -> Bytes.SubSequence {
+    public static func withoutBlanks<Bytes: BidirectionalCollection<UInt8>>(_ bytes: Bytes) -> Bytes.SubSequence {
         func isBlank(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 }
         var start = bytes.startIndex, end = bytes.endIndex
         while start < end, isBlank(bytes[start]) { start = bytes.index(after: start) }

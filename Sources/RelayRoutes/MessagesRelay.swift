@@ -1,3 +1,4 @@
+import HTTPRouting
 import AttestCrypto
 import AttestWire
 import EventLoops

@@ -91,7 +91,7 @@ public final class Logger: Sendable {
 
     /// A line whose fields `appendFields` writes straight into it (each as `,"name":value`): the
     /// access log's path, which runs once per request and so builds one string, not two.
-    func log(_ level: String, _ event: String, capacity: Int, appendFields: (inout String) -> Void) {
+    public func log(_ level: String, _ event: String, capacity: Int, appendFields: (inout String) -> Void) {
         var line = "{\"ts\":\""
         line.reserveCapacity(96 + capacity)
         line += Logger.timestamp()

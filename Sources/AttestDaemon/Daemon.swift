@@ -1,0 +1,238 @@
+import AppAttest
+import AttestCrypto
+import AttestWire
+import EventLoops
+import Foundation
+import HTTPRouting
+import HTTPServer
+import Lifecycle
+import RelayRoutes
+import ServiceRoutes
+import Stores
+import Synchronization
+import TokenService
+import UpstreamClient
+
+/// The whole attestd: the store, the token service, the event loops, the relay, the usage
+/// ledger, the exchange workers and the listeners, wired together and run as one group of
+/// services, started in order and stopped in reverse. `attestd serve` is this and a signal
+/// handler; a test can start it in process, send it traffic and stop it.
+public final class Daemon: Sendable {
+    public let options: ServeOptions
+    let logger: Logger
+    let group: ServiceGroup
+    let publicServer: HTTPServer
+    let adminServer: HTTPServer?
+    public let service: DeviceTokenService
+
+    /// Builds everything (opening and migrating the database); nothing runs until `run`.
+    public init(_ options: ServeOptions, logger: Logger) throws {
+        self.options = options
+        self.logger = logger
+        let verifier = try AppAttestVerifier(additionalAnchors: try Self.anchors(options, logger))
+        let introspectionKey = try Self.introspectionKey(options)
+        // Loops and exchange workers each may be in the store at once.
+        let store = try Stores.open(options.db, connections: options.threads + options.exchangeThreads, synchronous: options.synchronous,
+                                    mode: options.migrate ? .apply : .verify)
+        let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
+        let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
+        self.service = service
+        // One event loop per --threads: each runs a libmicrohttpd daemon per listener and a curl
+        // multi handle, so a relayed request is taken, checked, sent upstream and answered on one thread.
+        let loops = try EventLoopGroup(loops: options.threads)
+        var relayOptions = try Self.relayConfiguration(options, logger)
+        relayOptions.loops = loops
+        let relay = try MessagesRelay(relayOptions)
+        let ledger = options.usageLedger
+            ? UsageLedger(store: store, metrics: service.metrics, flushInterval: options.usageFlushInterval,
+                          report: { logger.error("usage_flush_failed", [("error", $0)]) })
+            : nil
+        let exchangeWorkers = try WorkerPool(threads: options.exchangeThreads, name: "exchange")
+        // The admin routes never answer on the public listener. /metrics is rendered at most once a
+        // second: a scrape costs a page of text, and a flood of them must not cost a page each.
+        let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay, ledger: ledger,
+                                   trustedProxies: options.trustedProxies, separateAdminListener: true,
+                                   exchangeWorkers: exchangeWorkers, metricsMaxAge: 1)
+
+        var configuration = HTTPServerConfiguration()
+        configuration.host = options.host
+        configuration.port = options.port
+        configuration.threads = options.threads
+        configuration.maxConnections = options.maxConnections
+        configuration.headDeadlineSeconds = options.headDeadline
+        configuration.minBodyBytesPerSecond = options.minBodyRate
+        configuration.writeTimeoutSeconds = options.writeTimeout
+        configuration.maxConnectionsPerIP = options.maxConnectionsPerIP
+        // Body limits and the shapes of the transport's own refusals, from the route table.
+        router.configure(&configuration, for: .public)
+        publicServer = HTTPServer(configuration: configuration, loops: loops) { router.router.handle($0, $1, on: .public) }
+        if let admin = options.admin {
+            var adminConfiguration = HTTPServerConfiguration()
+            adminConfiguration.host = admin.host
+            adminConfiguration.port = admin.port
+            adminConfiguration.threads = options.threads
+            // Internal: a proxy asking for token checks connects from one address, many times over.
+            adminConfiguration.maxConnectionsPerIP = 0
+            router.configure(&adminConfiguration, for: .admin)
+            adminServer = HTTPServer(configuration: adminConfiguration, loops: loops) { router.router.handle($0, $1, on: .admin) }
+        } else {
+            adminServer = nil
+        }
+        // Both listeners' figures: refusals and connections on the admin one count too.
+        let (publicServer, adminServer) = (self.publicServer, self.adminServer)
+        router.reportTransport {
+            (adminServer.map { publicServer.stats() + $0.stats() } ?? publicServer.stats()).prometheusText
+                + "# HELP attestd_audit_pending Audit events waiting to be written (they are kept and retried, never dropped).\n"
+                + "# TYPE attestd_audit_pending gauge\nattestd_audit_pending \(audit.pendingCount)\n"
+        }
+
+        // Started in this order, stopped in reverse: the listeners stop first (nothing new comes
+        // in, what is in flight finishes), then the workers and the relay that served them, and
+        // last the writes: the ledger's final flush and the audit log's, after the last request.
+        var services: [any Service] = [
+            BasicService("event-loops", stop: { _ in loops.shutdown() }),
+        ]
+        services += store.backgroundServices
+        services.append(audit)
+        if let ledger { services.append(ledger) }
+        services.append(purgeJob(store: store, logger: logger))
+        services.append(BasicService("upstream-relay", stop: { _ in relay.shutdown() }))
+        // What is queued runs (its audit events are in the audit log's last flush).
+        services.append(BasicService("exchange-workers", stop: { _ in exchangeWorkers.shutdown() }))
+        if let adminServer, let admin = options.admin {
+            services.append(HTTPListener(name: "admin-listener", server: adminServer, grace: 0, logger: logger, started: { port in
+                logger.info("admin_listening", [("address", "\(admin.host.contains(":") ? "[\(admin.host)]" : admin.host):\(port)"),
+                                                ("routes", "/metrics /v1/oauth/introspect /v1/authz/check /healthz /readyz")])
+            }, failed: { "--admin-listen: \($0) (--admin-listen none turns the admin listener off)" }))
+        }
+        services.append(HTTPListener(name: "public-listener", server: publicServer, grace: options.shutdownGrace, logger: logger, started: { port in
+            logger.info("listening", [("address", "\(options.host.contains(":") ? "[\(options.host)]" : options.host):\(port)"),
+                                      ("db", Stores.redacted(options.db)), ("upstream", options.upstreamURL), ("threads", options.threads),
+                                      ("exchange_threads", options.exchangeThreads), ("token_ttl", Int(options.exchange.tokenTTL)),
+                                      ("mint_limit_per_minute", options.exchange.mintLimitPerMinute),
+                                      ("registration_quota_per_hour", options.exchange.registrationQuotaPerHour)])
+        }, failed: { "\($0)" }))
+        group = ServiceGroup(services, report: { event in
+            logger.info("service_\(event.kind.rawValue)", [("service", event.service)])
+        })
+    }
+
+    /// Starts every service in order; on failure, those started are stopped and the error thrown.
+    public func run() throws {
+        if options.admin == nil {
+            logger.warning("no_admin_listener", [("note", "/metrics, /v1/oauth/introspect and /v1/authz/check are served nowhere (--admin-listen none)")])
+        }
+        try group.run()
+    }
+
+    /// Stops gracefully within `--shutdown-grace`: the listeners drain (requests in flight finish,
+    /// open streams end with an SSE `overloaded_error` event), then the rest in reverse order.
+    public func stop() {
+        group.stop(grace: .milliseconds(Int(options.shutdownGrace * 1000)))
+    }
+
+    /// The public listener's port (0 before `run`).
+    public var port: UInt16 { publicServer.port }
+    /// The admin listener's port (0 when it has none).
+    public var adminPort: UInt16 { adminServer?.port ?? 0 }
+    /// What the services did so far, in order.
+    public var lifecycle: [LifecycleEvent] { group.events }
+
+    // MARK: Configuration read at start
+
+    static func anchors(_ options: ServeOptions, _ logger: Logger) throws -> [Certificate] {
+        var anchors: [Certificate] = []
+        for path in options.trustAnchors {
+            guard let pem = try? String(contentsOfFile: path, encoding: .utf8) else { throw StartupError("--trust-anchor: cannot read \(path)") }
+            let certificates: [Certificate]
+            do { certificates = try Certificate.all(pem: pem) } catch { throw StartupError("--trust-anchor \(path): \(error)") }
+            for certificate in certificates {
+                logger.warning("extra_trust_anchor", [("file", path), ("subject", certificate.subjectName),
+                                                      ("sha256", hexString(certificate.sha256Fingerprint)),
+                                                      ("note", "attestations chained to this root are accepted next to Apple's; development and tests only")])
+            }
+            anchors += certificates
+        }
+        return anchors
+    }
+
+    static func introspectionKey(_ options: ServeOptions) throws -> String? {
+        guard let file = options.introspectionKeyFile else { return nil }
+        guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { throw StartupError("--introspection-key-file: cannot read \(file)") }
+        let key = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard key.utf8.count >= 32 else { throw StartupError("introspection key in \(file) is shorter than 32 characters") }
+        return key
+    }
+
+    /// The relay's upstream, its default key and the secrets key that opens the workspaces' own keys.
+    static func relayConfiguration(_ options: ServeOptions, _ logger: Logger) throws -> RelayConfiguration {
+        var upstream = UpstreamConfiguration(baseURL: options.upstreamURL)
+        if let caFile = options.upstreamCAFile {
+            guard FileManager.default.isReadableFile(atPath: caFile) else { throw StartupError("--upstream-ca-file: cannot read \(caFile)") }
+            upstream.caFile = caFile
+        }
+        var defaultKey: String?
+        if let file = options.upstreamKeyFile {
+            guard let data = FileManager.default.contents(atPath: file) else { throw StartupError("--upstream-key-file: cannot read \(file)") }
+            do { defaultKey = try Validate.upstreamKey(String(decoding: data, as: UTF8.self)) } catch {
+                throw StartupError("--upstream-key-file \(file): \(error)")
+            }
+        }
+        let secretsPath = options.secretsKeyFile ?? SecretsKeyFile.defaultPath(database: options.db, isFile: !Stores.isPostgres(options.db))
+        var secrets: SecretBox?
+        if FileManager.default.fileExists(atPath: secretsPath) {
+            do { secrets = try SecretsKeyFile.load(secretsPath) } catch { throw StartupError("\(error)") }
+        } else if options.secretsKeyFile != nil {
+            throw StartupError("--secrets-key-file: cannot read \(secretsPath)")
+        } else {
+            logger.warning("no_secrets_key", [("file", secretsPath),
+                                              ("note", "workspaces' own upstream keys cannot be opened; attestctl init creates this file")])
+        }
+        return RelayConfiguration(upstream: upstream, defaultKey: defaultKey, secrets: secrets)
+    }
+}
+
+/// A listener as a service: it starts listening, and stops gracefully within its grace (no new
+/// connections, idle ones closed, requests in flight answered, streams ended cleanly).
+final class HTTPListener: Service {
+    let name: String
+    let server: HTTPServer
+    let grace: Double
+    let logger: Logger
+    let started: @Sendable (UInt16) -> Void
+    let failed: @Sendable (any Error) -> String
+
+    init(name: String, server: HTTPServer, grace: Double, logger: Logger, started: @escaping @Sendable (UInt16) -> Void,
+         failed: @escaping @Sendable (any Error) -> String) {
+        self.name = name
+        self.server = server
+        self.grace = grace
+        self.logger = logger
+        self.started = started
+        self.failed = failed
+    }
+
+    func run() throws {
+        do { try server.start() } catch { throw StartupError(failed(error)) }
+        started(server.port)
+    }
+
+    func stop(by deadline: ContinuousClock.Instant) {
+        let left = deadline - ContinuousClock.now
+        let seconds = max(0, Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18)
+        server.shutdown(grace: min(grace, seconds))
+    }
+}
+
+/// Used and expired challenges, and challenge requests past their window, are purged once a
+/// minute so those tables stay small.
+func purgeJob(store: TokenStore, logger: Logger, every interval: Double = 60) -> PeriodicTask {
+    PeriodicTask("purge", every: interval) {
+        do {
+            let purged = try store.purgeChallenges(before: Date())
+            if purged > 0 { logger.info("challenges_purged", [("count", purged)]) }
+            // Challenge requests only matter for their one-minute window.
+            _ = try store.purgeChallengeRequests(before: Date() - 120)
+        } catch { logger.error("purge_failed", [("error", String(describing: error))]) }
+    }
+}

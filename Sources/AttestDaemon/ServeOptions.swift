@@ -1,0 +1,174 @@
+import AttestWire
+import EventLoops
+import Foundation
+import HTTPRouting
+import HTTPServer
+import Stores
+import TokenService
+
+/// attestd: the App Attest token service. `attestd serve [options]`.
+public let serveUsage = """
+usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [--token-ttl SECONDS]
+                     [--mint-limit PER_MINUTE] [--registration-quota PER_HOUR] [--challenge-limit PER_MINUTE]
+                     [--introspection-key-file FILE] [--threads N] [--exchange-threads N] [--synchronous full|normal]
+                     [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
+                     [--max-connections N] [--max-connections-per-ip N] [--no-migrate] [--shutdown-grace SECONDS]
+                     [--head-deadline SECONDS] [--min-body-rate BYTES_PER_SECOND] [--write-timeout SECONDS]
+                     [--trusted-proxy CIDR]… [--admin-listen HOST:PORT] [--usage-flush-interval SECONDS] [--no-usage-ledger]
+--db is a SQLite file or a PostgreSQL URL (postgresql://user@host/db?sslmode=…, as libpq reads it, so PGPASSWORD
+          and ~/.pgpass work), default $ATTESTD_DB, else ./attestd.sqlite; --no-migrate only checks the schema
+          (apply it with attestctl migrate)
+defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
+          --registration-quota 1000 --challenge-limit 600 --threads and --exchange-threads: one per core,
+          at least 2 (PostgreSQL: two per core, at least 4) --synchronous full (0 disables a limit)
+          --upstream-url https://api.anthropic.com --secrets-key-file $ATTESTD_SECRETS_KEY_FILE, else attestd.key
+          beside the database
+--upstream-url: where POST /v1/messages and /v1/messages/count_tokens are relayed, with the
+          workspace's own key (attestctl workspaces set-upstream-key), sealed in the database under
+          --secrets-key-file (the same file on every instance). --upstream-key-file: the key for
+          workspaces without one (whitespace around it trimmed). With neither, /v1/messages answers 503.
+--upstream-ca-file: extra trusted roots for the upstream (a local TLS upstream in tests); system roots otherwise.
+--shutdown-grace (default 10): on SIGTERM/SIGINT stop accepting, end idle and slow connections, let
+          requests in flight finish, end open streams with an SSE overloaded_error event, exit by then.
+--head-deadline (default 10): a request head must arrive whole within it, however slowly it trickles.
+--min-body-rate (default 1024 bytes/s after 10 s): a body slower than that is cut (a 32 MB image at
+          1 KiB/s would take 9 hours; at mobile rates it takes seconds).
+--write-timeout (default 30): a client that stops reading its response for that long is cut.
+--threads: event loops, each taking connections and relaying the Messages API. --exchange-threads:
+          workers for the device exchange and introspection (attestation checks, registrations that
+          wait for the database), so that those never hold up a loop.
+--trusted-proxy CIDR (repeatable): only when the peer is in one of these networks is the caller's
+          address taken from X-Forwarded-For or Forwarded (the right-most hop that is not a trusted
+          proxy); from anyone else those headers are ignored. Rate limits per caller use that address.
+--admin-listen HOST:PORT (default 127.0.0.1:9090; none: no admin listener): /metrics,
+          /v1/oauth/introspect and /v1/authz/check (the token check for nginx auth_request and Envoy
+          ext_authz) are served there only, never on the public listener, which faces the internet;
+          /healthz and /readyz on both.
+--max-connections (default 10000): open streams hold a connection each (epoll keeps idle ones cheap),
+          so 1,000 streams plus exchanges fit with room; --max-connections-per-ip (default 64, 0 = none):
+          one address cannot take every slot; raise it behind a proxy that connects from one address.
+--usage-flush-interval (default 1, at most 5): relayed requests are counted in memory (tokens per
+          workspace, integration, model and hour) and written in one transaction this often and at
+          shutdown; a kill -9 loses at most one interval. The per-integration policy (attestctl
+          integrations update) and the per-device and monthly limits read the database's counts
+          plus this instance's unwritten ones. --no-usage-ledger: relay without recording usage or
+          applying the policy (benchmarks only: nothing is billed or limited).
+--token-ttl is 300 to 86400 seconds: the published client refreshes 60 s before expiry, so a
+          shorter token would be refreshed on almost every call and soon hit the mint limit.
+"""
+
+public struct ServeOptions: Sendable {
+    public var db = ProcessInfo.processInfo.environment["ATTESTD_DB"].flatMap { $0.isEmpty ? nil : $0 } ?? "attestd.sqlite"
+    public var migrate = true
+    public var host = "127.0.0.1"
+    public var port: UInt16 = 8080
+    public var trustAnchors: [String] = []
+    public var exchange = ExchangeConfiguration()
+    public var introspectionKeyFile: String?
+    /// Set by `--threads` and `--exchange-threads`, else `defaultThreads(for:)`.
+    public var threads = 0
+    public var exchangeThreads = 0
+
+    /// On SQLite, one loop and one exchange worker per core: nothing they run waits on the
+    /// network, so more threads than cores would only take turns. On PostgreSQL every token check
+    /// and exchange waits for a round trip, during which its thread's core would sit idle: twice
+    /// as many, at least 4.
+    public static func defaultThreads(for database: String) -> Int {
+        let cores = ProcessInfo.processInfo.activeProcessorCount
+        return Stores.isPostgres(database) ? max(4, 2 * cores) : max(2, cores)
+    }
+    public var synchronous = "FULL"
+    public var upstreamURL = "https://api.anthropic.com"
+    public var upstreamCAFile: String?
+    public var upstreamKeyFile: String?
+    public var secretsKeyFile: String?
+    public var shutdownGrace = 10.0
+    /// The internal listener for /metrics, /v1/oauth/introspect and /v1/authz/check (nil: none,
+    /// and those routes are served nowhere: the public listener never has them).
+    public var admin: (host: String, port: UInt16)? = ("127.0.0.1", 9090)
+    public var trustedProxies: [CIDR] = []
+    public var headDeadline = HTTPServerConfiguration().headDeadlineSeconds
+    public var minBodyRate = HTTPServerConfiguration().minBodyBytesPerSecond
+    public var writeTimeout = HTTPServerConfiguration().writeTimeoutSeconds
+    public var maxConnections = HTTPServerConfiguration().maxConnections
+    public var maxConnectionsPerIP = HTTPServerConfiguration().maxConnectionsPerIP
+    public var usageFlushInterval = 1.0
+    public var usageLedger = true
+
+    public init(_ arguments: [String]) throws {
+        var i = 0
+        func value() throws -> String {
+            i += 1
+            guard i < arguments.count else { throw StartupError("\(arguments[i - 1]) needs a value") }
+            return arguments[i]
+        }
+        func number(_ name: String, _ range: ClosedRange<Int>) throws -> Int {
+            let text = try value()
+            guard let n = Int(text), range.contains(n) else { throw StartupError("\(name) must be a whole number in \(range.lowerBound)...\(range.upperBound), got \(text)") }
+            return n
+        }
+        while i < arguments.count {
+            switch arguments[i] {
+            case "--db": db = try value()
+            case "--listen": (host, port) = try Self.hostPort(try value(), option: "--listen")
+            case "--admin-listen":
+                let text = try value()
+                admin = text == "none" ? nil : try Self.hostPort(text, option: "--admin-listen")
+            case "--trust-anchor": trustAnchors.append(try value())
+            case "--token-ttl": exchange.tokenTTL = TimeInterval(try number("--token-ttl", 300...86_400))
+            case "--mint-limit": exchange.mintLimitPerMinute = try number("--mint-limit", 0...1_000_000)
+            case "--registration-quota": exchange.registrationQuotaPerHour = try number("--registration-quota", 0...100_000_000)
+            case "--challenge-limit": exchange.challengeLimitPerMinute = try number("--challenge-limit", 0...100_000_000)
+            case "--introspection-key-file": introspectionKeyFile = try value()
+            case "--upstream-url":
+                let text = try value()
+                guard let url = URL(string: text), ["http", "https"].contains(url.scheme?.lowercased() ?? ""), url.host != nil,
+                      url.query == nil, url.path.isEmpty || url.path == "/" else {
+                    throw StartupError("--upstream-url takes http(s)://host[:port], e.g. https://api.anthropic.com, got \(text)")
+                }
+                upstreamURL = text.hasSuffix("/") ? String(text.dropLast()) : text
+            case "--upstream-ca-file": upstreamCAFile = try value()
+            case "--upstream-key-file": upstreamKeyFile = try value()
+            case "--secrets-key-file": secretsKeyFile = try value()
+            case "--no-migrate": migrate = false
+            case "--trusted-proxy":
+                let text = try value()
+                guard let network = CIDR(text) else { throw StartupError("--trusted-proxy takes an IP network such as 10.0.0.0/8 or ::1, got \(text)") }
+                trustedProxies.append(network)
+            case "--shutdown-grace": shutdownGrace = Double(try number("--shutdown-grace", 0...3600))
+            case "--head-deadline": headDeadline = Double(try number("--head-deadline", 1...600))
+            case "--min-body-rate": minBodyRate = try number("--min-body-rate", 0...100_000_000)
+            case "--write-timeout": writeTimeout = Double(try number("--write-timeout", 1...3600))
+            case "--max-connections": maxConnections = try number("--max-connections", 16...1_000_000)
+            case "--max-connections-per-ip": maxConnectionsPerIP = try number("--max-connections-per-ip", 0...1_000_000)
+            case "--usage-flush-interval": usageFlushInterval = Double(try number("--usage-flush-interval", 1...5))
+            case "--no-usage-ledger": usageLedger = false
+            case "--threads": threads = try number("--threads", 1...256)
+            case "--exchange-threads": exchangeThreads = try number("--exchange-threads", 1...256)
+            case "--synchronous":
+                let mode = try value().uppercased()
+                guard mode == "FULL" || mode == "NORMAL" else { throw StartupError("--synchronous is full or normal") }
+                synchronous = mode
+            default: throw StartupError("unknown option \(arguments[i])\n\(serveUsage)")
+            }
+            i += 1
+        }
+        if threads == 0 { threads = Self.defaultThreads(for: db) }
+        if exchangeThreads == 0 { exchangeThreads = Self.defaultThreads(for: db) }
+    }
+}
+
+extension ServeOptions {
+    public static func hostPort(_ text: String, option: String) throws -> (String, UInt16) {
+        guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]) else {
+            throw StartupError("\(option) takes HOST:PORT, e.g. 127.0.0.1:8080, got \(text)")
+        }
+        return (String(text[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]")), port)
+    }
+}
+
+public struct StartupError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+

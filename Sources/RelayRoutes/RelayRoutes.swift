@@ -1,0 +1,162 @@
+import AttestWire
+import Foundation
+import HTTPRouting
+import HTTPServer
+import TokenService
+import UpstreamClient
+
+/// The Messages API for app tokens: `/v1/messages` and `/v1/messages/count_tokens` relayed to the
+/// upstream with the workspace's key (after the token check and the integration's policy), and
+/// every other `/v1/` path refused for an app token (the token authorizes the Messages API only).
+/// A relayed request lives on the loop that took it, from the token check to its last byte.
+public struct RelayRoutes: Sendable {
+    let service: DeviceTokenService
+    /// Without one, `/v1/messages` answers 503 after the token check.
+    let relay: MessagesRelay?
+    /// Usage and the per-integration policy; nil relays without either.
+    let ledger: UsageLedger?
+    let metrics: Metrics
+    let logger: Logger
+
+    public init(service: DeviceTokenService, relay: MessagesRelay?, ledger: UsageLedger?, logger: Logger) {
+        self.service = service
+        self.relay = relay
+        self.ledger = ledger
+        self.metrics = service.metrics
+        self.logger = logger
+        metrics.describe("attestd_upstream_requests_total", "Relayed Messages API requests, by the status the client got (or cancelled, error).")
+        metrics.describe("attestd_upstream_latency_seconds", "Relayed requests, from arrival to the reply's last byte.")
+        metrics.describe("attestd_upstream_ttfb_seconds", "Relayed requests, from arrival to the upstream's first body byte.")
+    }
+
+    public var routes: [Route] {
+        let relayed = RouteHandler.deferred { context, writer in try relayMessages(context, writer) }
+        return [
+            Route(["POST"], WireProtocol.messagesPath, bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json",
+                  shape: .messagesAPI, handler: relayed),
+            Route(["POST"], WireProtocol.countTokensPath, bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json",
+                  shape: .messagesAPI, handler: relayed),
+            // Any other API: an app token is refused with 403, a bad one with 401.
+            Route([], "/v1/*", name: "/v1/other", shape: .messagesAPI, handler: .answer { context in try otherAPI(context) }),
+        ]
+    }
+
+    /// An error in the Messages API's envelope, carrying the request ID as the real API does.
+    public static func apiError(_ status: Int, _ type: String, _ message: String, requestID: String) -> HTTPResponse {
+        .json(status, APIErrorResponse(type: type, message: message, requestID: requestID).json)
+    }
+
+    public static func unauthenticated(_ requestID: String) -> HTTPResponse {
+        apiError(401, "authentication_error", "invalid, expired or revoked access token", requestID: requestID)
+    }
+
+    /// The grant for the request's bearer token; nil when it must be answered with `unauthenticated`.
+    public static func authenticated(_ request: HTTPRequest, _ service: DeviceTokenService, at time: Date? = nil) throws -> TokenGrant? {
+        guard let token = RequestParsing.bearer(request.header("authorization")), token.utf8.count <= FieldLimits.token else { return nil }
+        return try service.authenticate(bearer: token, at: time)
+    }
+
+    func otherAPI(_ context: RequestContext) throws -> RouteOutcome {
+        guard let grant = try Self.authenticated(context.request, service) else {
+            return RouteOutcome(Self.unauthenticated(context.requestID), reason: RejectionReason.tokenRejected.rawValue)
+        }
+        return RouteOutcome(Self.apiError(403, "permission_error", "this access token authorizes the Messages API only", requestID: context.requestID),
+                            clientID: grant.clientID, reason: RejectionReason.outOfScope.rawValue)
+    }
+
+    /// The token check, the workspace's key and the policy, then the transfer: answered later,
+    /// as the upstream's reply streams in (nil), or at once when refused.
+    func relayMessages(_ context: RequestContext, _ writer: HTTPResponseWriter) throws -> RouteOutcome? {
+        let request = context.request, requestID = context.requestID, route = request.path, start = context.started
+        let time = service.now()
+        // Taken before the query: usage flushed while it runs is counted, never missed.
+        let commitsBeforeRead = ledger?.commitCount ?? 0
+        guard let grant = try Self.authenticated(request, service, at: time) else {
+            return RouteOutcome(Self.unauthenticated(requestID), reason: RejectionReason.tokenRejected.rawValue)
+        }
+        guard let relay else {
+            return RouteOutcome(Self.apiError(503, "api_error", "no upstream Messages API is configured on this service", requestID: requestID),
+                                clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue)
+        }
+        let key: String
+        do {
+            key = try relay.key(for: grant)
+        } catch {
+            switch error {
+            case .none:
+                return RouteOutcome(Self.apiError(503, "api_error", """
+                no upstream API key is configured for this workspace: an operator sets one with \
+                `attestctl workspaces set-upstream-key`, or starts attestd with --upstream-key-file
+                """, requestID: requestID), clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue)
+            case .unopenable(let why):
+                logger.error("upstream_key_unavailable", [("request_id", requestID), ("workspace", grant.workspaceName), ("error", why)])
+                return RouteOutcome(Self.apiError(503, "api_error", "the upstream API key of this workspace is unavailable", requestID: requestID),
+                                    clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue, detail: why)
+            }
+        }
+        var ticket: UsageTicket?
+        if let ledger {
+            let input = MessagesRequestFields.policyInput(request.body, spendsTokens: route == WireProtocol.messagesPath)
+            switch ledger.admit(grant, input, commitsBeforeRead: commitsBeforeRead, at: time) {
+            case .success(let admitted): ticket = admitted
+            case .failure(let refusal):
+                return RouteOutcome(Self.policyResponse(refusal, requestID: requestID), clientID: grant.clientID,
+                                    reason: RejectionReason.policyRefused.rawValue, detail: refusal.reason)
+            }
+        }
+
+        let clientID = grant.clientID
+        let admitted = ticket
+        let readsAbandoned = admitted != nil && route == WireProtocol.messagesPath && !MessagesRequestFields.asksForStream(request.body)
+        let (metrics, ledger) = (self.metrics, self.ledger)
+        let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start, readsAbandonedReply: readsAbandoned) { result in
+            let label = result.error.map { $0.kind == .cancelled ? "cancelled" : "error" } ?? String(result.status)
+            metrics.increment("attestd_upstream_requests_total", labels: [("status", label)])
+            let now = DispatchTime.now().uptimeNanoseconds
+            metrics.observe("attestd_upstream_latency_seconds", seconds: Double(now - start) / 1e9, buckets: Metrics.relayBuckets)
+            if let firstByte = result.firstByteAt {
+                metrics.observe("attestd_upstream_ttfb_seconds", seconds: Double(firstByte - start) / 1e9, buckets: Metrics.relayBuckets)
+            }
+            if let admitted {
+                ledger?.finish(admitted, RelayOutcome(status: result.status, usage: result.usage, incomplete: result.incomplete,
+                                                      abandoned: result.abandoned))
+            }
+            context.finish(RouteOutcome(ended: result.status, clientID: clientID,
+                                        detail: result.error.map { "upstream \($0)" } ?? (result.abandoned ? "the client left; the reply was read for its usage" : nil),
+                                        bytes: result.bytes))
+        }
+        let transfer = relay.start(MessagesRelay.upstreamRequest(request, key: key), delegate: exchange)
+        exchange.attach(transfer)
+        writer.onWritable { transfer.resume() }
+        // A stream is cancelled upstream with its client; a JSON reply is read to its end, for its usage.
+        writer.onCancel { if exchange.clientLeft() { transfer.cancel() } }
+        writer.onShutdown {
+            if exchange.endForShutdown() { transfer.cancel() }
+        }
+        return nil
+    }
+
+    /// A policy refusal in the Messages API's error shape: 400 for what the request asks, 429 with
+    /// `retry-after` for a limit (the published client maps that to `.rateLimited`).
+    public static func policyResponse(_ refusal: PolicyRefusal, requestID: String) -> HTTPResponse {
+        switch refusal {
+        case .unreadableBody(let problem):
+            return apiError(400, "invalid_request_error", "the request could not be checked against this app's policy: \(problem)", requestID: requestID)
+        case .modelNotAllowed(let model):
+            let message = model.isEmpty ? "model: this app must name one of the models it may use"
+                : "model: \(model.prefix(128)) is not available to this app"
+            return apiError(400, "invalid_request_error", message, requestID: requestID)
+        case .maxTokensOverLimit(let requested, let limit):
+            return apiError(400, "invalid_request_error", "max_tokens: \(requested) is above this app's limit of \(limit)", requestID: requestID)
+        case .deviceRateLimited(let limit, let retryAfter):
+            var response = apiError(429, "rate_limit_error", "this device is over its limit of \(limit) requests a minute", requestID: requestID)
+            response.headers.append(("retry-after", String(retryAfter)))
+            return response
+        case .monthlyBudgetSpent(let budget, let retryAfter):
+            var response = apiError(429, "rate_limit_error", "this app has used its monthly budget of \(budget) tokens; it renews on the 1st (UTC)",
+                                    requestID: requestID)
+            response.headers.append(("retry-after", String(retryAfter)))
+            return response
+        }
+    }
+}
