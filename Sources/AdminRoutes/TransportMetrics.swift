@@ -17,6 +17,7 @@ extension HTTPServerStats {
             ("attestd_overloaded_requests_total", "Requests refused because the body budget was spent (529).", overloadedRequests),
             ("attestd_cancelled_answers_total", "Deferred or streamed answers cut short (client gone, deadline, stop).", cancelledAnswers),
             ("attestd_held_requests_total", "Pipelined requests held while earlier answers on their connection waited unread.", heldRequests),
+            ("attestd_unanswered_requests_total", "Whole requests whose connection closed before an answer (the client left, or a deadline).", unansweredRequests),
         ]
         for (name, help, value) in counters { out += "# HELP \(name) \(help)\n# TYPE \(name) counter\n\(name) \(value)\n" }
         out += "# HELP attestd_connections_reaped_total Connections the server closed on its own, by reason.\n"

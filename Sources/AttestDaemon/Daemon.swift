@@ -221,6 +221,9 @@ final class HTTPListener: Service {
         let left = deadline - ContinuousClock.now
         let seconds = max(0, Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18)
         server.shutdown(grace: min(grace, seconds))
+        let stats = server.stats()
+        logger.info("listener_stopped", [("listener", name), ("requests", Int(stats.requestsCompleted)),
+                                         ("unanswered", Int(stats.unansweredRequests)), ("cancelled", Int(stats.cancelledAnswers))])
     }
 }
 

@@ -166,4 +166,13 @@ attest_unread_bytes(int fd)
   return count;
 }
 
+/* Bytes received and not read yet (FIONREAD); -1 on error. */
+static inline int
+attest_pending_bytes(int fd)
+{
+  int count = 0;
+  if (ioctl(fd, FIONREAD, &count) != 0) return -1;
+  return count;
+}
+
 #endif

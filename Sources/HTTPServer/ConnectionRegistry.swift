@@ -163,7 +163,6 @@ final class ConnectionRegistry: Sendable {
                 let limit = configuration.maxConnectionsPerIP
                 if limit > 0, sameAddress > limit { _ = Glibc.shutdown(record.fd, Int32(SHUT_RDWR)) }
             }
-            if s.draining { _ = reap(record, .shutdown) }
             return count > evictAbove
         }
     }
@@ -230,7 +229,10 @@ final class ConnectionRegistry: Sendable {
                     switch r.phase {
                     case .waiting, .head:
                         let idle = r.phase == .waiting && r.requests > 0
-                        if draining, r.phase == .waiting || age(r.headSince) > slowHead {
+                        // Draining: an idle keep-alive goes at once, a head (or a connection taken
+                        // but silent so far) after a tenth of its deadline; but not one whose next
+                        // request is already in the socket, unread: that request is answered.
+                        if draining, idle || age(r.headSince) > slowHead, pendingBytes(record.fd) == 0 {
                             return (.shutdown, 0, 0)
                         }
                         if head > 0, age(r.headSince) > head { return (idle ? .idleTimeout : .headTimeout, 0, 0) }
@@ -395,6 +397,8 @@ final class ServerTotals: Sendable {
     let cancelled = Atomic<UInt64>(0)
     /// Requests held for their connection's unread answers (each time one was held).
     let held = Atomic<UInt64>(0)
+    /// Whole requests whose connection closed before any answer was queued.
+    let unanswered = Atomic<UInt64>(0)
     private let reaped = Mutex<[HTTPReapReason: UInt64]>([:])
 
     func countReap(_ reason: HTTPReapReason) {
@@ -406,3 +410,6 @@ final class ServerTotals: Sendable {
 
 /// Bytes of answers waiting in the socket for the client (0 when that cannot be told).
 func unreadBytes(_ fd: Int32) -> Int { max(0, Int(attest_unread_bytes(fd))) }
+
+/// Bytes received on the socket and not read yet (0 when that cannot be told).
+func pendingBytes(_ fd: Int32) -> Int { max(0, Int(attest_pending_bytes(fd))) }

@@ -36,6 +36,9 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     private var acceptPausedUntil: UInt64 = 0
     /// Every daemon of the server is at its limit: the listening socket is out of this loop's set.
     private var fullUp = false
+    /// The listening socket is closed (a graceful shutdown began).
+    private var closedListener = false
+    private var acceptedCount = 0
     /// Called when accepting stops for a full server (wakes the reaper, which frees slots).
     var onFull: (@Sendable () -> Void)?
     static let acceptBatch = 256
@@ -67,15 +70,15 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     }
 
     /// Takes the connections waiting on the listening socket (loop thread, before the daemon runs).
-    private func acceptPending(now: UInt64) {
-        guard acceptReady, !fullUp, now >= acceptPausedUntil else { return }
+    private func acceptPending(now: UInt64, evenWhenFull: Bool = false) {
+        guard acceptReady, !fullUp, !closedListener, now >= acceptPausedUntil else { return }
         var address = sockaddr_storage()
         var length = socklen_t(0)
         for _ in 0..<Self.acceptBatch {
             // Full: this loop stops taking connections (the others, with room, take them, and
             // when every one is full they wait in the kernel's queue while the reaper frees
             // slots) instead of taking them and closing them; a connection closing here resumes.
-            if !hasRoom {
+            if !hasRoom && !evenWhenFull {
                 fullUp = true
                 loop.unwatch(fd: listenFD)
                 onFull?()
@@ -91,6 +94,7 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
                 }
                 return
             }
+            acceptedCount &+= 1
             adopt(fd, address, length)
         }
     }
@@ -106,10 +110,32 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         loop.requestTurn()
     }
 
+    /// Takes the connections waiting on the listening socket one last time and closes it (from
+    /// any thread: it runs on the loop and returns when done).
+    func stopAccepting() {
+        _ = loop.run(andWait: { [self] in
+            guard !closedListener else { return true }
+            acceptReady = true
+            fullUp = false
+            acceptPausedUntil = 0
+            var before = -1
+            // Until nothing more is waiting (a full daemon still takes them: the reaper then
+            // closes the idle ones, and these are answered).
+            while acceptReady, before != acceptedCount {
+                before = acceptedCount
+                acceptPending(now: monotonicNanoseconds(), evenWhenFull: true)
+            }
+            loop.unwatch(fd: listenFD)
+            close(listenFD)
+            closedListener = true
+            return true
+        })
+    }
+
     /// A connection of this daemon closed (loop thread): a daemon that stopped accepting because
     /// every daemon was full takes connections again.
     func connectionClosed() {
-        guard fullUp else { return }
+        guard fullUp, !closedListener else { return }
         fullUp = false
         acceptReady = true
         _ = loop.watch(fd: listenFD, events: UInt32(EPOLLIN.rawValue) | EPOLLEXCLUSIVE.rawValue, for: self)
@@ -217,14 +243,15 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         let stopped = loop.run(andWait: { [self] in
             loop.remove(self)
             MHD_stop_daemon(daemon)
-            close(listenFD)
+            if !closedListener { close(listenFD) }
+            closedListener = true
             suspensions = []
             receiving = []
             return true
         })
         if stopped == nil {
             MHD_stop_daemon(daemon)
-            close(listenFD)
+            if !closedListener { close(listenFD) }
         }
     }
 }

@@ -201,10 +201,13 @@ public final class HTTPResponseWriter: Sendable {
     /// The connection is gone or must go (peer closed while suspended, server stopping): marks
     /// the request cancelled, wakes the connection so libmicrohttpd closes it, and runs the
     /// producer's cancel callback. Any thread.
-    func abort() {
+    /// - Parameter serverStopping: the server stops with this request unanswered: it is answered
+    ///   503 with `Connection: close` (never a bare close that leaves the client guessing).
+    func abort(serverStopping: Bool = false) {
         let callback = state.withLock { s -> (@Sendable () -> Void)? in
             guard !s.closed, !s.cancelled else { return nil }
             s.cancelled = true
+            s.stopping = serverStopping
             resumeIfSuspended(&s)
             return s.producerDone ? nil : s.takeCancelCallback()
         }
@@ -246,8 +249,10 @@ public final class HTTPResponseWriter: Sendable {
 
     /// libmicrohttpd finished with the request (completion callback, connection's thread).
     func completed() {
-        let (callback, reserved, cut) = state.withLock { s -> ((@Sendable () -> Void)?, Int, Bool) in
+        let (callback, reserved, cut, unanswered) = state.withLock { s -> ((@Sendable () -> Void)?, Int, Bool, Bool) in
             s.closed = true
+            // A whole request whose connection closes with no answer queued.
+            let unanswered = s.handlerCalled && !s.queued
             var callback: (@Sendable () -> Void)?
             let cut = (s.handlerOwnsAnswer || s.cancelled) && !s.producerDone
             if s.handlerOwnsAnswer, !s.producerDone {
@@ -264,9 +269,10 @@ public final class HTTPResponseWriter: Sendable {
             s.body = []
             let reserved = s.reservedBodyBytes
             s.reservedBodyBytes = 0
-            return (callback, reserved, cut)
+            return (callback, reserved, cut, unanswered)
         }
         if reserved > 0 { core.releaseBodyBytes(reserved) }
+        if unanswered { core.totals.unanswered.add(1, ordering: .relaxed) }
         record?.endRequest()
         core.totals.requests.add(1, ordering: .relaxed)
         if cut { core.totals.cancelled.add(1, ordering: .relaxed) }
@@ -355,6 +361,8 @@ struct WriterState {
     var refusal: HTTPResponse?
     /// Suspended before its handler while earlier answers on the connection wait unread.
     var heldForUnread = false
+    /// Cancelled because the server stops (not because the client left).
+    var stopping = false
     var discardedBytes = 0
 
     // Answering.

@@ -78,7 +78,7 @@ public final class HTTPServer: Sendable {
             // suspensions and wake every suspended connection with its request cancelled (not
             // every suspended connection is in the monitor's watch, so every open request is).
             current.core.monitor.beginStop()
-            for writer in current.core.registry.currentWriters() { writer.abort() }
+            for writer in current.core.registry.currentWriters() { writer.abort(serverStopping: true) }
             // Each daemon stops on its loop; completion callbacks release the remaining request contexts.
             for driver in current.drivers { driver.stop() }
             current.core.monitor.shutdown()
@@ -100,7 +100,11 @@ public final class HTTPServer: Sendable {
     /// may be removing it too (daemon.c, MHD_epoll: "was_quiesced" → EPOLL_CTL_DEL), and whichever
     /// loses gets ENOENT and MHD_PANIC aborts the process.
     public func shutdown(grace: Double) {
-        guard let core = running.withLock({ $0?.core }) else { return }
+        guard let (core, drivers) = running.withLock({ r in r.map { ($0.core, $0.drivers) } }) else { return }
+        // No new connections: each loop takes what is already waiting for it, then closes its
+        // listening socket (a connection that arrives after is refused). What was taken is
+        // answered: requests that arrive on it are served, with `Connection: close`.
+        for driver in drivers { driver.stopAccepting() }
         for writer in core.registry.beginDraining() { writer.notifyShutdown() }
         let deadline = monotonicNanoseconds() + UInt64(max(0, grace) * 1e9)
         while core.registry.openConnections > 0, monotonicNanoseconds() < deadline {
@@ -131,6 +135,7 @@ public final class HTTPServer: Sendable {
         stats.overloadedRequests = totals.overloaded.load(ordering: .relaxed)
         stats.cancelledAnswers = totals.cancelled.load(ordering: .relaxed)
         stats.heldRequests = totals.held.load(ordering: .relaxed)
+        stats.unansweredRequests = totals.unanswered.load(ordering: .relaxed)
         let reaped = totals.reapedByReason
         for reason in HTTPReapReason.allCases { stats.reaped[reason] = reaped[reason] ?? 0 }
         return stats
@@ -710,7 +715,11 @@ extension HTTPResponseWriter {
         }
         let step = state.withLock { s -> Step in
             if s.queued { return .alreadyQueued }
-            if s.cancelled { return .close }
+            if s.cancelled {
+                guard s.stopping else { return .close }   // the client is gone
+                s.queued = true
+                return .stopping(nil)
+            }
             switch s.answer {
             case .complete(let response):
                 s.queued = true

@@ -258,6 +258,9 @@ public struct HTTPServerStats: Sendable {
     public var heldRequests: UInt64 = 0
     /// Requests held now.
     public var held = 0
+    /// Whole requests whose connection closed with no answer (the client left first, or a
+    /// deadline); a graceful stop leaves none.
+    public var unansweredRequests: UInt64 = 0
     /// Connections the server closed on its own, by reason (every reason present, 0 if none).
     public var reaped: [HTTPReapReason: UInt64] = [:]
 
@@ -284,6 +287,7 @@ extension HTTPServerStats {
         sum.overloadedRequests += rhs.overloadedRequests
         sum.cancelledAnswers += rhs.cancelledAnswers
         sum.heldRequests += rhs.heldRequests
+        sum.unansweredRequests += rhs.unansweredRequests
         sum.reaped.merge(rhs.reaped, uniquingKeysWith: +)
         return sum
     }

@@ -35,6 +35,10 @@ public struct LifecycleEvent: Sendable, Equatable, CustomStringConvertible {
     public let kind: Kind
     public let service: String
     public var description: String { "\(service) \(kind.rawValue)" }
+    public init(kind: Kind, service: String) {
+        self.kind = kind
+        self.service = service
+    }
 }
 
 /// Services started in order and stopped in reverse, within one shutdown grace: the listeners

@@ -183,15 +183,18 @@ final class RelayedExchange: UpstreamDelegate {
     /// A reply whose client leaves is read to its end for its usage (a request that did not ask
     /// for a stream, with a ledger to record it); otherwise it is cancelled upstream at once.
     let readsAbandonedReply: Bool
+    /// The request asked for an SSE stream (`"stream": true`).
+    let requestStreams: Bool
     let finished: @Sendable (Result) -> Void
     private let state = Mutex(State())
 
-    init(writer: HTTPResponseWriter, requestID: String, started: UInt64, readsAbandonedReply: Bool = false,
+    init(writer: HTTPResponseWriter, requestID: String, started: UInt64, readsAbandonedReply: Bool = false, requestStreams: Bool = true,
          finished: @escaping @Sendable (Result) -> Void) {
         self.writer = writer
         self.requestID = requestID
         self.started = started
         self.readsAbandonedReply = readsAbandonedReply
+        self.requestStreams = requestStreams
         self.finished = finished
     }
 
@@ -305,12 +308,13 @@ final class RelayedExchange: UpstreamDelegate {
     }
 
     /// The server is stopping: a stream ends cleanly with an SSE `overloaded_error` event, so the
-    /// client retries elsewhere; an answer not begun is a 529 in the API's shape. Returns false,
-    /// and changes nothing, for a JSON reply already going out (one too large to hold): it has no
-    /// clean way to end early, so it is left to finish within the grace period.
+    /// client retries elsewhere, and a stream not begun is a 529 in the API's shape. Returns false,
+    /// and changes nothing, for a JSON reply: the upstream is generating it, it comes within
+    /// seconds, and it is the client's answer, so it is left to finish within the grace period
+    /// (what is still open at the deadline is ended).
     func endForShutdown() -> Bool {
         let ending: (headSent: Bool, isEventStream: Bool, held: (headers: [(name: String, value: String)], body: [UInt8])?)? = state.withLock { state in
-            if state.headSent && !state.isEventStream && state.held == nil { return nil }
+            if !state.isEventStream && (!requestStreams || state.headSent) { return nil }
             defer { state.held = nil; state.shutDown = true }
             return (state.headSent, state.isEventStream, state.held)
         }

@@ -107,9 +107,11 @@ public struct RelayRoutes: Sendable {
 
         let clientID = grant.clientID
         let admitted = ticket
-        let readsAbandoned = admitted != nil && route == WireProtocol.messagesPath && !MessagesRequestFields.asksForStream(request.body)
+        let streams = route == WireProtocol.messagesPath && MessagesRequestFields.asksForStream(request.body)
+        let readsAbandoned = admitted != nil && route == WireProtocol.messagesPath && !streams
         let (metrics, ledger) = (self.metrics, self.ledger)
-        let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start, readsAbandonedReply: readsAbandoned) { result in
+        let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start, readsAbandonedReply: readsAbandoned,
+                                       requestStreams: streams) { result in
             let label = result.error.map { $0.kind == .cancelled ? "cancelled" : "error" } ?? String(result.status)
             metrics.increment("attestd_upstream_requests_total", labels: [("status", label)])
             let now = DispatchTime.now().uptimeNanoseconds
