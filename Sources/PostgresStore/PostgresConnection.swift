@@ -2,6 +2,7 @@ import CPostgres
 import Dispatch
 import Foundation
 import Synchronization
+import TokenService
 
 /// A value bound to a statement parameter. Every parameter is sent in binary format with an
 /// explicit length and type, so text with a NUL byte is an error rather than a prefix match,
@@ -335,6 +336,13 @@ public final class PostgresResult {
     /// The first row mapped by `map`, or nil when there is none.
     public func first<T>(_ map: (PostgresRow) throws -> T) throws -> T? { count > 0 ? try map(self[0]) : nil }
 
+    /// The position of the result column `name` (an `AS` alias, else the column's).
+    fileprivate func column(_ name: String) throws -> Int32 {
+        let index = PQfnumber(result, "\"" + name + "\"")
+        guard index >= 0 else { throw PostgresError(.decoding, message: "the query selects no column \(name)", target: target) }
+        return index
+    }
+
     fileprivate func isNull(_ row: Int32, _ column: Int32) -> Bool { PQgetisnull(result, row, column) == 1 }
     fileprivate func type(_ column: Int32) -> UInt32 { PQftype(result, column) }
     fileprivate func bytes(_ row: Int32, _ column: Int32) -> UnsafeRawBufferPointer {
@@ -394,4 +402,13 @@ public struct PostgresRow {
         guard result.type(column) == PostgresType.bytea.rawValue else { throw result.mismatch(column, "bytea") }
         return Array(result.bytes(row, column))
     }
+}
+
+/// Rows read by column name: the records both stores share (`StoreColumns`).
+extension PostgresRow: StoreRow {
+    public func isNull(_ column: String) throws -> Bool { isNull(try result.column(column)) }
+    public func int(_ column: String) throws -> Int64 { try int(try result.column(column)) }
+    public func double(_ column: String) throws -> Double { try double(try result.column(column)) }
+    public func text(_ column: String) throws -> String { try text(try result.column(column)) }
+    public func bytes(_ column: String) throws -> [UInt8] { try bytes(try result.column(column)) }
 }

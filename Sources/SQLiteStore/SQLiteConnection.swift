@@ -99,14 +99,24 @@ final class SQLiteConnection {
         }
     }
 
-    private func prepared(_ sql: String) throws -> OpaquePointer {
-        if let statement = statements[sql] { return statement }
+    private func prepared(_ sql: String) throws -> (statement: OpaquePointer, columns: ColumnIndex) {
+        if let statement = statements[sql] { return (statement, columnIndexes[statement]!) }
         var statement: OpaquePointer?
         let status = sqlite3_prepare_v3(db, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
         guard status == SQLITE_OK, let statement else { throw error(status) }
         statements[sql] = statement
-        return statement
+        // The result's column names (an `AS` alias, else the column's), read once per statement.
+        var names: [String: Int32] = [:]
+        for index in 0..<sqlite3_column_count(statement) {
+            if let name = sqlite3_column_name(statement, index) { names[String(cString: name)] = index }
+        }
+        let columns = ColumnIndex(names)
+        columnIndexes[statement] = columns
+        return (statement, columns)
     }
+
+    /// Column positions by name, per prepared statement.
+    private var columnIndexes: [OpaquePointer: ColumnIndex] = [:]
 
     /// `PRAGMA data_version`: the same number as on this connection's last call means no other
     /// connection, in this process or another, has committed since. Its own statement, so the
@@ -127,7 +137,7 @@ final class SQLiteConnection {
 
     /// Runs `sql` with `values` bound and hands each result row to `row`.
     func query(_ sql: String, _ values: [SQLValue] = [], row: (Row) throws -> Void = { _ in }) throws {
-        let statement = try prepared(sql)
+        let (statement, columns) = try prepared(sql)
         defer {
             sqlite3_reset(statement)
             sqlite3_clear_bindings(statement)
@@ -149,7 +159,7 @@ final class SQLiteConnection {
             let status = sqlite3_step(statement)
             if status == SQLITE_DONE { return }
             guard status == SQLITE_ROW else { throw error(status) }
-            try row(Row(statement: statement))
+            try row(Row(statement: statement, columns: columns))
         }
     }
 
@@ -181,9 +191,21 @@ final class SQLiteConnection {
         }
     }
 
-    /// A result row's columns.
-    struct Row {
+    /// A result row's columns, by position or by name (`StoreRow`).
+    struct Row: StoreRow {
         let statement: OpaquePointer
+        let columns: ColumnIndex
+
+        private func at(_ name: String) throws -> Int32 {
+            guard let index = columns.names[name] else { throw MissingColumn(name) }
+            return index
+        }
+        func isNull(_ column: String) throws -> Bool { isNull(try at(column)) }
+        func int(_ column: String) throws -> Int64 { int(try at(column)) }
+        func double(_ column: String) throws -> Double { real(try at(column)) }
+        func text(_ column: String) throws -> String { text(try at(column)) }
+        func bytes(_ column: String) throws -> [UInt8] { blob(try at(column)) }
+
         func int(_ i: Int32) -> Int64 { sqlite3_column_int64(statement, i) }
         func real(_ i: Int32) -> Double { sqlite3_column_double(statement, i) }
         func isNull(_ i: Int32) -> Bool { sqlite3_column_type(statement, i) == SQLITE_NULL }
@@ -197,4 +219,10 @@ final class SQLiteConnection {
             return Array(UnsafeRawBufferPointer(start: pointer, count: count))
         }
     }
+}
+
+/// A statement's result columns by name (a class: shared by every row without copying).
+final class ColumnIndex {
+    let names: [String: Int32]
+    init(_ names: [String: Int32]) { self.names = names }
 }

@@ -19,7 +19,7 @@ public final class BufferedAuditLog: AuditSink, Service {
         var inFlight = 0
     }
 
-    private let store: TokenStore
+    private let store: AuditStore
     private let buffer = Mutex(Buffer())
     /// Above this many events waiting (the store has refused them for a while), `record` writes
     /// synchronously instead: memory stays bounded and no event is ever dropped.
@@ -29,7 +29,7 @@ public final class BufferedAuditLog: AuditSink, Service {
     private let onError: @Sendable (String) -> Void
     private let interval: TimeInterval
 
-    public init(store: TokenStore, interval: TimeInterval = 0.25, maxPending: Int = 50_000,
+    public init(store: AuditStore, interval: TimeInterval = 0.25, maxPending: Int = 50_000,
                 onError: @escaping @Sendable (String) -> Void = { _ in }) {
         self.store = store
         self.maxPending = maxPending
@@ -127,7 +127,7 @@ public final class BufferedAuditLog: AuditSink, Service {
 
 /// Writes each event at once (the CLI, tests).
 public final class DirectAuditLog: AuditSink {
-    private let store: TokenStore
-    public init(store: TokenStore) { self.store = store }
+    private let store: AuditStore
+    public init(store: AuditStore) { self.store = store }
     public func record(_ event: AuditEvent) { try? store.appendAudit([event]) }
 }

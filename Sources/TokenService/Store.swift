@@ -4,10 +4,12 @@ import AppAttest
 import Foundation
 import Lifecycle
 
-/// Persistence for the token service. Every method that must not race (challenge use, counter
-/// advance, registration, revocation) is one atomic operation in the implementation.
-public protocol TokenStore: AnyObject, Sendable {
-    // Organisation
+/// Persistence for the token service, by capability: each part of the service asks only for
+/// what it uses (the usage ledger a `UsageStore`, the audit log an `AuditStore`), and each
+/// database implements them all as one `TokenStore`. Every method that must not race
+/// (challenge use, counter advance, registration, revocation) is one atomic operation in the
+/// implementation.
+public protocol OrganisationStore: AnyObject, Sendable {
     func workspace(named name: String) throws -> Workspace?
     func createWorkspace(name: String, at: Date) throws -> Workspace
     func role(of email: String, in workspaceID: Int64) throws -> Role?
@@ -17,7 +19,10 @@ public protocol TokenStore: AnyObject, Sendable {
     func setUpstreamKey(workspaceID: Int64, _ key: SealedUpstreamKey) throws
     func upstreamKey(workspaceID: Int64) throws -> SealedUpstreamKey?
 
-    // Integrations
+}
+
+/// App integrations and their policy.
+public protocol IntegrationStore: AnyObject, Sendable {
     func createIntegration(_ integration: Integration) throws
     func integration(clientID: String) throws -> Integration?
     func integrations(workspaceID: Int64?) throws -> [Integration]
@@ -25,7 +30,12 @@ public protocol TokenStore: AnyObject, Sendable {
     func revokeIntegration(clientID: String, at: Date) throws -> Bool
     func counts(clientID: String, at: Date) throws -> (devices: Int, liveTokens: Int)
 
-    // Challenges
+    /// Replaces the integration's policy; false when no integration has this client ID.
+    func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool
+}
+
+/// The device token exchange: challenges, devices, tokens and the rolling limits.
+public protocol ExchangeStore: AnyObject, Sendable {
     /// The pending (unused, unexpired) challenge for the pair, or `fresh` stored as the new one.
     func pendingOrNewChallenge(clientID: String, keyID: [UInt8], fresh: IssuedChallenge, at: Date) throws -> IssuedChallenge
     /// The pending challenge for the pair, without using it.
@@ -65,9 +75,12 @@ public protocol TokenStore: AnyObject, Sendable {
     /// Forgets challenge requests older than `before`; returns how many.
     func purgeChallengeRequests(before: Date) throws -> Int
 
-    // Usage and policy
-    /// Replaces the integration's policy; false when no integration has this client ID.
-    func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool
+    /// Deletes challenges that are used or expired before `before`; returns how many.
+    func purgeChallenges(before: Date) throws -> Int
+}
+
+/// The usage ledger.
+public protocol UsageStore: AnyObject, Sendable {
     /// Adds a batch of usage (every count an increment) in one transaction, and forgets device
     /// minutes before `purgeDeviceMinutesBefore`. A batch with an `id` already recorded adds
     /// nothing (false): it was committed by an earlier attempt whose answer was lost.
@@ -76,17 +89,22 @@ public protocol TokenStore: AnyObject, Sendable {
     /// The ledger rows the filter selects, with their errors and refusals.
     func usage(_ filter: UsageFilter) throws -> [UsageRow]
 
+}
+
+/// The audit trail.
+public protocol AuditStore: AnyObject, Sendable {
+    func appendAudit(_ events: [AuditEvent]) throws
+    /// The newest audit events, newest first (the CLI and tests).
+    func auditEvents(limit: Int, clientID: String?) throws -> [AuditEvent]
+}
+
+/// One database holding every capability.
+public protocol TokenStore: OrganisationStore, IntegrationStore, ExchangeStore, UsageStore, AuditStore {
     /// Nil when the store can serve (open, writable, the same database, room on disk); else why not.
     func readinessProblem() -> String?
     /// What the store runs in the background while the service runs (a watch on its file).
     var backgroundServices: [any Service] { get }
 
-    // Audit
-    func appendAudit(_ events: [AuditEvent]) throws
-    /// The newest audit events, newest first (the CLI and tests).
-    func auditEvents(limit: Int, clientID: String?) throws -> [AuditEvent]
-    /// Deletes challenges that are used or expired before `before`; returns how many.
-    func purgeChallenges(before: Date) throws -> Int
 }
 
 /// Events in a rolling window: how many, and when the oldest happened (for `Retry-After`).
@@ -157,7 +175,9 @@ public struct RegistrationQuota: Sendable, Equatable {
 
 extension TokenStore {
     public var backgroundServices: [any Service] { [] }
+}
 
+extension ExchangeStore {
     public func consumeChallenge(clientID: String, keyID: [UInt8], at time: Date) throws -> [UInt8]? {
         try consumeChallenge(clientID: clientID, keyID: keyID, challenge: nil, at: time)
     }

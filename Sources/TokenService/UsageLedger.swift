@@ -113,7 +113,7 @@ public final class UsageLedger: Service {
         var modelsSeen: [HourOfIntegration: Set<String>] = [:]
     }
 
-    let store: TokenStore
+    let store: UsageStore
     let metrics: Metrics
     let flushInterval: TimeInterval
     private let report: @Sendable (String) -> Void
@@ -125,7 +125,7 @@ public final class UsageLedger: Service {
     /// The periodic flush, while it runs.
     private let timer = Mutex<PeriodicTask?>(nil)
 
-    public init(store: TokenStore, metrics: Metrics, flushInterval: TimeInterval = 1, report: @escaping @Sendable (String) -> Void = { _ in }) {
+    public init(store: UsageStore, metrics: Metrics, flushInterval: TimeInterval = 1, report: @escaping @Sendable (String) -> Void = { _ in }) {
         self.store = store
         self.metrics = metrics
         self.flushInterval = flushInterval

@@ -43,6 +43,7 @@ final class TestService: @unchecked Sendable {
     let service: DeviceTokenService
     let admin: AdminService
     let server: HTTPServer
+    let router: ServiceRouter
     let workers: WorkerPool
     let clock: TestClock
     let audit: DirectAuditLog
@@ -68,11 +69,12 @@ final class TestService: @unchecked Sendable {
         // As in attestd: the exchange and introspection answer from worker threads.
         let workers = try WorkerPool(threads: 2, name: "test-exchange")
         self.workers = workers
-        let router = ServiceRouter(service: service, logger: Logger(write: { line in logs.lines.withLock { $0.append(line) } }),
+        router = ServiceRouter(service: service, logger: Logger(write: { line in logs.lines.withLock { $0.append(line) } }),
                                    introspectionKey: TestService.introspectionKey, exchangeWorkers: workers)
         var http = HTTPServerConfiguration()
         http.port = 0
         http.maxConnectionsPerIP = 256
+        let router = self.router
         server = HTTPServer(configuration: http) { router.handle($0, $1) }
         try server.start()
         baseURL = URL(string: "http://127.0.0.1:\(server.port)")!

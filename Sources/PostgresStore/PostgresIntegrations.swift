@@ -1,0 +1,89 @@
+import AppAttest
+import AttestCrypto
+import AttestWire
+import CPostgres
+import Foundation
+import TokenService
+
+extension PostgresTokenStore {
+    // MARK: Integrations
+
+    /// The integration and its bundle IDs in one statement (so one transaction).
+    public func createIntegration(_ integration: Integration) throws {
+        var values: [PostgresValue] = [.text(integration.clientID), .int(integration.workspaceID), .text(integration.name), .text(integration.teamID),
+                                       .text(integration.environments.map(\.rawValue).sorted().joined(separator: ",")),
+                                       Self.seconds(integration.createdAt)] + Self.policyValues(integration.policy)
+        var sql = """
+            WITH i AS (
+                INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at,
+                                          allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING client_id)
+            """
+        if integration.bundleIDs.isEmpty {
+            sql += " SELECT count(*) FROM i"
+        } else {
+            let rows = integration.bundleIDs.enumerated().map { position, bundleID -> String in
+                values.append(.text(bundleID))
+                return "($\(values.count), \(position))"
+            }
+            sql += """
+
+                INSERT INTO integration_bundle_ids (client_id, position, bundle_id)
+                SELECT i.client_id, b.position, b.bundle_id FROM i CROSS JOIN (VALUES \(rows.joined(separator: ", "))) AS b (bundle_id, position)
+                """
+        }
+        try run { db in _ = try db.query(sql, values) }
+    }
+
+    /// `StoreColumns.integration`, in PostgreSQL's words.
+    static let integrationColumns = """
+        SELECT i.client_id AS client_id, i.workspace_id AS workspace_id, w.name AS workspace_name, i.name AS name, i.team_id AS team_id,
+               i.environments AS environments, i.created_at AS created_at, i.revoked_at AS revoked_at,
+               (SELECT string_agg(b.bundle_id, E'\\n' ORDER BY b.position) FROM integration_bundle_ids b WHERE b.client_id = i.client_id) AS bundle_ids,
+               \(StoreColumns.list(StoreColumns.policy, table: "i"))
+        FROM integrations i JOIN workspaces w ON w.id = i.workspace_id
+        """
+
+    static func policyValues(_ policy: IntegrationPolicy) -> [PostgresValue] {
+        [optional(policy.modelsColumn), .int(Int64(policy.maxTokens)), .int(Int64(policy.deviceRequestsPerMinute)),
+         .int(Int64(policy.monthlyTokenBudget))]
+    }
+
+    public func integration(clientID: String) throws -> Integration? {
+        try run { db in try db.query(Self.integrationColumns + " WHERE i.client_id = $1", [.text(clientID)]).first(Integration.init(row:)) }
+    }
+
+    public func integrations(workspaceID: Int64?) throws -> [Integration] {
+        try run { db in
+            let result = if let workspaceID {
+                try db.query(Self.integrationColumns + " WHERE i.workspace_id = $1 ORDER BY i.created_at, i.client_id", [.int(workspaceID)])
+            } else {
+                try db.query(Self.integrationColumns + " ORDER BY i.created_at, i.client_id")
+            }
+            return try result.rows.map(Integration.init(row:))
+        }
+    }
+
+    /// The integration, its live tokens and its challenges in one statement.
+    public func revokeIntegration(clientID: String, at time: Date) throws -> Bool {
+        try run { db in
+            try db.query("""
+                WITH i AS (UPDATE integrations SET revoked_at = $2 WHERE client_id = $1 AND revoked_at IS NULL RETURNING client_id),
+                     t AS (UPDATE tokens SET revoked_at = $2 WHERE client_id IN (SELECT client_id FROM i) AND revoked_at IS NULL),
+                     c AS (UPDATE challenges SET used = true WHERE client_id IN (SELECT client_id FROM i))
+                SELECT count(*) FROM i
+                """, [.text(clientID), Self.seconds(time)]).first { try $0.int(0) == 1 } ?? false
+        }
+    }
+
+    public func counts(clientID: String, at time: Date) throws -> (devices: Int, liveTokens: Int) {
+        try run { db in
+            let row = try db.query("""
+                SELECT (SELECT count(*) FROM devices WHERE client_id = $1),
+                       (SELECT count(*) FROM tokens t JOIN integrations i ON i.client_id = t.client_id
+                        WHERE t.client_id = $1 AND t.expires_at > $2 AND t.revoked_at IS NULL AND i.revoked_at IS NULL)
+                """, [.text(clientID), Self.seconds(time)])[0]
+            return (Int(try row.int(0)), Int(try row.int(1)))
+        }
+    }
+}

@@ -1,0 +1,62 @@
+import AppAttest
+import AttestCrypto
+import AttestWire
+import CPostgres
+import Foundation
+import TokenService
+
+extension PostgresTokenStore {
+    // MARK: Organisation
+
+    public func workspace(named name: String) throws -> Workspace? {
+        try run { db in
+            try db.query("SELECT \(StoreColumns.list(StoreColumns.workspace)) FROM workspaces WHERE name = $1", [.text(name)]).first(Workspace.init(row:))
+        }
+    }
+
+    public func createWorkspace(name: String, at time: Date) throws -> Workspace {
+        try run { db in
+            try Workspace(row: try db.query("INSERT INTO workspaces (name, created_at) VALUES ($1, $2) RETURNING \(StoreColumns.list(StoreColumns.workspace))",
+                                            [.text(name), Self.seconds(time)])[0])
+        }
+    }
+
+    public func role(of email: String, in workspaceID: Int64) throws -> Role? {
+        try run { db in
+            try db.query("SELECT role FROM members WHERE workspace_id = $1 AND email = $2", [.int(workspaceID), .text(email)])
+                .first { Role(rawValue: try $0.text(0)) } ?? nil
+        }
+    }
+
+    public func primaryOwner(workspaceID: Int64) throws -> String? {
+        try run { db in
+            try db.query("SELECT email FROM members WHERE workspace_id = $1 AND role = 'primary_owner'", [.int(workspaceID)]).first { try $0.text(0) }
+        }
+    }
+
+    public func addMember(email: String, role: Role, workspaceID: Int64, at time: Date) throws {
+        try run { db in
+            _ = try db.query("INSERT INTO members (workspace_id, email, role, created_at) VALUES ($1, $2, $3, $4)",
+                         [.int(workspaceID), .text(email), .text(role.rawValue), Self.seconds(time)])
+        }
+    }
+
+    // MARK: Workspaces' upstream keys
+
+    public func setUpstreamKey(workspaceID: Int64, _ key: SealedUpstreamKey) throws {
+        try run { db in
+            _ = try db.query("""
+                INSERT INTO workspace_upstream_keys (workspace_id, sealed_key, last4, set_at, set_by) VALUES ($1, $2, $3, $4, $5)
+                ON CONFLICT (workspace_id) DO UPDATE SET sealed_key = excluded.sealed_key, last4 = excluded.last4,
+                  set_at = excluded.set_at, set_by = excluded.set_by
+                """, [.int(workspaceID), .bytes(key.sealed), .text(key.last4), Self.seconds(key.setAt), .text(key.setBy)])
+        }
+    }
+
+    public func upstreamKey(workspaceID: Int64) throws -> SealedUpstreamKey? {
+        try run { db in
+            try db.query("SELECT \(StoreColumns.list(StoreColumns.sealedKey)) FROM workspace_upstream_keys WHERE workspace_id = $1",
+                         [.int(workspaceID)]).first(SealedUpstreamKey.init(row:))
+        }
+    }
+}

@@ -1,0 +1,140 @@
+import AppAttest
+import AttestCrypto
+import AttestWire
+import CPostgres
+import Foundation
+import TokenService
+
+extension PostgresTokenStore {
+    // MARK: Usage and policy
+
+    public func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool {
+        try run { db in
+            try db.query("""
+                WITH u AS (UPDATE integrations SET allowed_models = $1, max_tokens = $2, device_requests_per_minute = $3,
+                           monthly_token_budget = $4 WHERE client_id = $5 RETURNING 1)
+                SELECT count(*) FROM u
+                """, Self.policyValues(policy) + [.text(clientID)]).first { try $0.int(0) == 1 } ?? false
+        }
+    }
+
+    /// One transaction; each table's increments go in one statement (arrays unnested), so a
+    /// flush costs a handful of round trips however many rows it carries.
+    ///
+    /// Rows go in key order: two instances upserting the same rows in their own dictionary
+    /// orders (each process hashes with its own seed) could lock them crosswise and deadlock.
+    public func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws -> Bool {
+        let usage = batch.usage.sorted { ($0.key.clientID, $0.key.model, $0.key.hour) < ($1.key.clientID, $1.key.model, $1.key.hour) }
+        let errors = usage.flatMap { key, c in c.errors.sorted { $0.key < $1.key }.map { (key, $0.key, $0.value) } }
+        let refusals = usage.flatMap { key, c in c.refusals.sorted { $0.key < $1.key }.map { (key, $0.key, $0.value) } }
+        return try run { db in
+            try db.transaction {
+                if let id = batch.id {
+                    let at = Double(purgeDeviceMinutesBefore * 60)
+                    // Written first: a retried batch whose earlier commit went through stops here.
+                    guard try db.query("""
+                        WITH added AS (INSERT INTO usage_flushes (batch_id, flushed_at) VALUES ($1, $2) ON CONFLICT (batch_id) DO NOTHING
+                                       RETURNING 1),
+                             forgotten AS (DELETE FROM usage_flushes WHERE flushed_at < $3)
+                        SELECT count(*) FROM added
+                        """, [.text(id), .double(at), .double(at - 86_400)]).first({ try $0.int(0) == 1 }) == true else { return false }
+                }
+                if !usage.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_hourly AS u (client_id, model, hour, requests, input_tokens, output_tokens,
+                                                       cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
+                                             $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[])
+                        ON CONFLICT (client_id, model, hour) DO UPDATE SET requests = u.requests + excluded.requests,
+                          input_tokens = u.input_tokens + excluded.input_tokens, output_tokens = u.output_tokens + excluded.output_tokens,
+                          cache_creation_input_tokens = u.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
+                          cache_read_input_tokens = u.cache_read_input_tokens + excluded.cache_read_input_tokens,
+                          incomplete = u.incomplete + excluded.incomplete, abandoned = u.abandoned + excluded.abandoned
+                        """, [Self.textArray(usage.map(\.key.clientID)), Self.textArray(usage.map(\.key.model)),
+                              Self.intArray(usage.map(\.key.hour)), Self.intArray(usage.map(\.value.requests)),
+                              Self.intArray(usage.map(\.value.inputTokens)), Self.intArray(usage.map(\.value.outputTokens)),
+                              Self.intArray(usage.map(\.value.cacheCreationInputTokens)), Self.intArray(usage.map(\.value.cacheReadInputTokens)),
+                              Self.intArray(usage.map(\.value.incomplete)), Self.intArray(usage.map(\.value.abandoned))])
+                }
+                if !errors.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_errors AS e (client_id, model, hour, status, count)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])
+                        ON CONFLICT (client_id, model, hour, status) DO UPDATE SET count = e.count + excluded.count
+                        """, [Self.textArray(errors.map(\.0.clientID)), Self.textArray(errors.map(\.0.model)), Self.intArray(errors.map(\.0.hour)),
+                              Self.intArray(errors.map { Int64($0.1) }), Self.intArray(errors.map(\.2))])
+                }
+                if !refusals.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_refusals AS r (client_id, model, hour, reason, count)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[])
+                        ON CONFLICT (client_id, model, hour, reason) DO UPDATE SET count = r.count + excluded.count
+                        """, [Self.textArray(refusals.map(\.0.clientID)), Self.textArray(refusals.map(\.0.model)),
+                              Self.intArray(refusals.map(\.0.hour)), Self.textArray(refusals.map(\.1)), Self.intArray(refusals.map(\.2))])
+                }
+                let months = batch.monthTokens.sorted { ($0.key.clientID, $0.key.month) < ($1.key.clientID, $1.key.month) }
+                if !months.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_monthly AS m (client_id, month, tokens)
+                        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+                        ON CONFLICT (client_id, month) DO UPDATE SET tokens = m.tokens + excluded.tokens
+                        """, [Self.textArray(months.map(\.key.clientID)), Self.intArray(months.map(\.key.month)), Self.intArray(months.map(\.value))])
+                }
+                let minutes = batch.deviceMinutes.map { (hex: hexString($0.key.keyID), key: $0.key, value: $0.value) }
+                    .sorted { ($0.hex, $0.key.clientID, $0.key.minute) < ($1.hex, $1.key.clientID, $1.key.minute) }
+                if !minutes.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO device_request_minutes AS d (key_id, client_id, minute, requests)
+                        SELECT decode(k, 'hex'), c, m, n FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS x (k, c, m, n)
+                        ON CONFLICT (key_id, client_id, minute) DO UPDATE SET requests = d.requests + excluded.requests
+                        """, [Self.textArray(minutes.map(\.hex)), Self.textArray(minutes.map(\.key.clientID)),
+                              Self.intArray(minutes.map(\.key.minute)), Self.intArray(minutes.map(\.value))])
+                }
+                _ = try db.query("DELETE FROM device_request_minutes WHERE minute < $1", [.int(purgeDeviceMinutesBefore)])
+                return true
+            }
+        }
+    }
+
+    /// A text[] parameter in PostgreSQL's array literal syntax (every element quoted and escaped).
+    static func textArray(_ items: [String]) -> PostgresValue {
+        .text("{" + items.map { "\"" + $0.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\"" }
+            .joined(separator: ",") + "}")
+    }
+
+    static func intArray(_ items: [Int64]) -> PostgresValue {
+        .text("{" + items.map(String.init).joined(separator: ",") + "}")
+    }
+
+    public func usage(_ filter: UsageFilter) throws -> [UsageRow] {
+        var conditions: [String] = []
+        var values: [PostgresValue] = []
+        if let workspaceID = filter.workspaceID { values.append(.int(workspaceID)); conditions.append("i.workspace_id = $\(values.count)") }
+        if let clientID = filter.clientID { values.append(.text(clientID)); conditions.append("u.client_id = $\(values.count)") }
+        if let since = filter.since { values.append(.int(since)); conditions.append("u.hour >= $\(values.count)") }
+        if let until = filter.until { values.append(.int(until)); conditions.append("u.hour < $\(values.count)") }
+        let filtered = " JOIN integrations i ON i.client_id = u.client_id JOIN workspaces w ON w.id = i.workspace_id"
+            + (conditions.isEmpty ? "" : " WHERE " + conditions.joined(separator: " AND "))
+        return try run { db in
+            var rows: [UsageKey: UsageRow] = [:]
+            for row in try db.query("""
+                SELECT w.name AS workspace_name, \(StoreColumns.list(Array(StoreColumns.usage.dropFirst()), table: "u")) FROM usage_hourly u
+                """ + filtered, values).rows {
+                let usage = try UsageRow(row: row)
+                rows[usage.key] = usage
+            }
+            for row in try db.query("SELECT u.client_id, u.model, u.hour, u.status, u.count FROM usage_errors u" + filtered, values).rows {
+                rows[try UsageKey(row: row)]?.counters.errors[Int(try row.int("status"))] = try row.int("count")
+            }
+            for row in try db.query("SELECT u.client_id, u.model, u.hour, u.reason, u.count FROM usage_refusals u" + filtered, values).rows {
+                rows[try UsageKey(row: row)]?.counters.refusals[try row.text("reason")] = try row.int("count")
+            }
+            return Array(rows.values)
+        }
+    }
+
+    public func readinessProblem() -> String? {
+        do { _ = try run { db in try db.query("SELECT 1", []) } } catch { return "the database does not answer: \(error)" }
+        return nil
+    }
+}

@@ -1,0 +1,35 @@
+import AppAttest
+import AttestCrypto
+import CSQLite
+import Foundation
+import TokenService
+
+extension SQLiteTokenStore {
+    // MARK: Audit
+
+    public func appendAudit(_ events: [AuditEvent]) throws {
+        try writeInBackground { db in
+            try db.transaction {
+                for event in events {
+                    try db.run("""
+                        INSERT INTO audit_log (at, actor, action, client_id, key_id, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?)
+                        """, [.real(event.at.timeIntervalSince1970), event.actor.map { .text($0) } ?? .null, .text(event.action),
+                              event.clientID.map { .text($0) } ?? .null, event.keyID.map { .blob($0) } ?? .null,
+                              event.reason.map { .text($0) } ?? .null, event.detail.map { .text(String($0.prefix(1000))) } ?? .null])
+                }
+            }
+        }
+    }
+
+    /// The newest audit events, newest first (for the CLI and tests).
+    public func auditEvents(limit: Int = 100, clientID: String? = nil) throws -> [AuditEvent] {
+        try read { db in
+            var events: [AuditEvent] = []
+            let sql = "SELECT \(StoreColumns.list(StoreColumns.audit)) FROM audit_log"
+                + (clientID == nil ? "" : " WHERE client_id = ?") + " ORDER BY id DESC LIMIT ?"
+            let values: [SQLValue] = (clientID.map { [.text($0)] } ?? []) + [.int(Int64(limit))]
+            try db.query(sql, values) { row in events.append(try AuditEvent(row: row)) }
+            return events
+        }
+    }
+}

@@ -1,0 +1,202 @@
+import AppAttest
+import AttestCrypto
+import CSQLite
+import Foundation
+import TokenService
+
+extension SQLiteTokenStore {
+    // MARK: Challenges
+
+    public func pendingOrNewChallenge(clientID: String, keyID: [UInt8], fresh: IssuedChallenge, at time: Date) throws -> IssuedChallenge {
+        try write { db in
+            try db.transaction {
+                if let pending = try db.first("""
+                    SELECT challenge, expires_at FROM challenges WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ?
+                    """, [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970)], {
+                        try IssuedChallenge(row: $0)
+                    }) {
+                    return pending
+                }
+                try Self.storeChallenge(db, clientID: clientID, keyID: keyID, fresh)
+                return fresh
+            }
+        }
+    }
+
+    static func storeChallenge(_ db: SQLiteConnection, clientID: String, keyID: [UInt8], _ challenge: IssuedChallenge) throws {
+        try db.run("""
+            INSERT INTO challenges (client_id, key_id, challenge, expires_at, used) VALUES (?, ?, ?, ?, 0)
+            ON CONFLICT (client_id, key_id) DO UPDATE SET challenge = excluded.challenge, expires_at = excluded.expires_at, used = 0
+            """, [.text(clientID), .blob(keyID), .blob(challenge.bytes), .real(challenge.expiresAt.timeIntervalSince1970)])
+    }
+
+    public func pendingChallenge(clientID: String, keyID: [UInt8], at time: Date) throws -> [UInt8]? {
+        try read { db in
+            try db.first("SELECT challenge FROM challenges WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ?",
+                         [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970)]) { try $0.bytes("challenge") }
+        }
+    }
+
+    public func consumeChallenge(clientID: String, keyID: [UInt8], challenge: [UInt8]?, at time: Date) throws -> [UInt8]? {
+        try write { db in try Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, at: time) }
+    }
+
+    /// One conditional statement: of two concurrent requests, exactly one gets the challenge.
+    static func redeem(_ db: SQLiteConnection, clientID: String, keyID: [UInt8], challenge: [UInt8]?, at time: Date) throws -> [UInt8]? {
+        if let challenge {
+            return try db.first("""
+                UPDATE challenges SET used = 1
+                WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ? AND challenge = ? RETURNING challenge
+                """, [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970), .blob(challenge)]) { try $0.bytes("challenge") }
+        }
+        return try db.first("""
+            UPDATE challenges SET used = 1 WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ? RETURNING challenge
+            """, [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970)]) { try $0.bytes("challenge") }
+    }
+
+    public func purgeChallenges(before time: Date) throws -> Int {
+        try writeInBackground { db in
+            let challenges = try db.run("DELETE FROM challenges WHERE used = 1 OR expires_at <= ?", [.real(time.timeIntervalSince1970)])
+            // Token rows a day past expiry can never authenticate again.
+            try db.run("DELETE FROM tokens WHERE expires_at <= ?", [.real(time.timeIntervalSince1970 - 86_400)])
+            return challenges
+        }
+    }
+
+    // MARK: Devices and tokens
+
+    public func device(clientID: String, keyID: [UInt8]) throws -> Device? {
+        try read { db in
+            try db.first("""
+                SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE key_id = ? AND client_id = ?
+                """, [.blob(keyID), .text(clientID)], Device.init(row:))
+        }
+    }
+
+    /// Stores a new token and revokes the device's older live tokens but the newest one before it
+    /// (kept for requests already in flight), in the caller's transaction.
+    static func insertToken(_ db: SQLiteConnection, _ token: TokenRecord, grant: String) throws {
+        try db.run("""
+            INSERT INTO tokens (token_hash, client_id, workspace_id, key_id, issued_at, expires_at, grant_type) VALUES (?, ?, ?, ?, ?, ?, ?)
+            """, [.blob(token.tokenHash), .text(token.clientID), .int(token.workspaceID), .blob(token.keyID),
+                  .real(token.issuedAt.timeIntervalSince1970), .real(token.expiresAt.timeIntervalSince1970), .text(grant)])
+        // The new token stays, with the newest of the others (ties: any one of them).
+        try db.run("""
+            UPDATE tokens SET revoked_at = ? WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash != ?
+              AND token_hash NOT IN (
+                SELECT token_hash FROM tokens WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash != ?
+                ORDER BY issued_at DESC LIMIT \(TokenRecord.liveTokensPerDevice - 1))
+            """, [.real(token.issuedAt.timeIntervalSince1970), .blob(token.keyID), .text(token.clientID), .blob(token.tokenHash),
+                  .blob(token.keyID), .text(token.clientID), .blob(token.tokenHash)])
+    }
+
+    public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+                               nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
+                               commitTime: @Sendable () -> Date) throws -> CommitResult {
+        try write { db in
+            // IMMEDIATE: the write lock is held from here, so this time is the commit's and the
+            // quota's count cannot change before the insert.
+            try db.transaction {
+                let committing = commitTime()
+                if let challenge, try Self.redeem(db, clientID: device.clientID, keyID: device.keyID, challenge: challenge, at: committing) == nil {
+                    return .challengeGone
+                }
+                if let quota, try db.first("SELECT count(*) AS count FROM devices WHERE client_id = ? AND registered_at > ?",
+                                           [.text(device.clientID), .real((committing - quota.window).timeIntervalSince1970)], { try $0.int("count") }) ?? 0
+                    >= Int64(quota.limit) {
+                    return .quotaExceeded   // committed all the same: the challenge stays used
+                }
+                let inserted = try db.run("""
+                    INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at)
+                    SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
+                    ON CONFLICT (key_id) DO NOTHING
+                    """, [.blob(device.keyID), .text(device.clientID), .blob(device.publicKey), .int(Int64(device.counter)),
+                          .text(device.environment.rawValue), .text(device.appID), .blob(receipt), .real(time.timeIntervalSince1970),
+                          .text(device.clientID)])
+                guard inserted == 1 else { return .conflict }   // committed all the same: the challenge stays used
+                try Self.insertToken(db, firstToken, grant: "registration")
+                try Self.storeChallenge(db, clientID: device.clientID, keyID: device.keyID, nextChallenge)
+                return .committed
+            }
+        }
+    }
+
+    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
+                               nextChallenge: IssuedChallenge, at time: Date, commitTime: @Sendable () -> Date) throws -> CommitResult {
+        try write { db in
+            try db.transaction {
+                if let challenge, try Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, at: commitTime()) == nil {
+                    return .challengeGone
+                }
+                // Compare-and-set on the counter, and only while the integration is live.
+                let changed = try db.run("""
+                    UPDATE devices SET sign_counter = ? WHERE key_id = ? AND client_id = ? AND sign_counter = ?
+                      AND EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
+                    """, [.int(Int64(to)), .blob(keyID), .text(clientID), .int(Int64(from)), .text(clientID)])
+                guard changed == 1 else { return .conflict }   // committed all the same: the challenge stays used
+                try Self.insertToken(db, token, grant: "assertion")
+                try Self.storeChallenge(db, clientID: clientID, keyID: keyID, nextChallenge)
+                return .committed
+            }
+        }
+    }
+
+    /// Every relayed request asks this, so a reader keeps its answers while the database stays as it
+    /// was: `PRAGMA data_version` (one empty read transaction) tells whether any other connection,
+    /// this process's writers or attestctl's, has committed since. A revocation, a policy change
+    /// or a usage flush is therefore seen by the next request, as with the query itself; only the
+    /// time-dependent parts are checked here: the expiry, and the minute the usage counts are for.
+    public func liveToken(hash: [UInt8], at time: Date) throws -> TokenGrant? {
+        let minute = UsageClock.minute(time)
+        return try readWithCache { db, cache in
+            // Read before the query: a commit in between makes the next call query again.
+            let version = try db.dataVersion()
+            if let grant = cache.grant(hash: hash, minute: minute, version: version, at: time) { return grant }
+            let grant = try db.first("""
+                SELECT t.client_id AS client_id, w.name AS workspace_name, t.issued_at AS issued_at, t.expires_at AS expires_at,
+                       t.token_hash AS token_hash, w.id AS workspace_id, t.key_id AS key_id,
+                       \(StoreColumns.list(StoreColumns.sealedKey, table: "k")), \(StoreColumns.list(StoreColumns.policy, table: "i")),
+                       coalesce(m.tokens, 0) AS month_tokens, coalesce(d0.requests, 0) AS requests_this_minute,
+                       coalesce(d1.requests, 0) AS requests_last_minute FROM tokens t
+                JOIN integrations i ON i.client_id = t.client_id JOIN workspaces w ON w.id = t.workspace_id
+                LEFT JOIN workspace_upstream_keys k ON k.workspace_id = t.workspace_id
+                LEFT JOIN usage_monthly m ON m.client_id = t.client_id AND m.month = ?
+                LEFT JOIN device_request_minutes d0 ON d0.key_id = t.key_id AND d0.client_id = t.client_id AND d0.minute = ?
+                LEFT JOIN device_request_minutes d1 ON d1.key_id = t.key_id AND d1.client_id = t.client_id AND d1.minute = ?
+                WHERE t.token_hash = ? AND t.revoked_at IS NULL AND t.expires_at > ? AND i.revoked_at IS NULL
+                """, [.int(UsageClock.month(time)), .int(minute), .int(minute - 1), .blob(hash), .real(time.timeIntervalSince1970)]) {
+                    try TokenGrant(row: $0, hash: hash)
+                } ?? nil
+            if let grant { cache.keep(grant, hash: hash, minute: minute) }
+            return grant
+        }
+    }
+
+    // MARK: Rate limits
+
+    static func window(_ row: SQLiteConnection.Row) throws -> WindowCount { try WindowCount(row: row) }
+
+    public func mintsSince(clientID: String, keyID: [UInt8], since: Date) throws -> WindowCount {
+        try read { try $0.first("SELECT count(*) AS count, min(issued_at) AS oldest FROM tokens WHERE key_id = ? AND client_id = ? AND issued_at > ? AND grant_type = 'assertion'",
+                                [.blob(keyID), .text(clientID), .real(since.timeIntervalSince1970)], Self.window) }!
+    }
+
+    public func registrationsSince(clientID: String, since: Date) throws -> WindowCount {
+        try read { try $0.first("SELECT count(*) AS count, min(registered_at) AS oldest FROM devices WHERE client_id = ? AND registered_at > ?",
+                                [.text(clientID), .real(since.timeIntervalSince1970)], Self.window) }!
+    }
+
+    public func recordChallengeRequest(caller: String, at time: Date, since: Date) throws -> WindowCount {
+        try write { db in
+            try db.transaction {
+                try db.run("INSERT INTO challenge_requests (caller, at) VALUES (?, ?)", [.text(caller), .real(time.timeIntervalSince1970)])
+                return try db.first("SELECT count(*) AS count, min(at) AS oldest FROM challenge_requests WHERE caller = ? AND at > ?",
+                                    [.text(caller), .real(since.timeIntervalSince1970)], Self.window)!
+            }
+        }
+    }
+
+    public func purgeChallengeRequests(before: Date) throws -> Int {
+        try writeInBackground { try $0.run("DELETE FROM challenge_requests WHERE at <= ?", [.real(before.timeIntervalSince1970)]) }
+    }
+}

@@ -1,0 +1,99 @@
+import AppAttest
+import AttestCrypto
+import CSQLite
+import Foundation
+import TokenService
+
+extension SQLiteTokenStore {
+    // MARK: Usage and policy
+
+    public func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool {
+        try write { db in
+            try db.run("""
+                UPDATE integrations SET allowed_models = ?, max_tokens = ?, device_requests_per_minute = ?, monthly_token_budget = ?
+                WHERE client_id = ?
+                """, Self.policyValues(policy) + [.text(clientID)]) == 1
+        }
+    }
+
+    public func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws -> Bool {
+        try writeInBackground { db in
+            try db.transaction {
+                if let id = batch.id {
+                    let at = Double(purgeDeviceMinutesBefore * 60)
+                    guard try db.run("INSERT INTO usage_flushes (batch_id, flushed_at) VALUES (?, ?) ON CONFLICT (batch_id) DO NOTHING",
+                                     [.text(id), .real(at)]) == 1 else { return false }
+                    // An ID matters only while its batch may still be retried: a day is ample.
+                    try db.run("DELETE FROM usage_flushes WHERE flushed_at < ?", [.real(at - 86_400)])
+                }
+                for (key, c) in batch.usage {
+                    let row: [SQLValue] = [.text(key.clientID), .text(key.model), .int(key.hour)]
+                    try db.run("""
+                        INSERT INTO usage_hourly (client_id, model, hour, requests, input_tokens, output_tokens,
+                                                  cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        ON CONFLICT (client_id, model, hour) DO UPDATE SET requests = requests + excluded.requests,
+                          input_tokens = input_tokens + excluded.input_tokens, output_tokens = output_tokens + excluded.output_tokens,
+                          cache_creation_input_tokens = cache_creation_input_tokens + excluded.cache_creation_input_tokens,
+                          cache_read_input_tokens = cache_read_input_tokens + excluded.cache_read_input_tokens,
+                          incomplete = incomplete + excluded.incomplete, abandoned = abandoned + excluded.abandoned
+                        """, row + [.int(c.requests), .int(c.inputTokens), .int(c.outputTokens), .int(c.cacheCreationInputTokens),
+                                    .int(c.cacheReadInputTokens), .int(c.incomplete), .int(c.abandoned)])
+                    for (status, count) in c.errors {
+                        try db.run("""
+                            INSERT INTO usage_errors (client_id, model, hour, status, count) VALUES (?, ?, ?, ?, ?)
+                            ON CONFLICT (client_id, model, hour, status) DO UPDATE SET count = count + excluded.count
+                            """, row + [.int(Int64(status)), .int(count)])
+                    }
+                    for (reason, count) in c.refusals {
+                        try db.run("""
+                            INSERT INTO usage_refusals (client_id, model, hour, reason, count) VALUES (?, ?, ?, ?, ?)
+                            ON CONFLICT (client_id, model, hour, reason) DO UPDATE SET count = count + excluded.count
+                            """, row + [.text(reason), .int(count)])
+                    }
+                }
+                for (key, tokens) in batch.monthTokens {
+                    try db.run("""
+                        INSERT INTO usage_monthly (client_id, month, tokens) VALUES (?, ?, ?)
+                        ON CONFLICT (client_id, month) DO UPDATE SET tokens = tokens + excluded.tokens
+                        """, [.text(key.clientID), .int(key.month), .int(tokens)])
+                }
+                for (key, requests) in batch.deviceMinutes {
+                    try db.run("""
+                        INSERT INTO device_request_minutes (key_id, client_id, minute, requests) VALUES (?, ?, ?, ?)
+                        ON CONFLICT (key_id, client_id, minute) DO UPDATE SET requests = requests + excluded.requests
+                        """, [.blob(key.keyID), .text(key.clientID), .int(key.minute), .int(requests)])
+                }
+                try db.run("DELETE FROM device_request_minutes WHERE minute < ?", [.int(purgeDeviceMinutesBefore)])
+                return true
+            }
+        }
+    }
+
+    public func usage(_ filter: UsageFilter) throws -> [UsageRow] {
+        var conditions: [String] = []
+        var values: [SQLValue] = []
+        if let workspaceID = filter.workspaceID { conditions.append("i.workspace_id = ?"); values.append(.int(workspaceID)) }
+        if let clientID = filter.clientID { conditions.append("u.client_id = ?"); values.append(.text(clientID)) }
+        if let since = filter.since { conditions.append("u.hour >= ?"); values.append(.int(since)) }
+        if let until = filter.until { conditions.append("u.hour < ?"); values.append(.int(until)) }
+        let filtered = " JOIN integrations i ON i.client_id = u.client_id JOIN workspaces w ON w.id = i.workspace_id"
+            + (conditions.isEmpty ? "" : " WHERE " + conditions.joined(separator: " AND "))
+        return try read { db in
+            var rows: [UsageKey: UsageRow] = [:]
+            try db.query("""
+                SELECT w.name AS workspace_name, \(StoreColumns.list(Array(StoreColumns.usage.dropFirst()), table: "u")) FROM usage_hourly u
+                """ + filtered, values) { row in
+                    let usage = try UsageRow(row: row)
+                    rows[usage.key] = usage
+                }
+            try db.query("SELECT u.client_id, u.model, u.hour, u.status, u.count FROM usage_errors u " + filtered, values) { row in
+                rows[try UsageKey(row: row)]?.counters.errors[Int(try row.int("status"))] = try row.int("count")
+            }
+            try db.query("SELECT u.client_id, u.model, u.hour, u.reason, u.count FROM usage_refusals u " + filtered, values) { row in
+                rows[try UsageKey(row: row)]?.counters.refusals[try row.text("reason")] = try row.int("count")
+            }
+            return Array(rows.values)
+        }
+    }
+}

@@ -1,0 +1,158 @@
+import AttestCrypto
+import AppAttest
+import Foundation
+
+/// A row of a store's result, read by column name: both databases decode every record with
+/// the same code, from the same list of columns (`StoreColumns`), so a new column is one more
+/// name in one list and one more line here, whatever the dialect.
+public protocol StoreRow {
+    func isNull(_ column: String) throws -> Bool
+    func int(_ column: String) throws -> Int64
+    /// A REAL (SQLite) or double precision (PostgreSQL) column.
+    func double(_ column: String) throws -> Double
+    func text(_ column: String) throws -> String
+    func bytes(_ column: String) throws -> [UInt8]
+}
+
+extension StoreRow {
+    /// Seconds since 1970, as every time is stored.
+    public func date(_ column: String) throws -> Date { Date(timeIntervalSince1970: try double(column)) }
+
+    /// `read(column)` unless the column is NULL.
+    public func optional<T>(_ column: String, _ read: (String) throws -> T) throws -> T? {
+        try isNull(column) ? nil : try read(column)
+    }
+}
+
+/// What a column-by-name lookup found wrong: a query that does not select what its decoder reads.
+public struct MissingColumn: Error, CustomStringConvertible {
+    public let column: String
+    public init(_ column: String) { self.column = column }
+    public var description: String { "the query selects no column \(column)" }
+}
+
+/// The columns each record is read from, by name, per capability. Both stores select exactly
+/// these names (with `AS` where an expression or a join provides one).
+public enum StoreColumns {
+    // Organisation
+    public static let workspace = ["id", "name"]
+    public static let sealedKey = ["sealed_key", "last4", "set_at", "set_by"]
+    // Integrations
+    public static let policy = ["allowed_models", "max_tokens", "device_requests_per_minute", "monthly_token_budget"]
+    /// `workspace_name` from the workspace, `bundle_ids` newline-separated in their order.
+    public static let integration = ["client_id", "workspace_id", "workspace_name", "name", "team_id", "environments", "created_at",
+                                     "revoked_at", "bundle_ids"] + policy
+    // Exchange
+    public static let device = ["key_id", "client_id", "public_key", "sign_counter", "environment", "app_id"]
+    /// The token check: the token, its workspace's key, the integration's policy and the usage
+    /// recorded so far (`month_tokens`, `requests_this_minute`, `requests_last_minute`).
+    public static let grant = ["client_id", "workspace_name", "issued_at", "expires_at", "token_hash", "workspace_id", "key_id"]
+        + sealedKey + policy + ["month_tokens", "requests_this_minute", "requests_last_minute"]
+    /// A rolling window: how many events, and the oldest one's time.
+    public static let window = ["count", "oldest"]
+    public static let challenge = ["challenge", "expires_at"]
+    // Usage
+    public static let usage = ["workspace_name", "client_id", "model", "hour", "requests", "input_tokens", "output_tokens",
+                               "cache_creation_input_tokens", "cache_read_input_tokens", "incomplete", "abandoned"]
+    // Audit
+    public static let audit = ["at", "actor", "action", "client_id", "key_id", "reason", "detail"]
+
+    /// `a, b, c` (each name qualified by `table.` when given).
+    public static func list(_ names: [String], table: String? = nil) -> String {
+        names.map { name in table.map { "\($0).\(name)" } ?? name }.joined(separator: ", ")
+    }
+}
+
+extension Workspace {
+    public init(row: some StoreRow) throws {
+        self.init(id: try row.int("id"), name: try row.text("name"))
+    }
+}
+
+extension SealedUpstreamKey {
+    public init(row: some StoreRow) throws {
+        self.init(sealed: try row.bytes("sealed_key"), last4: try row.text("last4"), setAt: try row.date("set_at"), setBy: try row.text("set_by"))
+    }
+}
+
+extension IntegrationPolicy {
+    public init(row: some StoreRow) throws {
+        self.init(models: IntegrationPolicy.models(fromColumn: try row.optional("allowed_models", row.text)),
+                  maxTokens: Int(try row.int("max_tokens")), deviceRequestsPerMinute: Int(try row.int("device_requests_per_minute")),
+                  monthlyTokenBudget: Int(try row.int("monthly_token_budget")))
+    }
+}
+
+extension Integration {
+    public init(row: some StoreRow) throws {
+        self.init(clientID: try row.text("client_id"), workspaceID: try row.int("workspace_id"), workspaceName: try row.text("workspace_name"),
+                  name: try row.text("name"), teamID: try row.text("team_id"),
+                  bundleIDs: (try row.optional("bundle_ids", row.text) ?? "").split(separator: "\n").map(String.init),
+                  environments: Set(try row.text("environments").split(separator: ",").compactMap { AttestationEnvironment(rawValue: String($0)) }),
+                  createdAt: try row.date("created_at"), revokedAt: try row.optional("revoked_at", row.date), policy: try IntegrationPolicy(row: row))
+    }
+}
+
+extension Device {
+    public init(row: some StoreRow) throws {
+        self.init(keyID: try row.bytes("key_id"), clientID: try row.text("client_id"), publicKey: try row.bytes("public_key"),
+                  counter: UInt32(truncatingIfNeeded: try row.int("sign_counter")),
+                  environment: AttestationEnvironment(rawValue: try row.text("environment")) ?? .production, appID: try row.text("app_id"))
+    }
+}
+
+extension TokenGrant {
+    /// The grant of a token row, when its hash is `hash` (confirmed in constant time: the index
+    /// lookup found the row, this makes sure).
+    public init?(row: some StoreRow, hash: [UInt8]) throws {
+        guard constantTimeEquals(try row.bytes("token_hash"), hash) else { return nil }
+        self.init(clientID: try row.text("client_id"), workspaceID: try row.int("workspace_id"), workspaceName: try row.text("workspace_name"),
+                  issuedAt: try row.date("issued_at"), expiresAt: try row.date("expires_at"),
+                  upstreamKey: try row.isNull("sealed_key") ? nil : try SealedUpstreamKey(row: row), keyID: try row.bytes("key_id"),
+                  policy: try IntegrationPolicy(row: row),
+                  recorded: RecordedUsage(monthTokens: try row.int("month_tokens"), deviceRequestsThisMinute: try row.int("requests_this_minute"),
+                                          deviceRequestsLastMinute: try row.int("requests_last_minute")))
+    }
+}
+
+extension IssuedChallenge {
+    public init(row: some StoreRow) throws {
+        self.init(bytes: try row.bytes("challenge"), expiresAt: try row.date("expires_at"))
+    }
+}
+
+extension UsageKey {
+    /// The key columns of a ledger row (`client_id`, `model`, `hour`).
+    public init(row: some StoreRow) throws {
+        self.init(clientID: try row.text("client_id"), model: try row.text("model"), hour: try row.int("hour"))
+    }
+}
+
+extension WindowCount {
+    public init(row: some StoreRow) throws {
+        self.init(count: Int(try row.int("count")), oldest: try row.optional("oldest", row.date))
+    }
+}
+
+extension UsageRow {
+    /// A ledger row (its errors and refusals are read apart).
+    public init(row: some StoreRow) throws {
+        var counters = UsageCounters()
+        counters.requests = try row.int("requests")
+        counters.inputTokens = try row.int("input_tokens")
+        counters.outputTokens = try row.int("output_tokens")
+        counters.cacheCreationInputTokens = try row.int("cache_creation_input_tokens")
+        counters.cacheReadInputTokens = try row.int("cache_read_input_tokens")
+        counters.incomplete = try row.int("incomplete")
+        counters.abandoned = try row.int("abandoned")
+        self.init(workspace: try row.text("workspace_name"), key: try UsageKey(row: row), counters: counters)
+    }
+}
+
+extension AuditEvent {
+    public init(row: some StoreRow) throws {
+        self.init(at: try row.date("at"), actor: try row.optional("actor", row.text), action: try row.text("action"),
+                  clientID: try row.optional("client_id", row.text), keyID: try row.optional("key_id", row.bytes),
+                  reason: try row.optional("reason", row.text), detail: try row.optional("detail", row.text))
+    }
+}
