@@ -1,4 +1,5 @@
 import CEventLoop
+import Dispatch
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -279,39 +280,18 @@ public struct EventLoopError: Error, CustomStringConvertible {
 }
 
 /// A result handed from the loop's thread to a waiting caller.
-private final class ResultBox<T: Sendable>: @unchecked Sendable {
-    // @unchecked: `value` is written once under the mutex before the signal, read after it.
-    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-    private let condition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
-    private var value: T?
-    private var done = false
-
-    init() {
-        pthread_mutex_init(mutex, nil)
-        pthread_cond_init(condition, nil)
-    }
-
-    deinit {
-        pthread_mutex_destroy(mutex)
-        pthread_cond_destroy(condition)
-        mutex.deallocate()
-        condition.deallocate()
-    }
+private final class ResultBox<T: Sendable>: Sendable {
+    private let value = Mutex<T?>(nil)
+    private let ready = DispatchSemaphore(value: 0)
 
     func fulfil(_ result: T) {
-        pthread_mutex_lock(mutex)
-        value = result
-        done = true
-        pthread_cond_signal(condition)
-        pthread_mutex_unlock(mutex)
+        value.withLock { $0 = result }
+        ready.signal()
     }
 
     func wait() -> T {
-        pthread_mutex_lock(mutex)
-        while !done { pthread_cond_wait(condition, mutex) }
-        let result = value!
-        pthread_mutex_unlock(mutex)
-        return result
+        ready.wait()
+        return value.withLock { $0! }
     }
 }
 

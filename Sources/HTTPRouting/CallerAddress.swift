@@ -1,3 +1,4 @@
+import HTTPServer
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -6,51 +7,34 @@ import Darwin
 
 /// An IPv4 or IPv6 network: `10.0.0.0/8`, `::1/128`, or a bare address (a /32 or /128).
 public struct CIDR: Sendable, Equatable, CustomStringConvertible {
-    let bytes: [UInt8]
+    let network: IPAddress
     let prefix: Int
     public let description: String
 
     public init?(_ text: String) {
         let parts = text.split(separator: "/", maxSplits: 1)
-        guard let address = CIDR.parse(String(parts[0])) else { return nil }
-        let bits = address.count * 8
+        guard let address = IPAddress(String(parts[0])) else { return nil }
+        let bits = address.isIPv6 ? 128 : 32
         if parts.count == 2 {
             guard let prefix = Int(parts[1]), (0...bits).contains(prefix) else { return nil }
             self.prefix = prefix
         } else {
             prefix = bits
         }
-        bytes = address
+        network = address
         description = text
     }
 
-    public func contains(_ address: [UInt8]) -> Bool {
-        guard address.count == bytes.count else { return false }
+    public func contains(_ address: IPAddress) -> Bool {
+        guard address.isIPv6 == network.isIPv6 else { return false }
+        let (bytes, mine) = (address.bytes, network.bytes)
         var remaining = prefix
-        for index in bytes.indices where remaining > 0 {
+        for index in mine.indices where remaining > 0 {
             let mask: UInt8 = remaining >= 8 ? 0xff : ~(0xff >> UInt8(remaining))
-            guard address[index] & mask == bytes[index] & mask else { return false }
+            guard bytes[index] & mask == mine[index] & mask else { return false }
             remaining -= 8
         }
         return true
-    }
-
-    /// The address's bytes (4 or 16), or nil when it is not an IP literal. IPv4-mapped IPv6
-    /// addresses are read as IPv4.
-    public static func parse(_ text: String) -> [UInt8]? {
-        var trimmed = Substring(text)
-        while trimmed.first == " " { trimmed.removeFirst() }
-        while trimmed.last == " " { trimmed.removeLast() }
-        if trimmed.hasPrefix("["), let close = trimmed.firstIndex(of: "]") { trimmed = trimmed[trimmed.index(after: trimmed.startIndex)..<close] }
-        var v4 = in_addr()
-        if inet_pton(AF_INET, String(trimmed), &v4) == 1 { return withUnsafeBytes(of: &v4) { Array($0) } }
-        var v6 = in6_addr()
-        if inet_pton(AF_INET6, String(trimmed), &v6) == 1 {
-            let bytes = withUnsafeBytes(of: &v6) { Array($0) }
-            if bytes[0..<10].allSatisfy({ $0 == 0 }) && bytes[10] == 0xff && bytes[11] == 0xff { return Array(bytes[12...]) }
-            return bytes
-        }
-        return nil
     }
 }
 
@@ -63,8 +47,8 @@ public struct CallerResolver: Sendable {
     public init(trustedProxies: [CIDR]) { self.trustedProxies = trustedProxies }
 
     public func isTrusted(_ address: String) -> Bool {
-        guard !trustedProxies.isEmpty, let bytes = CIDR.parse(address) else { return false }
-        return trustedProxies.contains { $0.contains(bytes) }
+        guard !trustedProxies.isEmpty, let parsed = IPAddress(address) else { return false }
+        return trustedProxies.contains { $0.contains(parsed) }
     }
 
     public func caller(peer: String, headers: [(name: String, value: String)]) -> String {
@@ -91,7 +75,7 @@ public struct CallerResolver: Sendable {
         // From the right: the first hop that is not a trusted proxy is the caller.
         for hop in hops.reversed() {
             let address = hop.trimmingSpaces
-            guard CIDR.parse(address) != nil else { return peer }   // garbage: do not guess
+            guard IPAddress(address) != nil else { return peer }   // garbage: do not guess
             if !isTrusted(address) { return address }
         }
         return peer

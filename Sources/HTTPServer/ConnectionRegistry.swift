@@ -31,7 +31,7 @@ final class ConnectionRecord: Sendable {
     /// The event loop thread whose daemon owns the connection (all its callbacks run there).
     let worker: pthread_t
     /// The peer's IP address, for the per-address limit (nil: not IPv4 or IPv6).
-    let address: PeerAddress?
+    let address: IPAddress?
     /// The daemon (and so the loop) that owns the connection: told when it is resumed.
     let driver: DaemonDriver?
     let state: Mutex<RecordState>
@@ -39,7 +39,7 @@ final class ConnectionRecord: Sendable {
     /// nanoseconds; 0 = nothing waiting). Written by the writer, read by the reaper.
     let streamStalledSince = Atomic<UInt64>(0)
 
-    init(connection: ConnectionHandle, fd: Int32, worker: pthread_t, address: PeerAddress?, driver: DaemonDriver?, now: UInt64) {
+    init(connection: ConnectionHandle, fd: Int32, worker: pthread_t, address: IPAddress?, driver: DaemonDriver?, now: UInt64) {
         self.connection = connection
         self.fd = fd
         self.worker = worker
@@ -120,7 +120,7 @@ final class ConnectionRegistry: Sendable {
     private struct State {
         var records: [ObjectIdentifier: ConnectionRecord] = [:]
         var perWorker: [pthread_t: Int] = [:]
-        var perAddress: [PeerAddress: Int] = [:]
+        var perAddress: [IPAddress: Int] = [:]
         var draining = false
     }
 
@@ -168,7 +168,7 @@ final class ConnectionRegistry: Sendable {
     }
 
     /// Whether a connection from `address` may be accepted (under `maxConnectionsPerIP`).
-    func admits(_ address: PeerAddress) -> Bool {
+    func admits(_ address: IPAddress) -> Bool {
         let limit = configuration.maxConnectionsPerIP
         guard limit > 0 else { return true }
         return state.withLock { ($0.perAddress[address] ?? 0) < limit }
@@ -366,26 +366,6 @@ private func nanoseconds(_ seconds: Double) -> UInt64 {
 }
 
 /// A peer's IP address as a dictionary key.
-struct PeerAddress: Hashable, Sendable {
-    private let high: UInt64
-    private let low: UInt64
-    private let isIPv6: Bool
-
-    init?(_ address: UnsafePointer<sockaddr>) {
-        switch Int32(address.pointee.sa_family) {
-        case AF_INET:
-            let ipv4 = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr.s_addr }
-            (high, low, isIPv6) = (0, UInt64(ipv4), false)
-        case AF_INET6:
-            let bytes = address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_addr }
-            let words = withUnsafeBytes(of: bytes) { ($0.loadUnaligned(fromByteOffset: 0, as: UInt64.self),
-                                                      $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) }
-            (high, low, isIPv6) = (words.0, words.1, true)
-        default:
-            return nil
-        }
-    }
-}
 
 /// Totals since the server was created (they survive restarts).
 final class ServerTotals: Sendable {

@@ -144,14 +144,16 @@ public final class HTTPServer: Sendable {
     private func launch() throws -> (running: Running, port: UInt16) {
         let config = configuration
         try Self.validate(config)
-        var address = try SocketAddress(host: config.host, port: config.port)
-        let endpoint = address.isIPv6 ? "[\(address.host)]:\(config.port)" : "\(address.host):\(config.port)"
+        guard let address = IPAddress(config.host) else {
+            throw HTTPServerError("invalid listen host \"\(config.host)\": expected an IPv4 or IPv6 literal")
+        }
+        let endpoint = address.isIPv6 ? "[\(address)]:\(config.port)" : "\(address):\(config.port)"
         raiseDescriptorLimit(toFit: config.maxConnections)
 
         let listener: ListeningSocket
         let family = address.isIPv6 ? AF_INET6 : AF_INET
         do throws(ListenError) {
-            listener = try address.withSockaddr { (pointer, length) throws(ListenError) in
+            listener = try address.withSockaddr(port: config.port) { (pointer, length) throws(ListenError) in
                 try ListeningSocket(address: pointer, length: length, family: family,
                                     backlog: Int32(min(config.maxConnections, 4096)))
             }
@@ -411,7 +413,7 @@ private func connectionCallback(_ cls: UnsafeMutableRawPointer?, _ connection: O
     if code == .CONNECTION_NOTIFY_STARTED {
         let record = ConnectionRecord(connection: ConnectionHandle(pointer: connection),
                                       fd: attest_mhd_connection_fd(connection), worker: pthread_self(),
-                                      address: attest_mhd_client_address(connection).flatMap(PeerAddress.init),
+                                      address: attest_mhd_client_address(connection).flatMap(IPAddress.init),
                                       driver: core.currentDriver(), now: monotonicNanoseconds())
         socketContext.pointee = Unmanaged.passRetained(record).toOpaque()
         if core.registry.opened(record) { core.monitor.wake() }
@@ -426,7 +428,7 @@ private func connectionCallback(_ cls: UnsafeMutableRawPointer?, _ connection: O
 /// Before libmicrohttpd takes a new connection: refused (closed at once) when its address
 /// already holds `maxConnectionsPerIP` connections across every daemon of the server.
 private func acceptPolicy(_ cls: UnsafeMutableRawPointer?, _ address: UnsafePointer<sockaddr>?, _ length: socklen_t) -> MHD_Result {
-    guard let cls, let address, let peer = PeerAddress(address) else { return .YES }
+    guard let cls, let address, let peer = IPAddress(address) else { return .YES }
     return Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue().registry.admits(peer) ? .YES : .NO
 }
 
@@ -924,53 +926,6 @@ private func requestHeaders(_ connection: OpaquePointer) -> [(name: String, valu
 }
 
 private func clientAddress(_ connection: OpaquePointer) -> String {
-    guard let address = attest_mhd_client_address(connection) else { return "" }
-    return withUnsafeTemporaryAllocation(of: CChar.self, capacity: Int(INET6_ADDRSTRLEN)) { text -> String in
-        switch Int32(address.pointee.sa_family) {
-        case AF_INET:
-            var ipv4 = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr }
-            guard inet_ntop(AF_INET, &ipv4, text.baseAddress, socklen_t(text.count)) != nil else { return "" }
-        case AF_INET6:
-            var ipv6 = address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_addr }
-            guard inet_ntop(AF_INET6, &ipv6, text.baseAddress, socklen_t(text.count)) != nil else { return "" }
-        default:
-            return ""
-        }
-        return String(cString: text.baseAddress!)
-    }
+    attest_mhd_client_address(connection).flatMap(IPAddress.init)?.description ?? ""
 }
 
-// MARK: - Listening address
-
-/// The socket address to bind, parsed from an IP literal (no name resolution).
-private struct SocketAddress {
-    let host: String
-    let isIPv6: Bool
-    private var ipv4 = sockaddr_in()
-    private var ipv6 = sockaddr_in6()
-
-    init(host rawHost: String, port: UInt16) throws {
-        var literal = rawHost
-        if literal.hasPrefix("["), literal.hasSuffix("]") { literal = String(literal.dropFirst().dropLast()) }
-        host = literal
-        if inet_pton(AF_INET, literal, &ipv4.sin_addr) == 1 {
-            isIPv6 = false
-            ipv4.sin_family = sa_family_t(AF_INET)
-            ipv4.sin_port = port.bigEndian
-        } else if inet_pton(AF_INET6, literal, &ipv6.sin6_addr) == 1 {
-            isIPv6 = true
-            ipv6.sin6_family = sa_family_t(AF_INET6)
-            ipv6.sin6_port = port.bigEndian
-        } else {
-            throw HTTPServerError("invalid listen host \"\(rawHost)\": expected an IPv4 or IPv6 literal")
-        }
-    }
-
-    /// Runs `body` with a pointer to the sockaddr and its length (only valid during the call).
-    mutating func withSockaddr<T, E: Error>(_ body: (UnsafeMutableRawPointer, socklen_t) throws(E) -> T) throws(E) -> T {
-        if isIPv6 {
-            return try withUnsafeMutablePointer(to: &ipv6) { pointer throws(E) in try body(pointer, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
-        }
-        return try withUnsafeMutablePointer(to: &ipv4) { pointer throws(E) in try body(pointer, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    }
-}

@@ -99,8 +99,8 @@ public final class PostgresConnection: @unchecked Sendable {
     // time (it is never reachable from two threads at once).
     private var conn: OpaquePointer?
     /// The deadline of the call that currently holds this connection (the pool sets it per call;
-    /// a caller holding a connection of its own sets it before each use).
-    public var deadline: PostgresDeadline
+    /// a caller holding a connection of its own gives it at `init`, or with `extendDeadline`).
+    var deadline: PostgresDeadline
     let target: String
     private let secrets: [String]
     private let counters: PostgresCounters
@@ -148,6 +148,9 @@ public final class PostgresConnection: @unchecked Sendable {
     }
 
     deinit { close() }
+
+    /// A new deadline for the calls that follow (a connection held outside the pool).
+    public func extendDeadline(_ deadline: PostgresDeadline) { self.deadline = deadline }
 
     /// Ends the session (non-blocking: never waits on a dead server).
     public func close() {

@@ -47,6 +47,8 @@ final class LockedSQLiteConnection: @unchecked Sendable {
 /// statements are cached by SQL text, so the hot paths never re-parse SQL.
 final class SQLiteConnection {
     private let db: OpaquePointer
+    /// The token check's answers on this connection (readers only use it).
+    let grantCache = GrantCache()
     private var statements: [String: OpaquePointer] = [:]
     private var dataVersionStatement: OpaquePointer?
 

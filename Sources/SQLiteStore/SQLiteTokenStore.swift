@@ -21,8 +21,6 @@ public final class SQLiteTokenStore: TokenStore {
     /// out a lock never holds the request path's writer: a request waits for the file lock once.
     let background: LockedSQLiteConnection
     let readers: [LockedSQLiteConnection]
-    /// One per reader, used under that reader's lock (see `liveToken`).
-    let grantCaches: [GrantCache]
     let nextReader = Atomic<Int>(0)
 
     /// Opens (creating if needed) and migrates the database.
@@ -37,7 +35,6 @@ public final class SQLiteTokenStore: TokenStore {
         identity = Self.fileIdentity(path)
         background = LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous))
         readers = try (0..<max(1, readerCount)).map { _ in LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous)) }
-        grantCaches = readers.map { _ in GrantCache() }
     }
 
     func writeInBackground<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
@@ -57,8 +54,7 @@ public final class SQLiteTokenStore: TokenStore {
 
     func readWithCache<T>(_ body: (SQLiteConnection, GrantCache) throws -> T) throws -> T {
         let turn = Int(UInt(bitPattern: nextReader.wrappingAdd(1, ordering: .relaxed).oldValue) % UInt(readers.count))
-        let cache = grantCaches[turn]
-        return try readers[turn].withConnection { db in try body(db, cache) }
+        return try readers[turn].withConnection { db in try body(db, db.grantCache) }
     }
 
     static func fileIdentity(_ path: String) -> (device: UInt64, inode: UInt64)? {
@@ -113,7 +109,8 @@ public final class SQLiteTokenStore: TokenStore {
 
 /// A reader's live-token answers for one database version (see `SQLiteTokenStore.liveToken`).
 /// Only tokens found live are kept, so unknown tokens cannot fill it; it is bounded all the same.
-final class GrantCache: @unchecked Sendable {
+/// Each connection has its own, used under the connection's lock like the connection itself.
+final class GrantCache {
     private struct Entry {
         let hash: [UInt8]
         let minute: Int64
