@@ -25,8 +25,8 @@ public final class Logger: Sendable {
         queue = nil
     }
 
-    /// Lines to standard error from a writer thread of their own: the request path (and the relay's
-    /// one upstream thread) only formats and queues, and a burst costs one write() per batch. A
+    /// Lines to standard error from a writer thread of their own: the request path (the event loops and
+    /// the exchange workers) only formats and queues, and a burst costs one write() per batch. A
     /// queue past `maxPending` lines is written by the caller, so memory stays bounded and no line
     /// is dropped. A line queued when the process is killed outright may be lost.
     public static func standardErrorWithWriterThread(maxPending: Int = 10_000) -> Logger {

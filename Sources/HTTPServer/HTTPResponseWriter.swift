@@ -282,10 +282,11 @@ public final class HTTPResponseWriter: Sendable {
     /// The content reader: copies what is buffered into libmicrohttpd's send buffer, or ends the
     /// stream, or — with nothing to send yet — suspends the connection and returns 0.
     ///
-    /// Why suspend here: in internal-polling mode libmicrohttpd 0.9.75 treats 0 as "not ready"
-    /// (state CHUNKED_BODY_UNREADY, event-loop state BLOCK) and keeps the connection on its epoll
-    /// ready list, so the worker thread spins calling this function (measured: ~5 million calls
-    /// and 0.97 s of CPU per second for one idle stream). Its header documents
+    /// Why suspend here: libmicrohttpd 0.9.75 treats 0 as "not ready" (state
+    /// CHUNKED_BODY_UNREADY, event-loop state BLOCK) and keeps the connection on its epoll ready
+    /// list, so every run of the daemon calls this function again and the loop spins (measured
+    /// when the daemon had its own thread: ~5 million calls and 0.97 s of CPU per second for one
+    /// idle stream). Its header documents
     /// MHD_suspend_connection as safe from inside a content reader; suspended, the connection
     /// leaves the epoll set and costs nothing until `write`/`finish` resumes it, after which
     /// libmicrohttpd calls this reader again.

@@ -492,7 +492,7 @@ private func contentReaderFree(_ cls: UnsafeMutableRawPointer?) {
     Unmanaged<HTTPResponseWriter>.fromOpaque(cls).release()
 }
 
-// MARK: - Request processing (on the connection's own libmicrohttpd thread)
+// MARK: - Request processing (on the event loop that runs the connection's daemon)
 
 extension HTTPResponseWriter {
     fileprivate func access(connection: OpaquePointer, method: UnsafePointer<CChar>?, version: UnsafePointer<CChar>?,
