@@ -20,8 +20,8 @@ $bin/attestd serve --db "$db" --admin-listen 127.0.0.1:0 --listen 127.0.0.1:0 --
     --mint-limit 0 --registration-quota 0 --challenge-limit 0 --synchronous "${SYNC:-full}" ${THREADS:+--threads "$THREADS"} \
     2> "$dir/server.log" &
 server=$!
-for _ in $(seq 100); do grep -q '"listening"' "$dir/server.log" 2>/dev/null && break; sleep 0.1; done
-port=$(grep -o '"address":"127.0.0.1:[0-9]*"' "$dir/server.log" | grep -o '[0-9]*"$' | tr -d '"')
+for _ in $(seq 100); do grep -q '"event":"listening"' "$dir/server.log" 2>/dev/null && break; sleep 0.1; done
+port=$(grep '"event":"listening"' "$dir/server.log" | grep -o '"address":"127.0.0.1:[0-9]*"' | grep -o '[0-9]*"$' | tr -d '"')
 cpu() { awk '{print ($14+$15)/100}' /proc/$server/stat; }
 ticks=$(getconf CLK_TCK); [ "$ticks" = 100 ] || echo "note: CLK_TCK=$ticks"
 for n in "${counts[@]}"; do
