@@ -52,9 +52,26 @@ public final class TestAuthority: Sendable {
         public var rpIDHash: [UInt8]? = nil
         public var notBefore: Date? = nil
         public var notAfter: Date? = nil
-        public var receipt: [UInt8] = Array("test-authority receipt".utf8)
+        /// Nil: no receipt in the statement (every genuine attestation has one).
+        public var receipt: [UInt8]? = Array("test-authority receipt".utf8)
+        /// The extension map written after the credential public key (iOS 27, macOS 27); nil: none.
+        public var extensionMap: [CBORMapEntry]? = nil
+        /// Raw bytes after the credential public key instead of the encoded map (malformed-input tests).
+        public var authDataTail: [UInt8]? = nil
+        /// Nil: 0xc0 (AT and ED) with a map, 0x40 without, as shipping devices write them.
+        public var flags: UInt8? = nil
+        /// The aclBlob's policy (OID 1.2.840.113635.100.8.6); nil: no aclBlob.
+        public var accessControlPolicy: [UInt8]? = nil
+        /// The whole aclBlob extension value instead of one built from `accessControlPolicy`.
+        public var accessControlExtensionValue: [UInt8]? = nil
+        /// OS fields for OID 1.2.840.113635.100.8.7 (tag 1400 version, 1403 build, 1026 platform); nil: none.
+        public var osInformation: [(tag: Int, text: String)]? = nil
         public init() {}
     }
+
+    /// The aclBlob policy iPhones carry (not the Mac value): copied from a real iOS 27 credential certificate.
+    public static let iPhoneAccessControlPolicy: [UInt8] = Array(Data(base64Encoded:
+        "MEMMAjExMD0wCgwDb2tkoQMBAf8wCQwCb2GhAwEB/zALDARvc2duoQMBAf8wCwwEb2RlbKEDAQH/MAoMA29ja6EDAQH/")!)
 
     /// An attestation object as DCAppAttestService.attestKey returns it.
     public func attestation(key: DeviceKey, appID: AppID, clientDataHash: [UInt8], at time: Date = Date(),
@@ -69,28 +86,41 @@ public final class TestAuthority: Sendable {
         authData += aaguid
         authData += [UInt8(credentialID.count >> 8), UInt8(credentialID.count & 0xff)] + credentialID
         authData += CBOREncoder.encode(coseKey(key.publicKey))
+        let tail = options.authDataTail ?? options.extensionMap.map { CBOREncoder.encode(.map($0)) } ?? []
+        authData[32] = options.flags ?? (tail.isEmpty ? 0x40 : 0xc0)
+        authData += tail
 
         let nonce = sha256(authData, options.nonceClientDataHash ?? clientDataHash)
         let nonceExtension: [UInt8] = [0x30, 0x24, 0xa1, 0x22, 0x04, 0x20] + nonce
+        var extensions: [CertificateIssuer.Extension] = [.init(oid: "1.2.840.113635.100.8.2", value: nonceExtension)]
+        if let value = options.accessControlExtensionValue ?? options.accessControlPolicy.map(AccessControlExtension.extensionValue(policy:)) {
+            extensions.append(.init(oid: AccessControlExtension.oid, value: value))
+        }
+        if let fields = options.osInformation {
+            extensions.append(.init(oid: OSInformation.oid, value: OSInformation.extensionValue(fields)))
+        }
         let leaf = try issuer.issueLeaf(
             subjectCommonName: hexString(keyID), subjectKey: options.certifiedKey ?? key.publicKey,
             notBefore: options.notBefore ?? time.addingTimeInterval(-86_400),
             notAfter: options.notAfter ?? time.addingTimeInterval(2 * 86_400),
-            extensions: [.init(oid: "1.2.840.113635.100.8.2", value: nonceExtension)])
+            extensions: extensions)
 
+        var statement = [CBORMapEntry("x5c", .array([.bytes(leaf.der), .bytes(intermediate.der)]))]
+        if let receipt = options.receipt { statement.append(CBORMapEntry("receipt", .bytes(receipt))) }
         return CBOREncoder.encode(.map([
             CBORMapEntry("fmt", .text(options.format)),
-            CBORMapEntry("attStmt", .map([
-                CBORMapEntry("x5c", .array([.bytes(leaf.der), .bytes(intermediate.der)])),
-                CBORMapEntry("receipt", .bytes(options.receipt)),
-            ])),
+            CBORMapEntry("attStmt", .map(statement)),
             CBORMapEntry("authData", .bytes(authData)),
         ]))
     }
 
-    /// An assertion as DCAppAttestService.generateAssertion returns it.
-    public func assertion(key: DeviceKey, appID: AppID, clientDataHash: [UInt8], counter: UInt32) throws -> [UInt8] {
-        let authData = appID.rpIDHash + [0x00] + bigEndian(counter)
+    /// An assertion as DCAppAttestService.generateAssertion returns it: the extension map after
+    /// the header when given (iOS 27 and macOS 27 write the attestation's map again), and the
+    /// flags as devices set them (AT although no credential data follows; ED with a map).
+    public func assertion(key: DeviceKey, appID: AppID, clientDataHash: [UInt8], counter: UInt32,
+                          extensionMap: [CBORMapEntry]? = nil, flags: UInt8? = nil) throws -> [UInt8] {
+        let tail = extensionMap.map { CBOREncoder.encode(.map($0)) } ?? []
+        let authData = appID.rpIDHash + [flags ?? (tail.isEmpty ? 0x40 : 0xc0)] + bigEndian(counter) + tail
         let nonce = sha256(authData, clientDataHash)
         let signature = try key.privateKey.signSHA256(nonce)
         return CBOREncoder.encode(.map([

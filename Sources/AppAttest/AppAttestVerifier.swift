@@ -3,6 +3,23 @@ import AttestCrypto
 import CBOR
 import Foundation
 
+/// What the device's authenticator data says about the build, beyond the key: where it came from
+/// and its version. Apple-signed (the attestation's nonce and the assertion's signature cover
+/// it), so as trustworthy as the key itself.
+public struct AttestedApp: Sendable, Equatable {
+    /// The flags byte as the device wrote it (reported only: framing never depends on it).
+    public let flags: UInt8
+    /// Nil when the device wrote no extension map (iOS 26 and earlier).
+    public let extensions: AuthenticatorExtensions?
+
+    public var validationCategory: UInt32? { extensions?.validationCategory }
+    public var distribution: Distribution? { extensions?.distribution }
+    public var bundleVersion: String? { extensions?.bundleVersion }
+    /// `macos` when the map carries the code-directory hash, which Apple writes on Macs only;
+    /// `ios` otherwise (iPhone, iPad, and every device that writes no map).
+    public var platform: DevicePlatform { extensions?.isMac == true ? .macos : .ios }
+}
+
 /// What a successful attestation proves: this key lives in a genuine Apple device's Secure
 /// Enclave and belongs to `appID`. Only `AppAttestVerifier` can make one.
 public struct VerifiedAttestation: Sendable {
@@ -13,19 +30,34 @@ public struct VerifiedAttestation: Sendable {
     public let appID: AppID
     /// Apple's fraud-assessment receipt, kept for later use.
     public let receipt: [UInt8]
+    public let app: AttestedApp
+    /// The access-control policy from the aclBlob extension, when the certificate has a readable one.
+    public let accessControlPolicy: [UInt8]?
+    /// The OS version, build and platform Apple wrote (informational: never a trust decision).
+    public let osInformation: OSInformation?
 
-    fileprivate init(keyID: [UInt8], publicKey: [UInt8], environment: AttestationEnvironment, appID: AppID, receipt: [UInt8]) {
+    public var platform: DevicePlatform { app.platform }
+    /// Whether the aclBlob is Apple's Mac value (SIP and Full Security on). Always true for an
+    /// accepted Mac attestation; false on iPhones, whose aclBlob holds another policy.
+    public var macSecurityPostureOK: Bool { accessControlPolicy == AccessControlExtension.applesMacValue }
+
+    fileprivate init(keyID: [UInt8], publicKey: [UInt8], environment: AttestationEnvironment, appID: AppID, receipt: [UInt8],
+                     app: AttestedApp, accessControlPolicy: [UInt8]?, osInformation: OSInformation?) {
         self.keyID = keyID
         self.publicKey = publicKey
         self.environment = environment
         self.appID = appID
         self.receipt = receipt
+        self.app = app
+        self.accessControlPolicy = accessControlPolicy
+        self.osInformation = osInformation
     }
 }
 
 /// A verified assertion: the device key signed this request, with this counter.
 public struct VerifiedAssertion: Sendable {
     public let counter: UInt32
+    public let app: AttestedApp
 }
 
 /// Apple App Attest server-side validation, step by step as Apple documents it
@@ -34,6 +66,9 @@ public final class AppAttestVerifier: Sendable {
     /// Hard limits on inputs; an attestation object is about 5.5 KB, an assertion about 120 B.
     public static let maxAttestationObjectBytes = 16 * 1024
     public static let maxAssertionObjectBytes = 1024
+    /// The wire protocol always sends SHA-256 (32 bytes); the library takes any raw value, as
+    /// Apple's guide vectors use (21 and 24 bytes), up to this.
+    public static let maxClientDataHashBytes = 1024
     static let cborLimits = CBORLimits(maxDepth: 8, maxItems: 64)
 
     public let chainVerifier: CertificateChainVerifier
@@ -55,7 +90,7 @@ public final class AppAttestVerifier: Sendable {
         allowedEnvironments: Set<AttestationEnvironment> = Set(AttestationEnvironment.allCases), at time: Date
     ) throws -> VerifiedAttestation {
         guard keyID.count == 32 else { throw VerificationError(.malformed, "key ID is \(keyID.count) bytes, expected 32") }
-        guard clientDataHash.count == 32 else { throw VerificationError(.malformed, "clientDataHash is \(clientDataHash.count) bytes, expected 32") }
+        try checkClientDataHashSize(clientDataHash)
         let statement = try decodeAttestation(object)
         try checkFormat(statement)
         let authData = try AuthenticatorData(statement.authData, attested: true)
@@ -66,7 +101,37 @@ public final class AppAttestVerifier: Sendable {
         try checkCounterIsZero(authData)
         let environment = try checkAAGUID(authData, allowedEnvironments)
         try checkCredentialID(authData, keyID: keyID)
-        return VerifiedAttestation(keyID: keyID, publicKey: publicKey, environment: environment, appID: appID, receipt: statement.receipt)
+        let app = AttestedApp(flags: authData.flags, extensions: authData.extensions)
+        let policy = try checkMacSecurityPosture(leaf: leaf, platform: app.platform)
+        return VerifiedAttestation(keyID: keyID, publicKey: publicKey, environment: environment, appID: appID, receipt: statement.receipt,
+                                   app: app, accessControlPolicy: policy,
+                                   osInformation: leaf.extensionValue(oid: OSInformation.oid).flatMap(OSInformation.init(extensionValue:)))
+    }
+
+    func checkClientDataHashSize(_ clientDataHash: [UInt8]) throws {
+        guard clientDataHash.count <= Self.maxClientDataHashBytes else {
+            throw VerificationError(.malformed, "clientDataHash is \(clientDataHash.count) bytes, limit \(Self.maxClientDataHashBytes)")
+        }
+    }
+
+    /// Step 10 (macOS): trust a Mac key only when its aclBlob is Apple's value, SIP and Full
+    /// Security on. Returns the policy the certificate carries (iPhones carry another one, which
+    /// is reported and never compared).
+    func checkMacSecurityPosture(leaf: LeafCertificate, platform: DevicePlatform) throws -> [UInt8]? {
+        let value = leaf.extensionValue(oid: AccessControlExtension.oid)
+        let policy = value.flatMap(AccessControlExtension.policy(fromExtensionValue:))
+        guard platform == .macos else { return policy }
+        guard let value else {
+            throw VerificationError(.macSecurityPosture, "Mac credential certificate has no aclBlob extension \(AccessControlExtension.oid)")
+        }
+        guard let policy else {
+            throw VerificationError(.macSecurityPosture, "Mac aclBlob (\(value.count) bytes) is not SEQUENCE { [3] OCTET STRING }")
+        }
+        guard policy == AccessControlExtension.applesMacValue else {
+            throw VerificationError(.macSecurityPosture,
+                                    "Mac aclBlob policy (\(policy.count) bytes) is not Apple's value for SIP and Full Security on")
+        }
+        return policy
     }
 
     struct AttestationStatement {
@@ -182,7 +247,7 @@ public final class AppAttestVerifier: Sendable {
     public func verifyAssertion(
         _ object: [UInt8], publicKey: ECPublicKey, clientDataHash: [UInt8], appID: AppID, previousCounter: UInt32
     ) throws -> VerifiedAssertion {
-        guard clientDataHash.count == 32 else { throw VerificationError(.malformed, "clientDataHash is \(clientDataHash.count) bytes, expected 32") }
+        try checkClientDataHashSize(clientDataHash)
         let (signature, authDataBytes) = try decodeAssertion(object)
         let authData = try AuthenticatorData(authDataBytes, attested: false)
         try checkAssertionSignature(signature, authData: authDataBytes, clientDataHash: clientDataHash, publicKey: publicKey)
@@ -192,7 +257,7 @@ public final class AppAttestVerifier: Sendable {
         guard authData.counter > previousCounter else {
             throw VerificationError(.counterNotIncreasing, "assertion counter \(authData.counter) is not greater than \(previousCounter)")
         }
-        return VerifiedAssertion(counter: authData.counter)
+        return VerifiedAssertion(counter: authData.counter, app: AttestedApp(flags: authData.flags, extensions: authData.extensions))
     }
 
     func decodeAssertion(_ object: [UInt8]) throws -> (signature: [UInt8], authData: [UInt8]) {

@@ -14,6 +14,8 @@ public enum VerificationReason: String, Sendable, CaseIterable {
     case credentialIDMismatch
     case signatureInvalid
     case counterNotIncreasing
+    /// A Mac whose aclBlob is not Apple's value (SIP or Full Security off, or no aclBlob).
+    case macSecurityPosture
 }
 
 /// A rejection: the step that failed and a human-readable detail for operators (never sent to devices).

@@ -231,9 +231,35 @@ public struct DER {
 
     /// The next element, whole (`tlv`) and its contents, if its tag is `tag`.
     mutating func readTLV(_ tag: UInt8) -> (tlv: ArraySlice<UInt8>, contents: ArraySlice<UInt8>)? {
-        var cursor = bytes.startIndex
-        guard cursor < bytes.endIndex, bytes[cursor] == tag else { return nil }
-        cursor += 1
+        guard let first = bytes.first, first == tag else { return nil }
+        return readElement(headerLength: 1)
+    }
+
+    /// The next element if it is context-specific and constructed, with its tag number: high tag
+    /// numbers included (BF 8A 78 is [1400]), in at most three bytes.
+    public mutating func readContextConstructed() -> (tag: Int, contents: ArraySlice<UInt8>)? {
+        guard let first = bytes.first, first & 0xe0 == 0xa0 else { return nil }
+        guard first & 0x1f == 0x1f else {
+            return readElement(headerLength: 1).map { (Int(first & 0x1f), $0.contents) }
+        }
+        var tag = 0
+        var cursor = bytes.startIndex + 1
+        while true {
+            guard cursor < bytes.endIndex, cursor - bytes.startIndex <= 3 else { return nil }
+            let byte = bytes[cursor]
+            // DER: the shortest form, so no leading 0x80 group.
+            guard tag != 0 || byte != 0x80 else { return nil }
+            tag = tag << 7 | Int(byte & 0x7f)
+            cursor += 1
+            if byte & 0x80 == 0 { break }
+        }
+        guard tag >= 31 else { return nil }
+        return readElement(headerLength: cursor - bytes.startIndex).map { (tag, $0.contents) }
+    }
+
+    /// Reads the length after a tag of `headerLength` bytes, then the element.
+    private mutating func readElement(headerLength: Int) -> (tlv: ArraySlice<UInt8>, contents: ArraySlice<UInt8>)? {
+        var cursor = bytes.startIndex + headerLength
         guard cursor < bytes.endIndex else { return nil }
         let first = bytes[cursor]
         cursor += 1
@@ -252,6 +278,27 @@ public struct DER {
         let contents = bytes[cursor..<cursor + length]
         bytes = bytes[(cursor + length)...]
         return (tlv, contents)
+    }
+}
+
+/// Minimal DER encoding, for the structures the test authority issues.
+public enum DERWriter {
+    public static func tlv(_ tag: UInt8, _ contents: [UInt8]) -> [UInt8] { [tag] + length(contents.count) + contents }
+
+    /// A context-specific constructed element `[tag]`, high tag numbers included.
+    public static func contextConstructed(_ tag: Int, _ contents: [UInt8]) -> [UInt8] {
+        guard tag >= 31 else { return tlv(0xa0 | UInt8(tag), contents) }
+        var digits: [UInt8] = [UInt8(tag & 0x7f)]
+        var rest = tag >> 7
+        while rest > 0 { digits.insert(UInt8(rest & 0x7f) | 0x80, at: 0); rest >>= 7 }
+        return [0xbf] + digits + length(contents.count) + contents
+    }
+
+    static func length(_ n: Int) -> [UInt8] {
+        if n < 0x80 { return [UInt8(n)] }
+        if n < 0x100 { return [0x81, UInt8(n)] }
+        if n < 0x10000 { return [0x82, UInt8(n >> 8), UInt8(n & 0xff)] }
+        return [0x83, UInt8(n >> 16), UInt8(n >> 8 & 0xff), UInt8(n & 0xff)]
     }
 }
 

@@ -54,6 +54,17 @@ public struct CBORDecoder {
         }
     }
 
+    /// The one item at the start of `bytes`, and how many bytes it took: for formats that put a
+    /// CBOR item in the middle of other data (WebAuthn's credential public key, say), where what
+    /// follows is the caller's to frame. The same strictness as `decode`, less the trailing check.
+    public static func decodePrefix(_ bytes: ArraySlice<UInt8>, limits: CBORLimits = CBORLimits()) throws -> (value: CBORValue, length: Int) {
+        try bytes.withUnsafeBufferPointer { buffer in
+            var reader = Reader(buffer: buffer, limits: limits)
+            let value = try reader.item(depth: 1)
+            return (value, reader.offset)
+        }
+    }
+
     struct Reader {
         let buffer: UnsafeBufferPointer<UInt8>
         let limits: CBORLimits

@@ -48,9 +48,13 @@ public final class SoftwareAttester: DeviceAttester {
         var counter: UInt32 = 0
     }
 
-    public init(appID: AppID, keyDirectory: URL?) {
+    /// What the device says about the build and the machine (an iOS 27 development build by default).
+    public let build: SimulatedBuild
+
+    public init(appID: AppID, keyDirectory: URL?, build: SimulatedBuild = SimulatedBuild()) {
         self.appID = appID
         self.keyDirectory = keyDirectory
+        self.build = build
     }
 
     public var isSupported: Bool { true }
@@ -90,7 +94,8 @@ public final class SoftwareAttester: DeviceAttester {
     /// The attestation object for `keyID` over `clientDataHash`, issued now.
     public func makeAttestation(keyID: String, clientDataHash: [UInt8]) throws -> [UInt8] {
         let key = try table.withLock { try entryName(for: keyID, in: &$0).entry.key }
-        return try TestAuthority.shared.attestation(key: key, appID: appID, clientDataHash: clientDataHash, at: Date())
+        return try TestAuthority.shared.attestation(key: key, appID: appID, clientDataHash: clientDataHash, at: Date(),
+                                                    options: build.attestationOptions(appID: appID))
     }
 
     /// The assertion for `keyID` over `clientDataHash`, with the key's next counter value.
@@ -102,7 +107,8 @@ public final class SoftwareAttester: DeviceAttester {
             return (entry.key, counter)
         }
         // Signing happens outside the lock: each caller already holds its own counter value.
-        return try TestAuthority.shared.assertion(key: key, appID: appID, clientDataHash: clientDataHash, counter: counter)
+        return try TestAuthority.shared.assertion(key: key, appID: appID, clientDataHash: clientDataHash, counter: counter,
+                                                  extensionMap: build.extensionMap(appID: appID))
     }
 
     // MARK: Keys and counters (callers hold the table's lock)

@@ -7,7 +7,9 @@ public enum RejectionReason: String, Sendable, CaseIterable {
     // App Attest verification (one per step; see `VerificationReason`).
     case malformed, unsupportedFormat, certificateChainInvalid, certificateNotValidAtTime, nonceMismatch, keyIDMismatch
     case rpIDMismatch, counterNotZero, unknownAAGUID, environmentNotAllowed, credentialIDMismatch, signatureInvalid
-    case counterNotIncreasing
+    case counterNotIncreasing, macSecurityPosture
+    // The integration's device policy (where the build came from, its version, the platform).
+    case distributionNotAllowed, bundleVersionTooOld, extensionsMissing, platformNotAllowed, categoryChanged
     // The device exchange.
     case invalidRequest
     case unknownClient, clientRevoked

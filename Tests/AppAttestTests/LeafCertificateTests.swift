@@ -11,7 +11,7 @@ import TestAuthority
     static func leaves() throws -> [(name: String, leaf: [UInt8], intermediate: [UInt8])] {
         var result: [(String, [UInt8], [UInt8])] = []
         for sample in AppleSample.all() {
-            let x5c = try CBORDecoder.decode(sample.attestation)["attStmt"]?["x5c"]?.arrayValue?.compactMap(\.bytesValue) ?? []
+            let x5c = try CBORDecoder.decode(sample.attestation!.object)["attStmt"]?["x5c"]?.arrayValue?.compactMap(\.bytesValue) ?? []
             result.append((sample.name, x5c[0], x5c[1]))
         }
         let key = try DeviceKey.generate()

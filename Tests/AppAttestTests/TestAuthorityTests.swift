@@ -96,7 +96,7 @@ import TestAuthority
         check(object + [0x00])                               // trailing byte
         check([UInt8](repeating: 0xa0, count: 20_000))       // over the size limit
         check(object, keyID: [1, 2, 3])
-        check(object, hash: [])
+        check(object, hash: [UInt8](repeating: 0, count: 1025))   // over the clientDataHash limit
         check(CBOREncoder.encode(.map([CBORMapEntry("fmt", "apple-appattest")])))
         check(try rewrite(object) { e in e[2].value = .bytes([UInt8](repeating: 0, count: 36)) })  // authData too short
     }
