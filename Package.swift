@@ -77,7 +77,7 @@ let package = Package(
                                                      "AttestCrypto", "EventLoops", "AttestWire", "UpstreamClient", "Lifecycle"]),
         .executableTarget(name: "attestd", dependencies: ["AttestDaemon", "HTTPRouting"]),
         // The operator's tool: administration and offline verification. No test authority.
-        .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CommandLineSupport"]),
+        .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CBOR", "CommandLineSupport"]),
         // The developer's tool: simulated devices, load generation, verification benchmarks.
         .executableTarget(name: "attest-sim", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "TestAuthority", "AttestClient",
                                                              "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport", "RelayRoutes"]),

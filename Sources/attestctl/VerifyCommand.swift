@@ -1,6 +1,7 @@
 import AppAttest
 import AttestCrypto
 import AttestWire
+import CBOR
 import CommandLineSupport
 import Foundation
 
@@ -10,8 +11,15 @@ enum VerifyCommand {
     usage: attestctl verify attestation --object <base64|@file> --key-id <base64>
              (--challenge <base64> | --client-data-hash <base64>) --app-id <TEAMID.bundle> [--app-id …]
              [--at <ISO 8601 time>] [--trust-anchor <PEM file>]…
+             --challenge is hashed (SHA-256), as the wire protocol does; --client-data-hash is used raw, of any length
+             (Apple's guide vectors pass the challenge's own bytes)
            attestctl verify assertion --object <base64|@file> --public-key <base64 point|@PEM file>
              (--client-data <base64> | --client-data-hash <base64>) --app-id <TEAMID.bundle> --previous-counter N
+           both print one JSON object: verified, then (when true) what the authenticator data says:
+             validation_category (number), distribution (name), bundle_version, platform (ios|macos), flags,
+             extensions (the whole map), code_directory_hash[_type] (Macs); attestations also
+             mac_security_posture_ok (the aclBlob is Apple's Mac value), acl_blob, os_version, os_build, os_platform
+             (informational, from the certificate's OID 1.2.840.113635.100.8.7); when false: reason and detail
     """
 
     static func run(_ arguments: [String]) throws -> Int32 {
@@ -47,10 +55,53 @@ enum VerifyCommand {
         switch (try arguments.value(raw), try arguments.value("client-data-hash")) {
         case (let data?, nil): return sha256(try readBytesArgument(data, name: raw))
         case (nil, let hash?):
+            // Raw, of any length: Apple's guide vectors pass the challenge's bytes, not a SHA-256.
             let bytes = try readBytesArgument(hash, name: "client-data-hash")
-            guard bytes.count == 32 else { throw UsageError("--client-data-hash must be 32 bytes") }
+            guard bytes.count <= AppAttestVerifier.maxClientDataHashBytes else {
+                throw UsageError("--client-data-hash is \(bytes.count) bytes, limit \(AppAttestVerifier.maxClientDataHashBytes)")
+            }
             return bytes
         default: throw UsageError("give exactly one of --\(raw) and --client-data-hash")
+        }
+    }
+
+    /// What the authenticator data says about the build, in the fields operators script against.
+    static func appReport(_ app: AttestedApp) -> [String: Any] {
+        let extensions = app.extensions
+        return ["validation_category": app.validationCategory.map { Int($0) } ?? NSNull(),
+                "distribution": app.distribution?.rawValue ?? NSNull(),
+                "bundle_version": app.bundleVersion ?? NSNull(),
+                "platform": app.platform.rawValue,
+                "flags": String(format: "0x%02x", app.flags),
+                "code_directory_hash": extensions?.codeDirectoryHash.map(hexString) ?? NSNull(),
+                "code_directory_hash_type": extensions?.codeDirectoryHashType.map { Int($0) } ?? NSNull(),
+                "extensions": extensions.map(extensionsReport) ?? NSNull()]
+    }
+
+    /// Every entry of the map (unknown keys too): text as text, integers as numbers, byte strings
+    /// as {"hex": …}, the category as its number.
+    static func extensionsReport(_ extensions: AuthenticatorExtensions) -> [String: Any] {
+        var result: [String: Any] = [:]
+        for entry in extensions.entries {
+            guard case .text(let key) = entry.key else { continue }
+            result[key] = key == AuthenticatorExtensions.validationCategoryKey ? extensions.validationCategory.map { Int($0) } as Any : cborReport(entry.value)
+        }
+        return result
+    }
+
+    static func cborReport(_ value: CBORValue) -> Any {
+        switch value {
+        case .text(let t): return t
+        case .unsigned(let n): return n
+        case .negative: return value.intValue.map { $0 as Any } ?? "negative"
+        case .bytes(let b): return ["hex": hexString(b)]
+        case .array(let items): return items.map(cborReport)
+        case .map(let entries): return entries.map { ["key": cborReport($0.key), "value": cborReport($0.value)] }
+        case .tagged(let tag, let inner): return ["tag": tag, "value": cborReport(inner)]
+        case .bool(let b): return b
+        case .null, .undefined: return NSNull()
+        case .simple(let n): return ["simple": n]
+        case .float(let d): return d
         }
     }
 
@@ -68,9 +119,16 @@ enum VerifyCommand {
         let verifier = try verifier(anchorFiles: arguments.all("trust-anchor"))
         do {
             let result = try verifier.verifyAttestation(object, keyID: keyID, clientDataHash: clientDataHash, allowedAppIDs: ids, at: time)
-            printJSON(["verified": true, "keyId": Data(result.keyID).base64EncodedString(), "appId": result.appID.description,
-                       "environment": result.environment.rawValue, "publicKey": Data(result.publicKey).base64EncodedString(),
-                       "receiptBytes": result.receipt.count])
+            var report = appReport(result.app)
+            report.merge(["verified": true, "keyId": Data(result.keyID).base64EncodedString(), "appId": result.appID.description,
+                          "environment": result.environment.rawValue, "publicKey": Data(result.publicKey).base64EncodedString(),
+                          "receiptBytes": result.receipt.count,
+                          "mac_security_posture_ok": result.macSecurityPostureOK,
+                          "acl_blob": result.accessControlPolicy.map { Data($0).base64EncodedString() } ?? NSNull(),
+                          "os_version": result.osInformation?.version ?? NSNull(), "os_build": result.osInformation?.build ?? NSNull(),
+                          "os_platform": result.osInformation?.platform ?? NSNull(),
+                          "os_variant": result.osInformation?.variant ?? NSNull()]) { _, new in new }
+            printJSON(report)
             return 0
         } catch let error as VerificationError {
             printJSON(["verified": false, "reason": error.reason.rawValue, "detail": error.detail])
@@ -97,7 +155,10 @@ enum VerifyCommand {
         let verifier = try AppAttestVerifier()
         do {
             let result = try verifier.verifyAssertion(object, publicKey: key, clientDataHash: clientDataHash, appID: ids[0], previousCounter: UInt32(previous))
-            printJSON(["verified": true, "counter": Int(result.counter)])
+            var report = appReport(result.app)
+            report["verified"] = true
+            report["counter"] = Int(result.counter)
+            printJSON(report)
             return 0
         } catch let error as VerificationError {
             printJSON(["verified": false, "reason": error.reason.rawValue, "detail": error.detail])

@@ -79,6 +79,69 @@ import Testing
         #expect(replay.json["reason"] as? String == "counterNotIncreasing")
     }
 
+    /// Every 2026 sample through the shipped binary: the fields an operator scripts against are
+    /// what the sample's `expect` block says.
+    @Test(.enabled(if: samplesAvailable, "../shared/fixtures/apple is absent: attestctl verify not tested on a real sample"))
+    func every2026SampleReportsWhatItsExpectSays() throws {
+        let folder = Self.samples.appendingPathComponent("2026")
+        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".json") }.sorted()
+        #expect(files.count >= 9)
+        for file in files {
+            let sample = try self.sample("2026/" + file)
+            let expect = sample["expect"] as? [String: Any] ?? [:]
+            let appID = try #require(sample["appId"] as? String)
+            if let attestation = sample["attestation"] as? [String: Any], let keyID = sample["keyId"] as? String {
+                let expected = expect["attestation"] as? [String: Any] ?? [:]
+                let result = try attestctl(["verify", "attestation", "--object", attestation["object"] as! String, "--key-id", keyID,
+                                            "--client-data-hash", attestation["clientDataHash"] as! String, "--app-id", appID,
+                                            "--at", attestation["at"] as! String])
+                let accepted = expected["accepted"] as? Bool ?? true
+                #expect(result.json["verified"] as? Bool == accepted, "\(file): \(result.stdout)")
+                #expect(result.status == (accepted ? 0 : 1), "\(file)")
+                if accepted { checkReport(result.json, expected, file, attestation: true) }
+            }
+            for assertion in sample["assertions"] as? [[String: Any]] ?? [] {
+                let expected = expect["assertions"] as? [String: Any] ?? [:]
+                let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("verify-\(UUID().uuidString).pem")
+                try (sample["publicKeyPEM"] as! String).write(to: keyFile, atomically: true, encoding: .utf8)
+                defer { try? FileManager.default.removeItem(at: keyFile) }
+                let result = try attestctl(["verify", "assertion", "--object", assertion["object"] as! String, "--public-key", "@" + keyFile.path,
+                                            "--client-data-hash", assertion["clientDataHash"] as! String, "--app-id", appID,
+                                            "--previous-counter", String(assertion["previousCounter"] as? Int ?? 0)])
+                #expect(result.json["verified"] as? Bool == true, "\(file): \(result.stdout)")
+                #expect(result.json["counter"] as? Int == assertion["counter"] as? Int, "\(file)")
+                checkReport(result.json, expected, file, attestation: false)
+            }
+        }
+    }
+
+    func checkReport(_ json: [String: Any], _ expected: [String: Any], _ file: String, attestation: Bool) {
+        let map = expected["extensions"] as? [String: Any]
+        let category = map?["apple_validation_category_01"] as? Int
+        #expect(json["validation_category"] as? Int == category, "\(file) validation_category")
+        if let category {
+            let names = ["invalid", "os", "testflight", "development", "app-store", "enterprise", "developer-id", "restricted", "restricted", "restricted", "other"]
+            #expect(json["distribution"] as? String == names[category], "\(file) distribution")
+        } else {
+            #expect(json["distribution"] is NSNull, "\(file) distribution")
+        }
+        #expect(json["bundle_version"] as? String == map?["apple_bundle_version_01"] as? String, "\(file) bundle_version")
+        if let flags = expected["flags"] as? String { #expect(json["flags"] as? String == flags, "\(file) flags") }
+        if let map {
+            let reported = json["extensions"] as? [String: Any] ?? [:]
+            #expect(Set(reported.keys) == Set(map.keys), "\(file) extension keys")
+            #expect(NSDictionary(dictionary: reported).isEqual(to: map), "\(file) extensions: \(reported)")
+        }
+        guard attestation else { return }
+        let mac = (expected["osInfo_1.2.840.113635.100.8.7"] as? [String: String])?["1026"] == "macosx"
+        #expect(json["platform"] as? String == (mac ? "macos" : "ios"), "\(file) platform")
+        if let isMac = expected["aclBlobIsApplesMacValue"] as? Bool { #expect(json["mac_security_posture_ok"] as? Bool == isMac, "\(file)") }
+        if let acl = expected["aclBlob"] as? String { #expect(json["acl_blob"] as? String == acl, "\(file) acl_blob") }
+        if let version = (expected["osInfo_1.2.840.113635.100.8.7"] as? [String: String])?["1400"] {
+            #expect(json["os_version"] as? String == version, "\(file) os_version")
+        }
+    }
+
     @Test func usageErrorsExitTwo() throws {
         #expect(try attestctl(["verify", "attestation", "--object", "AAAA"]).status == 2)
         #expect(try attestctl(["verify", "attestation", "--object", "AAAA", "--key-id", "AAAA", "--challenge", "AA",
