@@ -94,7 +94,7 @@ let package = Package(
 
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR", "AttestWire"]),
-        .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire"]),
+        .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire", "AppAttest", "CBOR"]),
         .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "HTTPRouting", "RelayRoutes", "ExchangeRoutes", "AdminRoutes", "AttestDaemon", "Lifecycle", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
                                                          "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub", "PostgresTestSupport",
                                                          "RawHTTP", "EventLoops"]),

@@ -18,6 +18,11 @@ public struct AttestedApp: Sendable, Equatable {
     /// `macos` when the map carries the code-directory hash, which Apple writes on Macs only;
     /// `ios` otherwise (iPhone, iPad, and every device that writes no map).
     public var platform: DevicePlatform { extensions?.isMac == true ? .macos : .ios }
+
+    public init(flags: UInt8, extensions: AuthenticatorExtensions?) {
+        self.flags = flags
+        self.extensions = extensions
+    }
 }
 
 /// What a successful attestation proves: this key lives in a genuine Apple device's Secure

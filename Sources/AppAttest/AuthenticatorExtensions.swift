@@ -39,9 +39,8 @@ public enum Distribution: String, Sendable, CaseIterable, Comparable {
     /// The names an operator may list in a policy.
     public static let admissible: [Distribution] = allCases.filter { !$0.isAlwaysRefused }
 
-    public static func < (a: Distribution, b: Distribution) -> Bool {
-        allCases.firstIndex(of: a)! < allCases.firstIndex(of: b)!
-    }
+    /// By name, as lists of them are printed.
+    public static func < (a: Distribution, b: Distribution) -> Bool { a.rawValue < b.rawValue }
 }
 
 /// The CBOR map that iOS 27 and macOS 27 write at the end of the authenticator data: where the
@@ -72,6 +71,11 @@ public struct AuthenticatorExtensions: Sendable, Equatable {
 
     /// Apple writes the code-directory hash on Macs only.
     public var isMac: Bool { codeDirectoryHash != nil || codeDirectoryHashType != nil }
+
+    /// An encoded map on its own (tools and tests), with the same rules as in authenticator data.
+    public static func decode(_ bytes: [UInt8]) throws -> AuthenticatorExtensions {
+        try AuthenticatorExtensions(decoding: bytes[...], where: "given")
+    }
 
     /// Decodes exactly one map from `bytes` (nothing may follow it); `where` names the position
     /// for error details.

@@ -117,8 +117,9 @@ extension PostgresTokenStore {
     static let registrationQuotaOK = "($18::bigint IS NULL OR (SELECT count(*) FROM devices WHERE client_id = $1 AND registered_at > $19) < $18)"
 
     static let registerSQL = exchangeSQL(done: """
-        INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at)
-            SELECT $2, $1, $5, $6, $7, $8, $9, $3
+        INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at,
+                             platform, validation_category, bundle_version, os_version, last_refresh_at)
+            SELECT $2, $1, $5, $6, $7, $8, $9, $3, $20, $21, $22, $23, $3
             WHERE ($4::bytea IS NULL OR EXISTS (SELECT 1 FROM ch))
               AND EXISTS (SELECT 1 FROM integrations WHERE client_id = $1 AND revoked_at IS NULL)
               AND \(registrationQuotaOK)
@@ -127,7 +128,8 @@ extension PostgresTokenStore {
         """, firstTokenParameter: 10, grant: "registration", quotaOK: registrationQuotaOK)
 
     static let advanceSQL = exchangeSQL(done: """
-        UPDATE devices SET sign_counter = $5
+        UPDATE devices SET sign_counter = $5, last_refresh_at = $3, validation_category = coalesce(validation_category, $15),
+                           bundle_version = coalesce($16, bundle_version), platform = coalesce(platform, $17)
             WHERE key_id = $2 AND client_id = $1 AND sign_counter = $6
               AND ($4::bytea IS NULL OR EXISTS (SELECT 1 FROM ch))
               AND EXISTS (SELECT 1 FROM integrations WHERE client_id = $1 AND revoked_at IS NULL)
@@ -154,6 +156,8 @@ extension PostgresTokenStore {
              .bytes(device.publicKey), .int(Int64(device.counter)), .text(device.environment.rawValue),
              .text(device.appID), .bytes(receipt)] + Self.tokenValues(firstToken, nextChallenge)
                 + [quota.map { .int(Int64($0.limit)) } ?? .nullInt, Self.seconds(committing - (quota?.window ?? 0))]
+                + [Self.optional(device.platform?.rawValue), Self.optional(device.validationCategory), Self.optional(device.bundleVersion),
+                   Self.optional(device.osVersion)]
         }
         return try run { db in
             guard quota != nil else { return try Self.outcome(try db.query(Self.registerSQL, values(commitTime())), redeeming: challenge) }
@@ -167,11 +171,13 @@ extension PostgresTokenStore {
         }
     }
 
-    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
-                               nextChallenge: IssuedChallenge, at time: Date, commitTime: @Sendable () -> Date) throws -> CommitResult {
+    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, refresh: DeviceRefresh?, token: TokenRecord,
+                               redeeming challenge: [UInt8]?, nextChallenge: IssuedChallenge, at time: Date,
+                               commitTime: @Sendable () -> Date) throws -> CommitResult {
         try run { db in
             let values: [PostgresValue] = [.text(clientID), .bytes(keyID), Self.seconds(commitTime()), Self.optional(challenge),
                                            .int(Int64(to)), .int(Int64(from))] + Self.tokenValues(token, nextChallenge)
+                + [Self.optional(refresh?.validationCategory), Self.optional(refresh?.bundleVersion), Self.optional(refresh?.platform?.rawValue)]
             return try Self.outcome(try db.query(Self.advanceSQL, values), redeeming: challenge)
         }
     }

@@ -13,11 +13,13 @@ extension PostgresTokenStore {
         var values: [PostgresValue] = [.text(integration.clientID), .int(integration.workspaceID), .text(integration.name), .text(integration.teamID),
                                        .text(integration.environments.map(\.rawValue).sorted().joined(separator: ",")),
                                        Self.seconds(integration.createdAt)] + Self.policyValues(integration.policy)
+            + Self.devicePolicyValues(integration.devicePolicy)
         var sql = """
             WITH i AS (
                 INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at,
-                                          allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING client_id)
+                                          allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget,
+                                          \(StoreColumns.list(StoreColumns.devicePolicy)))
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING client_id)
             """
         if integration.bundleIDs.isEmpty {
             sql += " SELECT count(*) FROM i"
@@ -40,13 +42,54 @@ extension PostgresTokenStore {
         SELECT i.client_id AS client_id, i.workspace_id AS workspace_id, w.name AS workspace_name, i.name AS name, i.team_id AS team_id,
                i.environments AS environments, i.created_at AS created_at, i.revoked_at AS revoked_at,
                (SELECT string_agg(b.bundle_id, E'\\n' ORDER BY b.position) FROM integration_bundle_ids b WHERE b.client_id = i.client_id) AS bundle_ids,
-               \(StoreColumns.list(StoreColumns.policy, table: "i"))
+               \(StoreColumns.list(StoreColumns.policy, table: "i")), \(StoreColumns.list(StoreColumns.devicePolicy, table: "i"))
         FROM integrations i JOIN workspaces w ON w.id = i.workspace_id
         """
 
     static func policyValues(_ policy: IntegrationPolicy) -> [PostgresValue] {
         [optional(policy.modelsColumn), .int(Int64(policy.maxTokens)), .int(Int64(policy.deviceRequestsPerMinute)),
          .int(Int64(policy.monthlyTokenBudget))]
+    }
+
+    /// `StoreColumns.devicePolicy`, in its order.
+    static func devicePolicyValues(_ policy: DevicePolicy) -> [PostgresValue] {
+        let v = policy.columnValues
+        return [.text(v.production), .text(v.development), optional(v.minBundleVersion), .int(v.requireExtensions), .text(v.platforms)]
+    }
+
+    public func updateDevicePolicy(clientID: String, _ policy: DevicePolicy) throws -> Bool {
+        try run { db in
+            try db.query("""
+                WITH u AS (UPDATE integrations SET distribution_production = $1, distribution_development = $2, min_bundle_version = $3,
+                           require_extensions = $4, platforms = $5 WHERE client_id = $6 RETURNING 1)
+                SELECT count(*) FROM u
+                """, Self.devicePolicyValues(policy) + [.text(clientID)]).first { try $0.int(0) == 1 } ?? false
+        }
+    }
+
+    // MARK: The device inventory
+
+    public func devices(clientID: String, limit: Int) throws -> [Device] {
+        try run { db in
+            try db.query("""
+                SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE client_id = $1
+                ORDER BY registered_at DESC, key_id LIMIT $2
+                """, [.text(clientID), .int(Int64(limit))]).rows.map(Device.init(row:))
+        }
+    }
+
+    public func device(keyID: [UInt8]) throws -> Device? {
+        try run { db in
+            try db.query("SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE key_id = $1", [.bytes(keyID)]).first(Device.init(row:))
+        }
+    }
+
+    public func deviceCounts(clientID: String) throws -> DeviceCounts {
+        try run { db in
+            var counts = DeviceCounts()
+            for row in try db.query(DeviceCounts.query(placeholder: "$1"), [.text(clientID)]).rows { try counts.add(row: row) }
+            return counts
+        }
     }
 
     public func integration(clientID: String) throws -> Integration? {

@@ -39,4 +39,5 @@ public final class PostgresTokenStore: TokenStore {
     static func date(_ row: PostgresRow, _ column: Int32) throws -> Date { Date(timeIntervalSince1970: try row.double(column)) }
     static func optional(_ value: String?) -> PostgresValue { value.map { .text($0) } ?? .nullText }
     static func optional(_ value: [UInt8]?) -> PostgresValue { value.map { .bytes($0) } ?? .nullBytes }
+    static func optional(_ value: UInt32?) -> PostgresValue { value.map { .int(Int64($0)) } ?? .nullInt }
 }

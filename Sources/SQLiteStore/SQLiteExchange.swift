@@ -65,6 +65,8 @@ extension SQLiteTokenStore {
 
     // MARK: Devices and tokens
 
+    static func optional(_ text: String?) -> SQLValue { text.map { .text($0) } ?? .null }
+
     public func device(clientID: String, keyID: [UInt8]) throws -> Device? {
         try read { db in
             try db.first("""
@@ -107,11 +109,15 @@ extension SQLiteTokenStore {
                     return .quotaExceeded   // committed all the same: the challenge stays used
                 }
                 let inserted = try db.run("""
-                    INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at)
-                    SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
+                    INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at,
+                                         platform, validation_category, bundle_version, os_version, last_refresh_at)
+                    SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+                    WHERE EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
                     ON CONFLICT (key_id) DO NOTHING
                     """, [.blob(device.keyID), .text(device.clientID), .blob(device.publicKey), .int(Int64(device.counter)),
                           .text(device.environment.rawValue), .text(device.appID), .blob(receipt), .real(time.timeIntervalSince1970),
+                          Self.optional(device.platform?.rawValue), device.validationCategory.map { .int(Int64($0)) } ?? .null,
+                          Self.optional(device.bundleVersion), Self.optional(device.osVersion), .real(time.timeIntervalSince1970),
                           .text(device.clientID)])
                 guard inserted == 1 else { return .conflict }   // committed all the same: the challenge stays used
                 try Self.insertToken(db, firstToken, grant: "registration")
@@ -121,8 +127,9 @@ extension SQLiteTokenStore {
         }
     }
 
-    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
-                               nextChallenge: IssuedChallenge, at time: Date, commitTime: @Sendable () -> Date) throws -> CommitResult {
+    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, refresh: DeviceRefresh?, token: TokenRecord,
+                               redeeming challenge: [UInt8]?, nextChallenge: IssuedChallenge, at time: Date,
+                               commitTime: @Sendable () -> Date) throws -> CommitResult {
         try write { db in
             try db.transaction {
                 if let challenge, try Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, at: commitTime()) == nil {
@@ -130,9 +137,13 @@ extension SQLiteTokenStore {
                 }
                 // Compare-and-set on the counter, and only while the integration is live.
                 let changed = try db.run("""
-                    UPDATE devices SET sign_counter = ? WHERE key_id = ? AND client_id = ? AND sign_counter = ?
+                    UPDATE devices SET sign_counter = ?, last_refresh_at = ?, validation_category = coalesce(validation_category, ?),
+                                       bundle_version = coalesce(?, bundle_version), platform = coalesce(platform, ?)
+                    WHERE key_id = ? AND client_id = ? AND sign_counter = ?
                       AND EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
-                    """, [.int(Int64(to)), .blob(keyID), .text(clientID), .int(Int64(from)), .text(clientID)])
+                    """, [.int(Int64(to)), .real(time.timeIntervalSince1970), refresh?.validationCategory.map { .int(Int64($0)) } ?? .null,
+                          Self.optional(refresh?.bundleVersion), Self.optional(refresh?.platform?.rawValue),
+                          .blob(keyID), .text(clientID), .int(Int64(from)), .text(clientID)])
                 guard changed == 1 else { return .conflict }   // committed all the same: the challenge stays used
                 try Self.insertToken(db, token, grant: "assertion")
                 try Self.storeChallenge(db, clientID: clientID, keyID: keyID, nextChallenge)

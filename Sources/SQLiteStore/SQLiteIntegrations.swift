@@ -12,11 +12,13 @@ extension SQLiteTokenStore {
             try db.transaction {
                 try db.run("""
                     INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at,
-                                              allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                              allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget,
+                                              \(StoreColumns.list(StoreColumns.devicePolicy)))
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """, [.text(integration.clientID), .int(integration.workspaceID), .text(integration.name), .text(integration.teamID),
                           .text(integration.environments.map(\.rawValue).sorted().joined(separator: ",")),
-                          .real(integration.createdAt.timeIntervalSince1970)] + Self.policyValues(integration.policy))
+                          .real(integration.createdAt.timeIntervalSince1970)] + Self.policyValues(integration.policy)
+                        + Self.devicePolicyValues(integration.devicePolicy))
                 for (position, bundleID) in integration.bundleIDs.enumerated() {
                     try db.run("INSERT INTO integration_bundle_ids (client_id, position, bundle_id) VALUES (?, ?, ?)",
                                [.text(integration.clientID), .int(Int64(position)), .text(bundleID)])
@@ -31,9 +33,48 @@ extension SQLiteTokenStore {
                i.environments AS environments, i.created_at AS created_at, i.revoked_at AS revoked_at,
                (SELECT group_concat(bundle_id, char(10)) FROM (SELECT bundle_id FROM integration_bundle_ids b
                  WHERE b.client_id = i.client_id ORDER BY position)) AS bundle_ids,
-               \(StoreColumns.list(StoreColumns.policy, table: "i"))
+               \(StoreColumns.list(StoreColumns.policy, table: "i")), \(StoreColumns.list(StoreColumns.devicePolicy, table: "i"))
         FROM integrations i JOIN workspaces w ON w.id = i.workspace_id
         """
+
+    /// `StoreColumns.devicePolicy`, in its order.
+    static func devicePolicyValues(_ policy: DevicePolicy) -> [SQLValue] {
+        let v = policy.columnValues
+        return [.text(v.production), .text(v.development), v.minBundleVersion.map { .text($0) } ?? .null, .int(v.requireExtensions), .text(v.platforms)]
+    }
+
+    public func updateDevicePolicy(clientID: String, _ policy: DevicePolicy) throws -> Bool {
+        try write { db in
+            try db.run("""
+                UPDATE integrations SET distribution_production = ?, distribution_development = ?, min_bundle_version = ?,
+                       require_extensions = ?, platforms = ? WHERE client_id = ?
+                """, Self.devicePolicyValues(policy) + [.text(clientID)]) == 1
+        }
+    }
+
+    // MARK: The device inventory
+
+    public func devices(clientID: String, limit: Int) throws -> [Device] {
+        try read { db in
+            var result: [Device] = []
+            try db.query("""
+                SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE client_id = ? ORDER BY registered_at DESC, key_id LIMIT ?
+                """, [.text(clientID), .int(Int64(limit))]) { result.append(try Device(row: $0)) }
+            return result
+        }
+    }
+
+    public func device(keyID: [UInt8]) throws -> Device? {
+        try read { try $0.first("SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE key_id = ?", [.blob(keyID)], Device.init(row:)) }
+    }
+
+    public func deviceCounts(clientID: String) throws -> DeviceCounts {
+        try read { db in
+            var counts = DeviceCounts()
+            try db.query(DeviceCounts.query(placeholder: "?1"), [.text(clientID)]) { try counts.add(row: $0) }
+            return counts
+        }
+    }
 
     static func policyValues(_ policy: IntegrationPolicy) -> [SQLValue] {
         [policy.modelsColumn.map { .text($0) } ?? .null, .int(Int64(policy.maxTokens)), .int(Int64(policy.deviceRequestsPerMinute)),

@@ -86,8 +86,9 @@ public final class AdminService: Sendable {
 
     public func createIntegration(actor: String, workspace workspaceName: String = defaultWorkspace, name: String, teamID: String,
                                   bundleIDs: [String], environments: Set<AttestationEnvironment> = [.development, .production],
-                                  policy: IntegrationPolicy = IntegrationPolicy()) throws -> Integration {
+                                  policy: IntegrationPolicy = IntegrationPolicy(), devicePolicy: DevicePolicy = DevicePolicy()) throws -> Integration {
         let policy = try Validate.policy(policy)
+        let devicePolicy = try Validate.devicePolicy(devicePolicy)
         let name = try Validate.name(name, what: "integration name")
         let teamID = try Validate.teamID(teamID)
         let bundleIDs = try Validate.bundleIDs(bundleIDs)
@@ -97,27 +98,57 @@ public final class AdminService: Sendable {
         let integration = Integration(
             clientID: DeviceTokenService.clientIDPrefix + base64URL(secureRandomBytes(18)),  // 144 random bits
             workspaceID: workspace.id, workspaceName: workspace.name, name: name, teamID: teamID, bundleIDs: bundleIDs,
-            environments: environments, createdAt: now(), revokedAt: nil, policy: policy)
+            environments: environments, createdAt: now(), revokedAt: nil, policy: policy, devicePolicy: devicePolicy)
         try store.createIntegration(integration)
         try audit(actor: actor, "integration.created", clientID: integration.clientID,
-                  detail: "\(name) team \(teamID) bundles \(bundleIDs.joined(separator: ",")) in \(workspace.name); \(Self.describe(policy))")
+                  detail: "\(name) team \(teamID) bundles \(bundleIDs.joined(separator: ",")) in \(workspace.name); \(Self.describe(policy)); "
+                      + devicePolicy.summary)
         return integration
     }
 
     /// Changes what the integration's installs may spend; every instance applies it on its next
     /// request (the token check reads the policy). Admin or above; audited with old and new.
     public func updatePolicy(actor: String, clientID: String, _ change: (inout IntegrationPolicy) -> Void) throws -> Integration {
+        try changing(actor: actor, clientID: clientID, \.policy, change, validate: Validate.policy, write: store.updatePolicy,
+                     action: "integration.policy_updated", describe: Self.describe)
+    }
+
+    /// Changes which builds the integration admits; every instance applies it on its next
+    /// exchange (registration and refresh read the integration). Admin or above; audited with old and new.
+    public func updateDevicePolicy(actor: String, clientID: String, _ change: (inout DevicePolicy) -> Void) throws -> Integration {
+        try changing(actor: actor, clientID: clientID, \.devicePolicy, change, validate: Validate.devicePolicy, write: store.updateDevicePolicy,
+                     action: "integration.device_policy_updated", describe: \.summary)
+    }
+
+    /// One of the integration's policies changed: role checked, validated, written, audited as old -> new.
+    private func changing<P>(actor: String, clientID: String, _ field: KeyPath<Integration, P>, _ change: (inout P) -> Void,
+                             validate: (P) throws -> P, write: (String, P) throws -> Bool, action: String,
+                             describe: (P) -> String) throws -> Integration {
         let integration = try integration(clientID)
         let workspace = try existingWorkspace(integration.workspaceName)
         _ = try requireRole(actor, in: workspace, "change integrations") { $0.managesIntegrations }
-        var policy = integration.policy
+        var policy = integration[keyPath: field]
         change(&policy)
-        policy = try Validate.policy(policy)
-        guard try store.updatePolicy(clientID: clientID, policy) else { throw AdminError("no integration \(clientID)") }
-        try audit(actor: actor, "integration.policy_updated", clientID: clientID,
-                  detail: "\(Self.describe(integration.policy)) -> \(Self.describe(policy))")
+        policy = try validate(policy)
+        guard try write(clientID, policy) else { throw AdminError("no integration \(clientID)") }
+        try audit(actor: actor, action, clientID: clientID, detail: "\(describe(integration[keyPath: field])) -> \(describe(policy))")
         return try self.integration(clientID)
     }
+
+    // MARK: The device inventory
+
+    /// The integration's devices, newest first.
+    public func devices(_ clientID: String, limit: Int = 1000) throws -> [Device] {
+        _ = try integration(clientID)
+        return try store.devices(clientID: clientID, limit: limit)
+    }
+
+    public func device(keyID: [UInt8]) throws -> Device {
+        guard let device = try store.device(keyID: keyID) else { throw AdminError("no device with this key ID") }
+        return device
+    }
+
+    public func deviceCounts(_ clientID: String) throws -> DeviceCounts { try store.deviceCounts(clientID: clientID) }
 
     /// The policy in one line, for the audit trail and the CLI.
     public static func describe(_ policy: IntegrationPolicy) -> String {
@@ -260,6 +291,62 @@ public enum Validate {
             throw AdminError("\(name) must be 0 (no limit) or more, got \(value)")
         }
         return policy
+    }
+
+    /// Every environment admits at least one channel (refusing an environment is `--environments`'
+    /// job), at least one platform.
+    public static func devicePolicy(_ policy: DevicePolicy) throws -> DevicePolicy {
+        for environment in AttestationEnvironment.allCases where policy.admitted(environment).isEmpty {
+            throw AdminError("--distribution \(environment.rawValue)= admits nothing: name at least one of "
+                             + Distribution.admissible.map(\.rawValue).joined(separator: ", ") + " (use --environments to refuse an environment)")
+        }
+        for environment in AttestationEnvironment.allCases {
+            if let never = policy.admitted(environment).first(where: \.isAlwaysRefused) {
+                throw AdminError("--distribution: \(never.rawValue) builds are never admitted")
+            }
+        }
+        guard !policy.platforms.isEmpty else { throw AdminError("--platforms needs at least one of ios, macos") }
+        return policy
+    }
+
+    /// `ENV=NAME,NAME`: the channels one environment admits.
+    public static func distribution(_ text: String) throws -> (AttestationEnvironment, Set<Distribution>) {
+        guard let equals = text.firstIndex(of: "=") else {
+            throw AdminError("--distribution \(text.prefix(80)): use ENVIRONMENT=NAME,… such as production=app-store,testflight")
+        }
+        let name = text[..<equals].trimmingCharacters(in: .whitespaces)
+        guard let environment = AttestationEnvironment(rawValue: name) else {
+            throw AdminError("--distribution: unknown environment '\(name.prefix(40))': use development or production")
+        }
+        var set = Set<Distribution>()
+        for part in text[text.index(after: equals)...].split(separator: ",") {
+            let word = part.trimmingCharacters(in: .whitespaces)
+            guard let distribution = Distribution(rawValue: word) else {
+                throw AdminError("--distribution: unknown channel '\(word.prefix(40))': use " + Distribution.admissible.map(\.rawValue).joined(separator: ", "))
+            }
+            guard !distribution.isAlwaysRefused else {
+                throw AdminError("--distribution: \(word) builds are never admitted (invalid, os and restricted are always refused)")
+            }
+            set.insert(distribution)
+        }
+        return (environment, set)
+    }
+
+    public static func platforms(_ text: String) throws -> Set<DevicePlatform> {
+        var result = Set<DevicePlatform>()
+        for part in text.split(separator: ",") {
+            let word = part.trimmingCharacters(in: .whitespaces)
+            guard let platform = DevicePlatform(rawValue: word) else { throw AdminError("--platforms: unknown platform '\(word.prefix(40))': use ios, macos") }
+            result.insert(platform)
+        }
+        return result
+    }
+
+    public static func bundleVersion(_ text: String) throws -> BundleVersion {
+        guard let version = BundleVersion(text.trimmingCharacters(in: .whitespaces)) else {
+            throw AdminError("--min-bundle-version \(text.prefix(40)): use dotted numbers such as 1314 or 2.1.0 (at most 8 parts)")
+        }
+        return version
     }
 
     public static func environments(_ text: String) throws -> Set<AttestationEnvironment> {

@@ -55,7 +55,8 @@ public final class DeviceTokenService: Sendable {
         self.audit = audit
         self.now = now
         metrics.describe("attestd_tokens_issued_total", "Access tokens issued, by grant (registration or assertion).")
-        metrics.describe("attestd_registrations_total", "Devices registered by a verified attestation.")
+        metrics.describe("attestd_registrations_total", "Devices registered by a verified attestation, by where the build came from (distribution; none: the device wrote no category).")
+        metrics.describe("attestd_device_policy_refusals_total", "Registrations and refreshes the integration's device policy refused, by reason and distribution.")
         metrics.describe("attestd_verification_seconds", "Time spent in App Attest verification, by kind.")
     }
 
@@ -106,8 +107,13 @@ public final class DeviceTokenService: Sendable {
                     try verifier.verifyAttestation(attestationObject, keyID: keyID, clientDataHash: WireProtocol.registrationClientDataHash(challenge: challenge, sha256: sha256),
                                                    allowedAppIDs: integration.appIDs, allowedEnvironments: integration.environments, at: time)
                 }
+                try admitting(verified.app) {
+                    try integration.devicePolicy.checkRegistration(verified.app, platform: verified.platform, environment: verified.environment)
+                }
                 let device = Device(keyID: keyID, clientID: clientID, publicKey: verified.publicKey, counter: 0,
-                                    environment: verified.environment, appID: verified.appID.description)
+                                    environment: verified.environment, appID: verified.appID.description,
+                                    platform: verified.platform, validationCategory: verified.app.validationCategory,
+                                    bundleVersion: verified.app.bundleVersion, osVersion: verified.osInformation?.version)
                 // Build (and so validate) the device key now: the point must be on the curve, and the
                 // first refresh then finds the key parsed.
                 _ = try keyCache.key(for: device)
@@ -129,10 +135,12 @@ public final class DeviceTokenService: Sendable {
                     _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
                     throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID was registered concurrently")
                 }
-                metrics.increment("attestd_registrations_total")
+                metrics.increment("attestd_registrations_total", labels: [("distribution", Self.label(verified.app))])
                 metrics.increment("attestd_tokens_issued_total", labels: [("grant", "registration")])
                 audit.record(AuditEvent(at: time, action: "device.registered", clientID: clientID, keyID: keyID,
-                                        detail: "\(verified.environment.rawValue) \(verified.appID)"))
+                                        detail: "\(verified.environment.rawValue) \(verified.appID) \(verified.platform.rawValue) "
+                                            + "\(verified.app.distribution?.rawValue ?? "no-category") bundle \(verified.app.bundleVersion ?? "-")"
+                                            + " os \(verified.osInformation?.version ?? "-")"))
                 return response(token, next, at: time)
             }
         }
@@ -163,9 +171,12 @@ public final class DeviceTokenService: Sendable {
                 let verified = try timed("assertion") {
                     try verifier.verifyAssertion(assertion, publicKey: publicKey, clientDataHash: hash, appID: appID, previousCounter: device.counter)
                 }
+                try admitting(verified.app) { try integration.devicePolicy.checkRefresh(verified.app, device: device) }
+                let refresh = DeviceRefresh(validationCategory: verified.app.validationCategory, bundleVersion: verified.app.bundleVersion,
+                                            platform: device.platform == nil ? verified.app.platform : nil)
                 let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
                 let next = nextChallenge(at: time)
-                switch try store.advanceCounter(clientID: clientID, keyID: keyID, from: device.counter, to: verified.counter,
+                switch try store.advanceCounter(clientID: clientID, keyID: keyID, from: device.counter, to: verified.counter, refresh: refresh,
                                                 token: record, redeeming: challenge, nextChallenge: next, at: time, commitTime: now) {
                 case .committed: break
                 case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge expired or was redeemed concurrently")
@@ -271,6 +282,18 @@ public final class DeviceTokenService: Sendable {
 
     // Nearest second: the stored expiry is a REAL and may sit a hair below the whole number.
     private func remaining(_ expiry: Date, from time: Date) -> Int { max(1, Int(expiry.timeIntervalSince(time).rounded())) }
+
+    /// The distribution label of the device-policy metrics: Apple's category names, or `none`
+    /// for a device that wrote none (a bounded set).
+    static func label(_ app: AttestedApp) -> String { app.distribution?.rawValue ?? "none" }
+
+    /// Runs a device-policy check; a refusal is counted by reason and category before it propagates.
+    private func admitting(_ app: AttestedApp, _ check: () throws -> Void) throws {
+        do { try check() } catch let rejection as Rejection {
+            metrics.increment("attestd_device_policy_refusals_total", labels: [("reason", rejection.reason.rawValue), ("distribution", Self.label(app))])
+            throw rejection
+        }
+    }
 
     private func timed<T>(_ kind: String, _ body: () throws -> T) throws -> T {
         let start = DispatchTime.now().uptimeNanoseconds

@@ -35,14 +35,18 @@ public struct Integration: Sendable, Equatable {
     public let revokedAt: Date?
     /// What its installs may spend through the Messages relay.
     public var policy: IntegrationPolicy
+    /// Which builds, platforms and versions may register and refresh.
+    public var devicePolicy: DevicePolicy
 
     public var isRevoked: Bool { revokedAt != nil }
     public var appIDs: [AppID] { bundleIDs.map { AppID(teamID: teamID, bundleID: $0) } }
 
     public init(clientID: String, workspaceID: Int64, workspaceName: String, name: String, teamID: String, bundleIDs: [String],
-                environments: Set<AttestationEnvironment>, createdAt: Date, revokedAt: Date?, policy: IntegrationPolicy = IntegrationPolicy()) {
+                environments: Set<AttestationEnvironment>, createdAt: Date, revokedAt: Date?, policy: IntegrationPolicy = IntegrationPolicy(),
+                devicePolicy: DevicePolicy = DevicePolicy()) {
         self.clientID = clientID
         self.policy = policy
+        self.devicePolicy = devicePolicy
         self.workspaceID = workspaceID
         self.workspaceName = workspaceName
         self.name = name
@@ -62,15 +66,61 @@ public struct Device: Sendable, Equatable {
     public let counter: UInt32
     public let environment: AttestationEnvironment
     public let appID: String
+    // The inventory: what the device said (nil: registered before the inventory, or not written).
+    public let platform: DevicePlatform?
+    /// The validation category it registered with (or first wrote); it may never change.
+    public let validationCategory: UInt32?
+    /// As of its last exchange.
+    public let bundleVersion: String?
+    /// From the credential certificate (informational).
+    public let osVersion: String?
+    public let registeredAt: Date?
+    public let lastRefreshAt: Date?
 
-    public init(keyID: [UInt8], clientID: String, publicKey: [UInt8], counter: UInt32, environment: AttestationEnvironment, appID: String) {
+    public var distribution: Distribution? { validationCategory.map(Distribution.init(category:)) }
+
+    public init(keyID: [UInt8], clientID: String, publicKey: [UInt8], counter: UInt32, environment: AttestationEnvironment, appID: String,
+                platform: DevicePlatform? = nil, validationCategory: UInt32? = nil, bundleVersion: String? = nil, osVersion: String? = nil,
+                registeredAt: Date? = nil, lastRefreshAt: Date? = nil) {
         self.keyID = keyID
         self.clientID = clientID
         self.publicKey = publicKey
         self.counter = counter
         self.environment = environment
         self.appID = appID
+        self.platform = platform
+        self.validationCategory = validationCategory
+        self.bundleVersion = bundleVersion
+        self.osVersion = osVersion
+        self.registeredAt = registeredAt
+        self.lastRefreshAt = lastRefreshAt
     }
+}
+
+/// What a refresh learned about the device, stored with its counter.
+public struct DeviceRefresh: Sendable, Equatable {
+    /// Recorded only when the device had none (registered before the inventory, or on an older system).
+    public let validationCategory: UInt32?
+    /// Replaces the stored one when the device wrote one.
+    public let bundleVersion: String?
+    public let platform: DevicePlatform?
+
+    public init(validationCategory: UInt32?, bundleVersion: String?, platform: DevicePlatform?) {
+        self.validationCategory = validationCategory
+        self.bundleVersion = bundleVersion
+        self.platform = platform
+    }
+}
+
+/// How an integration's devices divide, for `integrations show`.
+public struct DeviceCounts: Sendable, Equatable {
+    /// By platform name (`unknown` for devices registered before the inventory).
+    public var byPlatform: [String: Int] = [:]
+    /// By distribution name (`none`: the device wrote no category).
+    public var byCategory: [String: Int] = [:]
+    /// By bundle version (`none`: the device wrote none).
+    public var byBundleVersion: [String: Int] = [:]
+    public init() {}
 }
 
 /// What the service stores about an access token: never the token, only its SHA-256.

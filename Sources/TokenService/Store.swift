@@ -32,6 +32,17 @@ public protocol IntegrationStore: AnyObject, Sendable {
 
     /// Replaces the integration's policy; false when no integration has this client ID.
     func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool
+    /// Replaces which builds the integration admits; false when no integration has this client ID.
+    func updateDevicePolicy(clientID: String, _ policy: DevicePolicy) throws -> Bool
+}
+
+/// What the devices said: the inventory operators read.
+public protocol DeviceInventoryStore: AnyObject, Sendable {
+    /// The integration's devices, newest registration first, at most `limit`.
+    func devices(clientID: String, limit: Int) throws -> [Device]
+    /// The device with this key ID, whichever integration it belongs to (key IDs are unique).
+    func device(keyID: [UInt8]) throws -> Device?
+    func deviceCounts(clientID: String) throws -> DeviceCounts
 }
 
 /// The device token exchange: challenges, devices, tokens and the rolling limits.
@@ -57,10 +68,11 @@ public protocol ExchangeStore: AnyObject, Sendable {
                         commitTime: @Sendable () -> Date) throws -> CommitResult
     /// In one transaction: uses up `challenge` (when given, as pending at `commitTime()`),
     /// advances the counter from `from` to `to` (`.conflict` when it was no longer `from`: a
-    /// concurrent request won; the challenge is used up all the same), stores the token and the
-    /// next challenge.
-    func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
-                        nextChallenge: IssuedChallenge, at: Date, commitTime: @Sendable () -> Date) throws -> CommitResult
+    /// concurrent request won; the challenge is used up all the same), records what the device
+    /// said (`refresh`, with the time as its last refresh), stores the token and the next challenge.
+    func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, refresh: DeviceRefresh?, token: TokenRecord,
+                        redeeming challenge: [UInt8]?, nextChallenge: IssuedChallenge, at: Date,
+                        commitTime: @Sendable () -> Date) throws -> CommitResult
     /// The grant behind a token hash if it is live: unexpired, unrevoked, integration not revoked;
     /// with the workspace's sealed upstream key, in the same query.
     func liveToken(hash: [UInt8], at: Date) throws -> TokenGrant?
@@ -99,7 +111,7 @@ public protocol AuditStore: AnyObject, Sendable {
 }
 
 /// One database holding every capability.
-public protocol TokenStore: OrganisationStore, IntegrationStore, ExchangeStore, UsageStore, AuditStore {
+public protocol TokenStore: OrganisationStore, IntegrationStore, ExchangeStore, DeviceInventoryStore, UsageStore, AuditStore {
     /// Nil when the store can serve (open, writable, the same database, room on disk); else why not.
     func readinessProblem() -> String?
     /// What the store runs in the background while the service runs (a watch on its file).
@@ -203,7 +215,7 @@ extension ExchangeStore {
     /// The challenge checked at `time`.
     public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, token: TokenRecord, redeeming challenge: [UInt8]?,
                                nextChallenge: IssuedChallenge, at time: Date) throws -> CommitResult {
-        try advanceCounter(clientID: clientID, keyID: keyID, from: from, to: to, token: token, redeeming: challenge,
+        try advanceCounter(clientID: clientID, keyID: keyID, from: from, to: to, refresh: nil, token: token, redeeming: challenge,
                            nextChallenge: nextChallenge, at: time, commitTime: { time })
     }
 }

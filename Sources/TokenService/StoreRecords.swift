@@ -40,10 +40,14 @@ public enum StoreColumns {
     // Integrations
     public static let policy = ["allowed_models", "max_tokens", "device_requests_per_minute", "monthly_token_budget"]
     /// `workspace_name` from the workspace, `bundle_ids` newline-separated in their order.
+    public static let devicePolicy = ["distribution_production", "distribution_development", "min_bundle_version", "require_extensions", "platforms"]
     public static let integration = ["client_id", "workspace_id", "workspace_name", "name", "team_id", "environments", "created_at",
-                                     "revoked_at", "bundle_ids"] + policy
+                                     "revoked_at", "bundle_ids"] + policy + devicePolicy
     // Exchange
-    public static let device = ["key_id", "client_id", "public_key", "sign_counter", "environment", "app_id"]
+    public static let device = ["key_id", "client_id", "public_key", "sign_counter", "environment", "app_id",
+                                "platform", "validation_category", "bundle_version", "os_version", "registered_at", "last_refresh_at"]
+    /// The inventory's counts: one row per (dimension, value).
+    public static let deviceCount = ["dimension", "value", "count"]
     /// The token check: the token, its workspace's key, the integration's policy and the usage
     /// recorded so far (`month_tokens`, `requests_this_minute`, `requests_last_minute`).
     public static let grant = ["client_id", "workspace_name", "issued_at", "expires_at", "token_hash", "workspace_id", "key_id"]
@@ -89,7 +93,24 @@ extension Integration {
                   name: try row.text("name"), teamID: try row.text("team_id"),
                   bundleIDs: (try row.optional("bundle_ids", row.text) ?? "").split(separator: "\n").map(String.init),
                   environments: Set(try row.text("environments").split(separator: ",").compactMap { AttestationEnvironment(rawValue: String($0)) }),
-                  createdAt: try row.date("created_at"), revokedAt: try row.optional("revoked_at", row.date), policy: try IntegrationPolicy(row: row))
+                  createdAt: try row.date("created_at"), revokedAt: try row.optional("revoked_at", row.date), policy: try IntegrationPolicy(row: row),
+                  devicePolicy: try DevicePolicy(row: row))
+    }
+}
+
+extension DevicePolicy {
+    public init(row: some StoreRow) throws {
+        self.init(distribution: [.production: DevicePolicy.distributions(fromColumn: try row.text("distribution_production")),
+                                 .development: DevicePolicy.distributions(fromColumn: try row.text("distribution_development"))],
+                  minBundleVersion: try row.optional("min_bundle_version", row.text).flatMap(BundleVersion.init),
+                  requireExtensions: try row.int("require_extensions") != 0,
+                  platforms: Set(try row.text("platforms").split(separator: ",").compactMap { DevicePlatform(rawValue: String($0)) }))
+    }
+
+    /// The values for `StoreColumns.devicePolicy`, in its order.
+    public var columnValues: (production: String, development: String, minBundleVersion: String?, requireExtensions: Int64, platforms: String) {
+        (Self.column(admitted(.production)), Self.column(admitted(.development)), minBundleVersion?.description, requireExtensions ? 1 : 0,
+         Self.describe(platforms))
     }
 }
 
@@ -97,7 +118,35 @@ extension Device {
     public init(row: some StoreRow) throws {
         self.init(keyID: try row.bytes("key_id"), clientID: try row.text("client_id"), publicKey: try row.bytes("public_key"),
                   counter: UInt32(truncatingIfNeeded: try row.int("sign_counter")),
-                  environment: AttestationEnvironment(rawValue: try row.text("environment")) ?? .production, appID: try row.text("app_id"))
+                  environment: AttestationEnvironment(rawValue: try row.text("environment")) ?? .production, appID: try row.text("app_id"),
+                  platform: try row.optional("platform", row.text).flatMap(DevicePlatform.init(rawValue:)),
+                  validationCategory: try row.optional("validation_category", row.int).map { UInt32(truncatingIfNeeded: $0) },
+                  bundleVersion: try row.optional("bundle_version", row.text), osVersion: try row.optional("os_version", row.text),
+                  registeredAt: try row.optional("registered_at", row.date), lastRefreshAt: try row.optional("last_refresh_at", row.date))
+    }
+}
+
+extension DeviceCounts {
+    /// Adds one row of `StoreColumns.deviceCount` (`dimension` is platform, category or bundle_version).
+    public mutating func add(row: some StoreRow) throws {
+        let count = Int(try row.int("count"))
+        let value = try row.optional("value", row.text)
+        switch try row.text("dimension") {
+        case "platform": byPlatform[value ?? "unknown", default: 0] += count
+        case "category":
+            let name = value.flatMap { UInt32($0) }.map { Distribution(category: $0).rawValue } ?? "none"
+            byCategory[name, default: 0] += count
+        default: byBundleVersion[value ?? "none", default: 0] += count
+        }
+    }
+
+    /// The query for one integration, in SQL both databases speak; `placeholder` names the client ID.
+    public static func query(placeholder p: String) -> String {
+        """
+        SELECT 'platform' AS dimension, platform AS value, count(*) AS count FROM devices WHERE client_id = \(p) GROUP BY platform
+        UNION ALL SELECT 'category', CAST(validation_category AS TEXT), count(*) FROM devices WHERE client_id = \(p) GROUP BY validation_category
+        UNION ALL SELECT 'bundle_version', bundle_version, count(*) FROM devices WHERE client_id = \(p) GROUP BY bundle_version
+        """
     }
 }
 

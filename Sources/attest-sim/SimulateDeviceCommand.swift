@@ -6,6 +6,7 @@ import Foundation
 import FoundationNetworking
 #endif
 import SimulatedDevice
+import TestAuthority
 import Synchronization
 
 /// `attest-sim simulate-device`: one simulated install (test-authority keys, so only a server
@@ -14,18 +15,31 @@ import Synchronization
 enum SimulateDeviceCommand {
     static let usage = """
         usage: attest-sim simulate-device --base-url URL --client-id CLID --state-dir DIR [--app-id TEAMID.bundle]
-                 [--messages [--prompt TEXT] [--model ID] [--max-tokens N] [--stream]]
+                 [--platform ios|macos] [--distribution NAME] [--environment development|production] [--bundle-version V]
+                 [--no-extensions] [--mac-security-posture on|off] [--refresh] [--messages [--prompt TEXT] [--model ID] [--max-tokens N] [--stream]]
           One simulated install kept in DIR: prints {"client_id","key_id","token_expires_at","source","exchange_ms"}
           (source: registered, refreshed or cached), never the token. --app-id is needed on the first
           run and remembered in DIR/app-id. --messages then sends one Messages API request through the
           service with the token (default prompt "Say hello.", model \(defaultModel)), prints the reply's
           text (with --stream: as it arrives) and then {"messages_status": N, …}. On failure:
           {"error": "<AttestClientError case>", "detail": …}, exit 1.
+          What the device says about the build, as iOS 27 and macOS 27 do (each run says it again, so a
+          later run with another --bundle-version is the app after an update):
+            --platform macos      a Mac: the code-directory hash in the map, Apple's Mac aclBlob, no bundle version
+            --distribution NAME   app-store, testflight, development (default), enterprise, developer-id, other,
+                                  os, invalid or restricted: the validation category written
+            --environment ENV     the App Attest environment (default: development for development builds,
+                                  production for the others)
+            --bundle-version V    default 1 on iOS, none on a Mac
+            --no-extensions       write no extension map, as iOS 26 and earlier
+            --mac-security-posture off   a Mac whose aclBlob is not Apple's value (SIP or Full Security off)
+            --refresh             drop the cached token first, so the run refreshes by assertion
         """
 
     static func run(_ argv: [String]) throws -> Int32 {
-        let arguments = try Arguments(argv, options: ["base-url", "client-id", "state-dir", "app-id", "prompt", "model", "max-tokens"],
-                                      flags: ["messages", "stream", "help"])
+        let arguments = try Arguments(argv, options: ["base-url", "client-id", "state-dir", "app-id", "prompt", "model", "max-tokens",
+                                                      "platform", "distribution", "environment", "bundle-version", "mac-security-posture"],
+                                      flags: ["messages", "stream", "help", "no-extensions", "refresh"])
         if arguments.has("help") { print(usage); return 0 }
         guard arguments.positional.isEmpty else { throw UsageError("unexpected argument \(arguments.positional[0])\n\(usage)") }
         let baseURL = try parseBaseURL(try arguments.required("base-url"), option: "base-url")
@@ -59,11 +73,13 @@ enum SimulateDeviceCommand {
             throw UsageError("--app-id TEAMID.bundle.id is needed on the first run with --state-dir \(statePath)")
         }
 
+        let build = try simulatedBuild(arguments)
         let store = try FileCredentialStore(directory: stateDirectory)
         if remembered == nil {
             try Data("\(appID)\n".utf8).write(to: appIDFile, options: .atomic)
         }
-        let attester = SoftwareAttester(appID: appID, keyDirectory: stateDirectory.appendingPathComponent("keys"))
+        if arguments.has("refresh") { try store.setToken(nil, for: clientID) }
+        let attester = SoftwareAttester(appID: appID, keyDirectory: stateDirectory.appendingPathComponent("keys"), build: build)
         let configuration = URLSessionConfiguration.ephemeral
         configuration.timeoutIntervalForRequest = 30
         configuration.timeoutIntervalForResource = 60
@@ -116,6 +132,40 @@ enum SimulateDeviceCommand {
     }
 
     static let defaultModel = "claude-sonnet-4-5"
+
+    /// The build the flags describe; checked before anything is written.
+    static func simulatedBuild(_ arguments: Arguments) throws -> SimulatedBuild {
+        var platform = DevicePlatform.ios
+        if let text = try arguments.value("platform") {
+            guard let parsed = DevicePlatform(rawValue: text) else { throw UsageError("--platform \(text): use ios or macos") }
+            platform = parsed
+        }
+        var distribution = Distribution.development
+        if let text = try arguments.value("distribution") {
+            guard let parsed = Distribution(rawValue: text), parsed != .unknown else {
+                throw UsageError("--distribution \(text): use " + Distribution.allCases.filter { $0 != .unknown }.map(\.rawValue).joined(separator: ", "))
+            }
+            distribution = parsed
+        }
+        var build = SimulatedBuild(platform: platform, distribution: distribution)
+        if let text = try arguments.value("environment") {
+            guard let parsed = AttestationEnvironment(rawValue: text) else { throw UsageError("--environment \(text): use development or production") }
+            build.environment = parsed
+        }
+        if let version = try arguments.value("bundle-version") {
+            guard !version.isEmpty, version.utf8.count <= 64 else { throw UsageError("--bundle-version must be 1 to 64 bytes") }
+            build.bundleVersion = version
+        }
+        build.extensions = !arguments.has("no-extensions")
+        switch try arguments.value("mac-security-posture") {
+        case nil, "on": break
+        case "off":
+            // Apple's value with its last byte changed: the policy of a Mac with a protection turned off.
+            build.accessControlPolicy = Array(AccessControlExtension.applesMacValue.dropLast()) + [0x00]
+        case let other?: throw UsageError("--mac-security-posture \(other): use on or off")
+        }
+        return build
+    }
 
     // MARK: Helpers shared with `load`
 

@@ -19,8 +19,18 @@ enum AdminCommands {
              (owner or primary owner; the key is stored sealed with AES-256-GCM under the secrets key file,
               never printed: show tells only whether one is set, when, by whom, and its last 4 characters)
            attestctl integrations create --actor EMAIL [--workspace NAME] --name NAME --team-id TEAMID
-             --bundle-id ID [--bundle-id ID]… [--environments development,production] [POLICY] [--json]
-           attestctl integrations update CLIENT_ID --actor EMAIL [POLICY] [--json]   (admin or above; audited)
+             --bundle-id ID [--bundle-id ID]… [--environments development,production] [DEVICES] [POLICY] [--json]
+             (for a Mac app, --bundle-id is its signing identifier: App Attest on macOS hashes that into the App ID)
+           attestctl integrations update CLIENT_ID --actor EMAIL [DEVICES] [POLICY] [--json]   (admin or above; audited)
+             DEVICES: which builds may register and refresh (iOS 27 and macOS 27 say where a build came from):
+               --distribution ENV=NAME,…       the channels admitted per environment, repeatable; NAME: app-store, testflight,
+                                               development, enterprise, developer-id, other (defaults: production=app-store,testflight
+                                               and development=development; invalid, os and restricted builds are always refused)
+               --min-bundle-version V          refuse devices whose bundle version is lower (dotted numbers), at
+                                               registration and at every refresh ('none' removes it)
+               --require-extensions            refuse devices that write no extension map (iOS 26 and earlier);
+                                               recommended when the app's minimum OS is 27 (--no-require-extensions undoes it)
+               --platforms ios,macos           which platforms may attest (default both)
              POLICY: what the app's installs may spend through the Messages relay; 0 means no limit.
                --models ID,…                   model IDs the app may call (default any; '*' allows any again)
                --max-tokens N                  ceiling on a request's max_tokens (default none)
@@ -30,6 +40,8 @@ enum AdminCommands {
            attestctl integrations list [--workspace NAME] [--json]
            attestctl integrations show CLIENT_ID [--json]
            attestctl integrations revoke CLIENT_ID --actor EMAIL --yes
+           attestctl devices list --client-id CLIENT_ID [--limit N] [--json]
+           attestctl devices show KEY_ID [--json]   (KEY_ID in base64 or hex)
            attestctl audit [--client-id CLIENT_ID] [--limit N] [--json]
            attestctl usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE]
              [--by hour|day|model|integration] [--json]
@@ -59,6 +71,8 @@ enum AdminCommands {
             case ("integrations", "show"): try showIntegration(Array(argv.dropFirst()))
             case ("integrations", "revoke"): try revokeIntegration(Array(argv.dropFirst()))
             case ("integrations", "update"): try updateIntegration(Array(argv.dropFirst()))
+            case ("devices", "list"): try DeviceCommands.list(try parse(Array(argv.dropFirst()), options: ["client-id", "limit"], flags: ["json"]))
+            case ("devices", "show"): try DeviceCommands.show(try parse(Array(argv.dropFirst()), options: [], flags: ["json"], positional: 1))
             case ("audit", _): try audit(argv)
             case ("usage", _): try UsageCommand.run(try parse(argv, options: UsageCommand.options, flags: ["json"]))
             default: throw UsageError(usage)
@@ -150,22 +164,54 @@ enum AdminCommands {
     }
 
     static func createIntegration(_ argv: [String]) throws {
-        let arguments = try parse(argv, options: Set(["actor", "workspace", "name", "team-id", "bundle-id", "environments"]).union(policyOptions), flags: ["json"])
+        let arguments = try parse(argv, options: Set(["actor", "workspace", "name", "team-id", "bundle-id", "environments"]).union(policyOptions)
+                                    .union(devicePolicyOptions), flags: Set(["json"]).union(devicePolicyFlags))
         let actor = try Validate.email(try arguments.required("actor"))
         let name = try arguments.required("name"), teamID = try arguments.required("team-id")
         let environments = try arguments.value("environments").map(Validate.environments) ?? [.development, .production]
         let workspace = try arguments.value("workspace") ?? AdminService.defaultWorkspace
         var policy = IntegrationPolicy()
         try applyPolicyOptions(arguments, to: &policy)
+        var devicePolicy = DevicePolicy()
+        try applyDevicePolicyOptions(arguments, to: &devicePolicy)
         let (service, _) = try open(arguments)
         let integration = try service.createIntegration(actor: actor, workspace: workspace, name: name, teamID: teamID,
-                                                        bundleIDs: arguments.all("bundle-id"), environments: environments, policy: policy)
+                                                        bundleIDs: arguments.all("bundle-id"), environments: environments, policy: policy,
+                                                        devicePolicy: devicePolicy)
         if arguments.has("json") {
             printJSON(record(integration))
         } else {
             print("created integration \(integration.name) in \(integration.workspaceName): client ID \(integration.clientID)")
+            print("devices: \(integration.devicePolicy.summary)")
             print("policy: \(AdminService.describe(integration.policy))")
         }
+    }
+
+    static let devicePolicyOptions: Set<String> = ["distribution", "min-bundle-version", "platforms"]
+    static let devicePolicyFlags: Set<String> = ["require-extensions", "no-require-extensions"]
+
+    static func givesDevicePolicy(_ arguments: Arguments) -> Bool {
+        devicePolicyOptions.contains { arguments.has(option: $0) } || devicePolicyFlags.contains { arguments.has($0) }
+    }
+
+    /// The device-policy options given; the others keep their value. Each `--distribution`
+    /// replaces the list of the environment it names.
+    static func applyDevicePolicyOptions(_ arguments: Arguments, to policy: inout DevicePolicy) throws {
+        do {
+            for text in arguments.all("distribution") {
+                let (environment, set) = try Validate.distribution(text)
+                policy.distribution[environment] = set
+            }
+            if let text = try arguments.value("min-bundle-version") {
+                policy.minBundleVersion = text.lowercased() == "none" ? nil : try Validate.bundleVersion(text)
+            }
+            if let text = try arguments.value("platforms") { policy.platforms = try Validate.platforms(text) }
+        } catch let error as AdminError { throw UsageError(error.description) }
+        if arguments.has("require-extensions") && arguments.has("no-require-extensions") {
+            throw UsageError("give one of --require-extensions and --no-require-extensions")
+        }
+        if arguments.has("require-extensions") { policy.requireExtensions = true }
+        if arguments.has("no-require-extensions") { policy.requireExtensions = false }
     }
 
     static let policyOptions: Set<String> = ["models", "max-tokens", "device-requests-per-minute", "monthly-token-budget"]
@@ -183,25 +229,40 @@ enum AdminCommands {
     }
 
     static func updateIntegration(_ argv: [String]) throws {
-        let arguments = try parse(argv, options: Set(["actor"]).union(policyOptions), flags: ["json"], positional: 1)
+        let arguments = try parse(argv, options: Set(["actor"]).union(policyOptions).union(devicePolicyOptions),
+                                  flags: Set(["json"]).union(devicePolicyFlags), positional: 1)
         let clientID = arguments.positional[0]
         let actor = try Validate.email(try arguments.required("actor"))
-        guard policyOptions.contains(where: arguments.has(option:)) else {
-            throw UsageError("nothing to change: give one or more of " + policyOptions.sorted().map { "--" + $0 }.joined(separator: ", "))
+        let changesPolicy = policyOptions.contains(where: arguments.has(option:))
+        guard changesPolicy || givesDevicePolicy(arguments) else {
+            throw UsageError("nothing to change: give one or more of "
+                             + (policyOptions.union(devicePolicyOptions).union(devicePolicyFlags)).sorted().map { "--" + $0 }.joined(separator: ", "))
         }
         var change = IntegrationPolicy()
         try applyPolicyOptions(arguments, to: &change)
+        // Checked before anything is written: a bad device option leaves the usage policy as it was too.
+        var probe = DevicePolicy()
+        try applyDevicePolicyOptions(arguments, to: &probe)
         let (service, _) = try open(arguments)
-        let integration = try service.updatePolicy(actor: actor, clientID: clientID) { policy in
-            if arguments.has(option: "models") { policy.models = change.models }
-            if arguments.has(option: "max-tokens") { policy.maxTokens = change.maxTokens }
-            if arguments.has(option: "device-requests-per-minute") { policy.deviceRequestsPerMinute = change.deviceRequestsPerMinute }
-            if arguments.has(option: "monthly-token-budget") { policy.monthlyTokenBudget = change.monthlyTokenBudget }
+        var integration = try service.integration(clientID)
+        if givesDevicePolicy(arguments) {
+            integration = try service.updateDevicePolicy(actor: actor, clientID: clientID) { policy in
+                // Already checked on `probe`: applying the same options again cannot fail.
+                try? applyDevicePolicyOptions(arguments, to: &policy)
+            }
+        }
+        if changesPolicy {
+            integration = try service.updatePolicy(actor: actor, clientID: clientID) { policy in
+                if arguments.has(option: "models") { policy.models = change.models }
+                if arguments.has(option: "max-tokens") { policy.maxTokens = change.maxTokens }
+                if arguments.has(option: "device-requests-per-minute") { policy.deviceRequestsPerMinute = change.deviceRequestsPerMinute }
+                if arguments.has(option: "monthly-token-budget") { policy.monthlyTokenBudget = change.monthlyTokenBudget }
+            }
         }
         if arguments.has("json") {
             printJSON(record(integration))
         } else {
-            print("updated \(clientID): \(AdminService.describe(integration.policy))")
+            print("updated \(clientID): devices: \(integration.devicePolicy.summary); policy: \(AdminService.describe(integration.policy))")
         }
     }
 
@@ -229,7 +290,14 @@ enum AdminCommands {
             for key in ["client_id", "name", "workspace", "team_id", "bundle_ids", "environments", "created_at", "revoked_at", "devices", "live_tokens"] {
                 print("\(key): \(text(record[key]))")
             }
-            print("policy: \(AdminService.describe(try service.integration(arguments.positional[0]).policy))")
+            let integration = try service.integration(arguments.positional[0])
+            let counts = try service.deviceCounts(integration.clientID)
+            for (label, values) in [("devices_by_platform", counts.byPlatform), ("devices_by_category", counts.byCategory),
+                                    ("devices_by_bundle_version", counts.byBundleVersion)] {
+                print("\(label): " + (values.isEmpty ? "-" : values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")))
+            }
+            print("device policy: \(integration.devicePolicy.summary)")
+            print("policy: \(AdminService.describe(integration.policy))")
         }
     }
 
@@ -301,7 +369,14 @@ enum AdminCommands {
          "environments": integration.environments.map(\.rawValue).sorted(), "created_at": iso8601(integration.createdAt),
          "policy": ["models": integration.policy.models ?? ["*"], "max_tokens": integration.policy.maxTokens,
                     "device_requests_per_minute": integration.policy.deviceRequestsPerMinute,
-                    "monthly_token_budget": integration.policy.monthlyTokenBudget] as [String: Any]]
+                    "monthly_token_budget": integration.policy.monthlyTokenBudget] as [String: Any],
+         "device_policy": devicePolicyRecord(integration.devicePolicy)]
+    }
+
+    static func devicePolicyRecord(_ policy: DevicePolicy) -> [String: Any] {
+        ["distribution": Dictionary(uniqueKeysWithValues: AttestationEnvironment.allCases.map { ($0.rawValue, policy.admitted($0).sorted().map(\.rawValue)) }),
+         "min_bundle_version": policy.minBundleVersion?.description ?? NSNull(), "require_extensions": policy.requireExtensions,
+         "platforms": policy.platforms.map(\.rawValue).sorted()]
     }
 
     /// The record plus usage counts and revocation time, for list and show.
@@ -311,6 +386,9 @@ enum AdminCommands {
         result["devices"] = counts.devices
         result["live_tokens"] = counts.liveTokens
         result["revoked_at"] = integration.revokedAt.map(iso8601) ?? NSNull()
+        let inventory = try service.deviceCounts(integration.clientID)
+        result["device_counts"] = ["by_platform": inventory.byPlatform, "by_category": inventory.byCategory,
+                                   "by_bundle_version": inventory.byBundleVersion]
         return result
     }
 

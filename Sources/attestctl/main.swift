@@ -8,7 +8,8 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   init | members add                       set up the organisation
   migrate                                  apply the schema's migrations (SQLite or PostgreSQL)
   workspaces create|show|set-upstream-key  workspaces and their upstream API keys
-  integrations create|list|show|update|revoke  manage app integrations and what they may spend
+  integrations create|list|show|update|revoke  manage app integrations, which builds they admit and what they may spend
+  devices list --client-id CLID | show KEY_ID  the devices that registered: platform, distribution, versions
   usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE] [--by hour|day|model|integration] [--json]
                                            what relayed Messages requests cost
   audit [--client-id CLID] [--limit N]     newest audit events
@@ -23,7 +24,7 @@ runTool("attestctl") {
     let rest = Array(argv.dropFirst())
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
-    case "init", "migrate", "members", "workspaces", "integrations", "audit", "usage": return try AdminCommands.run(argv[0], rest)
+    case "init", "migrate", "members", "workspaces", "integrations", "devices", "audit", "usage": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     default: throw UsageError(usage)
     }

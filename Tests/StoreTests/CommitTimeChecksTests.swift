@@ -69,7 +69,7 @@ struct CommitTimeChecksTests {
                                          nextChallenge: next, quota: nil, at: expired, commitTime: { expired + 299 }) == .committed)
         // Refresh: the next challenge (300 s) has expired by the time the assertion commits.
         let tooLate = expired + 301
-        #expect(try store.advanceCounter(clientID: app.clientID, keyID: device.keyID, from: 0, to: 1,
+        #expect(try store.advanceCounter(clientID: app.clientID, keyID: device.keyID, from: 0, to: 1, refresh: nil,
                                          token: F.token(app, keyID: device.keyID, at: expired), redeeming: next.bytes,
                                          nextChallenge: F.challenge(at: expired), at: expired, commitTime: { tooLate }) == .challengeGone)
         #expect(try store.device(clientID: app.clientID, keyID: device.keyID)?.counter == 0)

@@ -42,6 +42,71 @@ struct StoreBehaviourTests {
     // MARK: Integrations
 
     @Test(arguments: Backend.allCases)
+    func devicePolicyRoundTripsAndIsReplaced(_ backend: Backend) throws {
+        let f = try StoreFixture(backend)
+        let store = f.store
+        let app = try f.integration()
+        #expect(try store.integration(clientID: app.clientID)?.devicePolicy == DevicePolicy())
+        let policy = DevicePolicy(distribution: [.production: [.appStore, .developerID], .development: [.development, .other]],
+                                  minBundleVersion: BundleVersion("2.10.1"), requireExtensions: true, platforms: [.macos])
+        #expect(try store.updateDevicePolicy(clientID: app.clientID, policy))
+        let read = try #require(try store.integration(clientID: app.clientID)?.devicePolicy)
+        #expect(read == policy)
+        #expect(read.minBundleVersion?.description == "2.10.1")
+        #expect(try store.integrations(workspaceID: nil).first { $0.clientID == app.clientID }?.devicePolicy == policy)
+        #expect(try !store.updateDevicePolicy(clientID: "clid_nobody", policy))
+        // The usage policy is a column set of its own: changing one leaves the other.
+        #expect(try store.updatePolicy(clientID: app.clientID, IntegrationPolicy(maxTokens: 5)))
+        #expect(try store.integration(clientID: app.clientID)?.devicePolicy == policy)
+    }
+
+    @Test(arguments: Backend.allCases)
+    func inventoryRecordsRegistrationAndEachRefresh(_ backend: Backend) throws {
+        let f = try StoreFixture(backend)
+        let store = f.store
+        let app = try f.integration()
+        let keyID = F.bytes()
+        let device = Device(keyID: keyID, clientID: app.clientID, publicKey: [4] + F.bytes(64), counter: 0, environment: .production,
+                            appID: "ABCDE12345.com.example.app", platform: .ios, validationCategory: 4, bundleVersion: "1.0", osVersion: "27.0.1")
+        #expect(try store.registerDevice(device, receipt: [1], firstToken: F.token(app, keyID: keyID), nextChallenge: F.challenge(), at: t0))
+        let registered = try #require(try store.device(keyID: keyID))
+        #expect(registered.platform == .ios && registered.validationCategory == 4 && registered.bundleVersion == "1.0")
+        #expect(registered.osVersion == "27.0.1")
+        #expect(registered.registeredAt == t0 && registered.lastRefreshAt == t0)
+        #expect(try store.device(clientID: app.clientID, keyID: keyID) == registered)
+
+        // A refresh updates the bundle version and the time, never the category it registered with.
+        let later = t0 + 120
+        #expect(try store.advanceCounter(clientID: app.clientID, keyID: keyID, from: 0, to: 1,
+                                         refresh: DeviceRefresh(validationCategory: 2, bundleVersion: "1.1", platform: .macos),
+                                         token: F.token(app, keyID: keyID, at: later), redeeming: nil, nextChallenge: F.challenge(at: later),
+                                         at: later, commitTime: { later }) == .committed)
+        let refreshed = try #require(try store.device(keyID: keyID))
+        #expect(refreshed.validationCategory == 4 && refreshed.platform == .ios)
+        #expect(refreshed.bundleVersion == "1.1" && refreshed.lastRefreshAt == later && refreshed.counter == 1)
+        // A device without a category (an older system, or registered before the inventory) takes the first it writes.
+        let (old, _, _) = try f.registered(app)
+        #expect(try store.device(keyID: old.keyID)?.validationCategory == nil)
+        #expect(try store.advanceCounter(clientID: app.clientID, keyID: old.keyID, from: 0, to: 1,
+                                         refresh: DeviceRefresh(validationCategory: 3, bundleVersion: nil, platform: .ios),
+                                         token: F.token(app, keyID: old.keyID, at: later), redeeming: nil, nextChallenge: F.challenge(at: later),
+                                         at: later, commitTime: { later }) == .committed)
+        let adopted = try #require(try store.device(keyID: old.keyID))
+        #expect(adopted.validationCategory == 3 && adopted.platform == .ios && adopted.bundleVersion == nil)
+
+        let listed = try store.devices(clientID: app.clientID, limit: 10)
+        #expect(Set(listed.map(\.keyID)) == [keyID, old.keyID])
+        #expect(try store.devices(clientID: app.clientID, limit: 1).count == 1)
+        var expected = DeviceCounts()
+        expected.byPlatform = ["ios": 2]
+        expected.byCategory = ["app-store": 1, "development": 1]
+        expected.byBundleVersion = ["1.1": 1, "none": 1]
+        #expect(try store.deviceCounts(clientID: app.clientID) == expected)
+        #expect(try store.deviceCounts(clientID: "clid_nobody") == DeviceCounts())
+        #expect(try store.device(keyID: F.bytes()) == nil)
+    }
+
+    @Test(arguments: Backend.allCases)
     func upstreamKeysAreSetReplacedAndReadWithTheToken(_ backend: Backend) throws {
         let f = try StoreFixture(backend)
         let store = f.store

@@ -1,0 +1,135 @@
+import AppAttest
+import Foundation
+
+/// Which builds an integration admits, from what iOS 27 and macOS 27 devices say in their
+/// authenticator data: where the build came from, its version, and the platform. Checked at
+/// registration and again at every refresh, against the policy as it is then (the integration
+/// row is read on every exchange, so a change applies on the next request of every instance).
+public struct DevicePolicy: Sendable, Equatable {
+    /// The distribution channels admitted, per environment. Categories that are never an app
+    /// of the operator's (`invalid`, `os`, `restricted`, `unknown`) cannot be listed.
+    public var distribution: [AttestationEnvironment: Set<Distribution>]
+    /// Devices reporting a lower bundle version (compared as dotted numbers) are refused.
+    public var minBundleVersion: BundleVersion?
+    /// Refuse devices that write no extension map (iOS 26 and earlier).
+    public var requireExtensions: Bool
+    public var platforms: Set<DevicePlatform>
+
+    public static let defaultDistribution: [AttestationEnvironment: Set<Distribution>] =
+        [.production: [.appStore, .testflight], .development: [.development]]
+
+    public init(distribution: [AttestationEnvironment: Set<Distribution>] = defaultDistribution, minBundleVersion: BundleVersion? = nil,
+                requireExtensions: Bool = false, platforms: Set<DevicePlatform> = Set(DevicePlatform.allCases)) {
+        self.distribution = distribution
+        self.minBundleVersion = minBundleVersion
+        self.requireExtensions = requireExtensions
+        self.platforms = platforms
+    }
+
+    public func admitted(_ environment: AttestationEnvironment) -> Set<Distribution> { distribution[environment] ?? [] }
+
+    // MARK: Decisions
+
+    /// A new device: its platform, its map, where its build came from and its version.
+    public func checkRegistration(_ app: AttestedApp, platform: DevicePlatform, environment: AttestationEnvironment) throws {
+        try checkPlatform(platform)
+        try checkBuild(app, environment: environment, bundleVersion: app.bundleVersion)
+    }
+
+    /// A registered device refreshing: the same rules against the policy as it is now, and the
+    /// category it registered with must not change.
+    public func checkRefresh(_ app: AttestedApp, device: Device) throws {
+        try checkPlatform(device.platform ?? app.platform)
+        if let registered = device.validationCategory, app.validationCategory != registered {
+            let now = app.validationCategory.map { "\($0) (\(Distribution(category: $0).rawValue))" } ?? "none"
+            throw Rejection(.invalidGrant, .categoryChanged,
+                            "registered with validation category \(registered) (\(Distribution(category: registered).rawValue)), now \(now)")
+        }
+        // A device that wrote no version now (an older system) is held to the one it registered with.
+        try checkBuild(app, environment: device.environment, bundleVersion: app.bundleVersion ?? device.bundleVersion)
+    }
+
+    func checkPlatform(_ platform: DevicePlatform) throws {
+        guard platforms.contains(platform) else {
+            throw Rejection(.invalidGrant, .platformNotAllowed,
+                            "\(platform.rawValue) devices are not admitted (platforms \(Self.describe(platforms)))")
+        }
+    }
+
+    func checkBuild(_ app: AttestedApp, environment: AttestationEnvironment, bundleVersion: String?) throws {
+        guard app.extensions != nil || !requireExtensions else {
+            throw Rejection(.invalidGrant, .extensionsMissing, "the device wrote no extension map (iOS 26 or earlier) and the policy requires one")
+        }
+        if let category = app.validationCategory {
+            let distribution = Distribution(category: category)
+            guard !distribution.isAlwaysRefused, admitted(environment).contains(distribution) else {
+                throw Rejection(.invalidGrant, .distributionNotAllowed,
+                                "\(distribution.rawValue) (category \(category)) builds are not admitted in \(environment.rawValue)"
+                                    + " (admitted: \(Self.describe(admitted(environment))))")
+            }
+        }
+        if let minimum = minBundleVersion, let reported = bundleVersion {
+            guard let version = BundleVersion(reported) else {
+                throw Rejection(.invalidGrant, .bundleVersionTooOld,
+                                "bundle version '\(reported.prefix(64))' is not dotted numbers, so not known to be at least \(minimum)")
+            }
+            guard version >= minimum else {
+                throw Rejection(.invalidGrant, .bundleVersionTooOld, "bundle version \(reported) is below the minimum \(minimum)")
+            }
+        }
+    }
+
+    // MARK: Text
+
+    public static func describe(_ platforms: Set<DevicePlatform>) -> String {
+        platforms.map(\.rawValue).sorted().joined(separator: ",")
+    }
+
+    public static func describe(_ set: Set<Distribution>) -> String {
+        set.isEmpty ? "none" : set.sorted().map(\.rawValue).joined(separator: ",")
+    }
+
+    /// The policy in one line, for the audit trail and the CLI.
+    public var summary: String {
+        "distribution production=\(Self.describe(admitted(.production))) development=\(Self.describe(admitted(.development))), "
+            + "min_bundle_version \(minBundleVersion?.description ?? "none"), require_extensions \(requireExtensions), "
+            + "platforms \(Self.describe(platforms))"
+    }
+
+    /// A column's comma-separated distribution names (unknown names are dropped: never admitted).
+    public static func distributions(fromColumn text: String) -> Set<Distribution> {
+        Set(text.split(separator: ",").compactMap { Distribution(rawValue: String($0)) }.filter { !$0.isAlwaysRefused })
+    }
+
+    public static func column(_ set: Set<Distribution>) -> String { set.sorted().map(\.rawValue).joined(separator: ",") }
+}
+
+/// A bundle version as dotted numbers (`1.2.10` > `1.2.9`; missing components count as 0).
+public struct BundleVersion: Sendable, Comparable, CustomStringConvertible {
+    public let components: [UInt64]
+    public let description: String
+
+    /// Nil unless the text is 1 to 8 dot-separated decimal numbers (each at most 18 digits).
+    public init?(_ text: String) {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard (1...8).contains(parts.count) else { return nil }
+        var components: [UInt64] = []
+        for part in parts {
+            guard (1...18).contains(part.count), part.utf8.allSatisfy({ (0x30...0x39).contains($0) }), let n = UInt64(part) else { return nil }
+            components.append(n)
+        }
+        self.components = components
+        description = text
+    }
+
+    public static func < (a: BundleVersion, b: BundleVersion) -> Bool {
+        for i in 0..<max(a.components.count, b.components.count) {
+            let x = i < a.components.count ? a.components[i] : 0
+            let y = i < b.components.count ? b.components[i] : 0
+            if x != y { return x < y }
+        }
+        return false
+    }
+
+    public static func == (a: BundleVersion, b: BundleVersion) -> Bool { !(a < b) && !(b < a) }
+}
