@@ -52,14 +52,14 @@ test: deps migrations
 	timeout 1200 $(SWIFT) test --skip-build --no-parallel
 
 # libFuzzer over the CBOR decoder: make fuzz RUNS=1000000 (seeds: fuzz-seeds/ plus, when
-# present, the real attestation objects from ../shared, decoded into the scratch corpus only).
+# present, the real attestation and assertion objects from ../shared and their iOS 27 / macOS 27
+# extension maps, decoded into the scratch corpus only).
 RUNS ?= 1000000
 fuzz: deps
 	mkdir -p .build/fuzz fuzz-corpus
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name CBORFuzz \
 	  Sources/CBOR/*.swift Fuzz/CBORFuzz/*.swift -o .build/fuzz/cbor-fuzz
-	-for f in ../shared/fixtures/apple/*.json; do \
-	  python3 -c "import json,base64,sys; d=json.load(open(sys.argv[1])); sys.stdout.buffer.write(base64.b64decode(d['attestation']['object']))" "$$f" > fuzz-corpus/$$(basename $$f .json).cbor; done
+	-python3 scripts/fuzz-seeds.py cbor fuzz-corpus ../shared/fixtures/apple
 	SWIFT_BACKTRACE=enable=no ./.build/fuzz/cbor-fuzz -runs=$(RUNS) -max_len=8192 -rss_limit_mb=6144 fuzz-corpus fuzz-seeds
 
 # libFuzzer over the strict credential-certificate parser, seeded with the test authority's
@@ -90,6 +90,7 @@ fuzz-assertion: deps
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name AssertionFuzz -I .build/fuzz/standins -I Sources/COpenSSL \
 	  Sources/CBOR/*.swift Sources/AttestCrypto/*.swift Sources/AttestWire/*.swift Sources/AppAttest/*.swift \
 	  Fuzz/AssertionFuzz/*.swift -lcrypto -o .build/fuzz/assertion-fuzz
+	-python3 scripts/fuzz-seeds.py assertion fuzz-corpus-assertion ../shared/fixtures/apple
 	ASSERTION_SEEDS=fuzz-seeds-assertion SWIFT_BACKTRACE=enable=no ./.build/fuzz/assertion-fuzz -runs=$(RUNS) -max_len=2048 -rss_limit_mb=6144 \
 	  fuzz-corpus-assertion fuzz-seeds-assertion
 

@@ -1,5 +1,6 @@
 // libFuzzer entry point for whole-assertion verification (`make fuzz-assertion`): CBOR decoding,
-// authenticator data, the ECDSA signature over it, the RP ID and the counter, as the token
+// authenticator data (the iOS 27 / macOS 27 extension map after the header, framed by position),
+// the ECDSA signature over it, the RP ID and the counter, as the token
 // endpoint runs them. Built with swiftc from the sources of CBOR, AttestCrypto, AttestWire and
 // AppAttest compiled as one module (the Makefile gives their `import`s empty stand-ins).
 //
@@ -33,9 +34,12 @@ final class Fixture: @unchecked Sendable {
         -----END PRIVATE KEY-----
         """
 
-    /// A valid assertion with counter 7 for this key.
-    func validAssertion() -> [UInt8] {
-        let authData = appID.rpIDHash + [0x00, 0x00, 0x00, 0x00, 0x07]
+    /// A valid assertion with counter 7 for this key; with `map`, the iOS 27 extension map after
+    /// the header (and AT and ED set, as shipping devices set them).
+    func validAssertion(map: Bool = false) -> [UInt8] {
+        let extensions = CBOREncoder.encode(.map([CBORMapEntry("apple_bundle_version_01", "1314"),
+                                                  CBORMapEntry("apple_validation_category_01", .bytes([3, 0, 0, 0]))]))
+        let authData = appID.rpIDHash + [map ? 0xc0 : 0x40, 0x00, 0x00, 0x00, 0x07] + (map ? extensions : [])
         let signature = try! key.signSHA256(sha256(authData, clientDataHash))
         return CBOREncoder.encode(.map([CBORMapEntry(.text("signature"), .bytes(signature)),
                                         CBORMapEntry(.text("authenticatorData"), .bytes(authData))]))
@@ -52,6 +56,13 @@ public func fuzzInitialize(_ argc: UnsafeMutablePointer<CInt>?, _ argv: UnsafeMu
         let assertion = fixture.validAssertion()
         for (name, previous) in [("valid", 6), ("same-counter", 7), ("older-counter", 8)] as [(String, UInt8)] {
             FileManager.default.createFile(atPath: directory + "/" + name, contents: Data([0, 0, 0, previous] + assertion))
+        }
+        let mapped = fixture.validAssertion(map: true)
+        FileManager.default.createFile(atPath: directory + "/valid-with-map", contents: Data([0, 0, 0, 6] + mapped))
+        guard let verified = try? fixture.verifier.verifyAssertion(mapped, publicKey: fixture.publicKey, clientDataHash: fixture.clientDataHash,
+                                                                   appID: fixture.appID, previousCounter: 6),
+              verified.app.bundleVersion == "1314", verified.app.validationCategory == 3 else {
+            fatalError("the seed assertion with a map does not verify or is misread")
         }
         if (try? fixture.verifier.verifyAssertion(assertion, publicKey: fixture.publicKey, clientDataHash: fixture.clientDataHash,
                                                   appID: fixture.appID, previousCounter: 6)) == nil {
@@ -71,6 +82,10 @@ public func fuzzAssertion(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
                                                              appID: fixture.appID, previousCounter: previous) {
         // Whatever verifies must really be signed by the key and newer than the previous counter.
         precondition(verified.counter > previous, "a counter that did not increase was accepted")
+        // And was framed by position: a map was read exactly when bytes follow the 37-byte header.
+        if let authData = (try? CBORDecoder.decode(object))?["authenticatorData"]?.bytesValue {
+            precondition((authData.count > 37) == (verified.app.extensions != nil), "a tail was ignored or a map invented")
+        }
     }
     return 0
 }
