@@ -222,7 +222,12 @@ import TokenService
         #expect(record["environments"] as? [String] == ["production"])
         let created = try #require((record["created_at"] as? String).flatMap { ISO8601DateFormatter().date(from: $0) })
         #expect(abs(created.timeIntervalSince(started)) < 60)
-        #expect(Set(record.keys) == ["client_id", "name", "workspace", "team_id", "bundle_ids", "environments", "created_at", "policy"])
+        #expect(Set(record.keys) == ["client_id", "name", "workspace", "team_id", "bundle_ids", "environments", "created_at", "policy", "device_policy"])
+        // The default device policy: App Store and TestFlight in production, development builds in development.
+        let devices = try #require(record["device_policy"] as? [String: Any])
+        #expect(devices["distribution"] as? [String: [String]] == ["production": ["app-store", "testflight"], "development": ["development"]])
+        #expect(devices["min_bundle_version"] is NSNull && devices["require_extensions"] as? Bool == false)
+        #expect(devices["platforms"] as? [String] == ["ios", "macos"])
         // The default policy: any model, no max_tokens ceiling, 60 requests a minute per device, no budget.
         let policy = try #require(record["policy"] as? [String: Any])
         #expect(policy["models"] as? [String] == ["*"] && policy["max_tokens"] as? Int == 0)
@@ -235,7 +240,8 @@ import TokenService
         let human = try ok(["integrations", "create", "--actor", "owner@example.com", "--name", "Other", "--team-id", "ABCDE12345", "--bundle-id", "com.example.other"])
         let humanID = try #require(try store().integrations(workspaceID: nil).first { $0.name == "Other" }?.clientID)
         #expect(human.stdout.contains(humanID))
-        #expect(human.stdout.split(separator: "\n").count == 2)
+        #expect(human.stdout.split(separator: "\n").count == 3)
+        #expect(human.stdout.contains("devices: distribution production=app-store,testflight development=development"))
         #expect(human.stdout.split(separator: "\n").last?.hasPrefix("policy: models *, max_tokens none, device_requests_per_minute 60") == true)
     }
 

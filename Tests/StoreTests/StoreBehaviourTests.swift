@@ -197,7 +197,9 @@ struct StoreBehaviourTests {
         let token = F.token(app, keyID: device.keyID), next = F.challenge()
 
         #expect(try store.registerDevice(device, receipt: [9, 9], firstToken: token, redeeming: challenge.bytes, nextChallenge: next, at: t0) == .committed)
-        #expect(try store.device(clientID: app.clientID, keyID: device.keyID) == device)
+        // As registered, with the time it registered at.
+        let stored = try #require(try store.device(clientID: app.clientID, keyID: device.keyID))
+        #expect(stored == F.device(app, keyID: device.keyID, registeredAt: t0, like: device))
         #expect(try store.device(clientID: "clid_other", keyID: device.keyID) == nil)
         #expect(try store.liveToken(hash: token.tokenHash, at: t0) == TokenGrant(clientID: app.clientID, workspaceID: app.workspaceID,
                                                                                  workspaceName: "default", issuedAt: token.issuedAt,
@@ -209,7 +211,7 @@ struct StoreBehaviourTests {
         let again = F.device(app, keyID: device.keyID), token2 = F.token(app, keyID: device.keyID)
         #expect(try store.registerDevice(again, receipt: [1], firstToken: token2, redeeming: next.bytes, nextChallenge: F.challenge(), at: t0) == .conflict)
         #expect(try store.pendingChallenge(clientID: app.clientID, keyID: device.keyID, at: t0) == nil)
-        #expect(try store.device(clientID: app.clientID, keyID: device.keyID) == device)
+        #expect(try store.device(clientID: app.clientID, keyID: device.keyID) == stored)
         #expect(try store.liveToken(hash: token2.tokenHash, at: t0) == nil)
 
         // A challenge that is not pending: nothing is written.

@@ -100,6 +100,13 @@ final class StoreFixture: Sendable {
                appID: "ABCDE12345.com.example.app")
     }
 
+    /// `device` as the store returns it after registering at `registeredAt` (its last refresh is then too).
+    static func device(_ integration: Integration, keyID: [UInt8], registeredAt: Date, like device: Device) -> Device {
+        Device(keyID: keyID, clientID: integration.clientID, publicKey: device.publicKey, counter: device.counter, environment: device.environment,
+               appID: device.appID, platform: device.platform, validationCategory: device.validationCategory, bundleVersion: device.bundleVersion,
+               osVersion: device.osVersion, registeredAt: registeredAt, lastRefreshAt: registeredAt)
+    }
+
     static func token(_ integration: Integration, keyID: [UInt8], at time: Date = t0, ttl: TimeInterval = 3600) -> TokenRecord {
         TokenRecord(tokenHash: bytes(), clientID: integration.clientID, workspaceID: integration.workspaceID, keyID: keyID,
                     issuedAt: time, expiresAt: time + ttl)
