@@ -44,7 +44,7 @@ let package = Package(
         // client share, so that a relayed request never changes threads.
         .target(name: "CEventLoop"),
         .target(name: "EventLoops", dependencies: ["CEventLoop"]),
-        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD", "EventLoops"]),
+        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD", "CEventLoop", "EventLoops"]),
         // Client for the upstream Messages API: a libcurl multi handle on each event loop.
         .target(name: "UpstreamClient", dependencies: ["CCurl", "EventLoops"]),
         // Routing, domain-free: one route table (pattern, listener, body limit, executor, error

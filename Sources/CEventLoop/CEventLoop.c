@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 #include "CEventLoop.h"
 #include <errno.h>
 #include <string.h>
@@ -28,4 +29,9 @@ int attest_event_loop_ctl(int epfd, int op, int fd, uint32_t events) {
   event.events = events;
   event.data.fd = fd;
   return epoll_ctl(epfd, op, fd, &event);
+}
+
+int attest_accept_nonblocking(int listen_fd, struct sockaddr_storage *address, socklen_t *length) {
+  *length = sizeof(*address);
+  return accept4(listen_fd, (struct sockaddr *)address, length, SOCK_NONBLOCK | SOCK_CLOEXEC);
 }

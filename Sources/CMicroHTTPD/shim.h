@@ -1,8 +1,7 @@
 #ifndef ATTEST_CMICROHTTPD_SHIM_H
 #define ATTEST_CMICROHTTPD_SHIM_H
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
+/* No _GNU_SOURCE here: a header that defines it gives glibc's fd_set another member name,
+ * and two C modules that disagree on fd_set cannot be imported by one Swift module. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -51,14 +50,6 @@ attest_mhd_current_connections(struct MHD_Daemon *daemon)
   const union MHD_DaemonInfo *info =
     MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
   return (NULL == info) ? -1 : (int) info->num_connections;
-}
-
-/* Takes one pending connection: non-blocking, close-on-exec; -1 with errno otherwise. */
-static inline int
-attest_accept(int listen_fd, struct sockaddr_storage *address, socklen_t *length)
-{
-  *length = sizeof(*address);
-  return accept4(listen_fd, (struct sockaddr *) address, length, SOCK_NONBLOCK | SOCK_CLOEXEC);
 }
 
 /* The peer address of a connection, or NULL. */

@@ -1,3 +1,4 @@
+import CEventLoop
 import CMicroHTTPD
 import EventLoops
 #if canImport(Glibc)
@@ -84,7 +85,7 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
                 onFull?()
                 return
             }
-            let fd = attest_accept(listenFD, &address, &length)
+            let fd = attest_accept_nonblocking(listenFD, &address, &length)
             if fd < 0 {
                 switch errno {
                 case EAGAIN, EWOULDBLOCK: acceptReady = false

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 
 /* The event loop running on the calling thread (an unretained object pointer), or NULL. */
 void *attest_event_loop_current(void);
@@ -20,4 +21,8 @@ int attest_event_loop_wait(int epfd, int *fds, uint32_t *masks, int capacity, in
 
 /* epoll_ctl for a descriptor keyed by itself. */
 int attest_event_loop_ctl(int epfd, int op, int fd, uint32_t events);
+
+/* Takes one pending connection, non-blocking and close-on-exec (accept4, which glibc declares
+ * only under _GNU_SOURCE: defined in the .c file, never in a module's header); -1 with errno. */
+int attest_accept_nonblocking(int listen_fd, struct sockaddr_storage *address, socklen_t *length);
 #endif
