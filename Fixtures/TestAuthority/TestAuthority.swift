@@ -52,8 +52,10 @@ public final class TestAuthority: Sendable {
         public var rpIDHash: [UInt8]? = nil
         public var notBefore: Date? = nil
         public var notAfter: Date? = nil
-        /// Nil: no receipt in the statement (every genuine attestation has one).
-        public var receipt: [UInt8]? = Array("test-authority receipt".utf8)
+        /// The statement's receipt.
+        public var receipt: ReceiptChoice = .signed
+        /// Changes to the signed receipt's fields (with `.signed`).
+        public var receiptFields: (@Sendable (inout TestReceiptAuthority.Fields) -> Void)? = nil
         /// The extension map written after the credential public key (iOS 27, macOS 27); nil: none.
         public var extensionMap: [CBORMapEntry]? = nil
         /// Raw bytes after the credential public key instead of the encoded map (malformed-input tests).
@@ -67,6 +69,15 @@ public final class TestAuthority: Sendable {
         /// OS fields for OID 1.2.840.113635.100.8.7 (tag 1400 version, 1403 build, 1026 platform); nil: none.
         public var osInformation: [(tag: Int, text: String)]? = nil
         public init() {}
+    }
+
+    public enum ReceiptChoice: Sendable {
+        /// An ATTEST receipt from the test receipt authority, bound to this attestation.
+        case signed
+        /// These bytes as the receipt.
+        case raw([UInt8])
+        /// No receipt in the statement (every genuine attestation has one).
+        case none
     }
 
     /// The aclBlob policy iPhones carry (not the Mac value): copied from a real iOS 27 credential certificate.
@@ -106,7 +117,15 @@ public final class TestAuthority: Sendable {
             extensions: extensions)
 
         var statement = [CBORMapEntry("x5c", .array([.bytes(leaf.der), .bytes(intermediate.der)]))]
-        if let receipt = options.receipt { statement.append(CBORMapEntry("receipt", .bytes(receipt))) }
+        switch options.receipt {
+        case .signed:
+            var fields = TestReceiptAuthority.Fields(appID: appID.description, attestedCertificate: leaf.der, clientHash: clientDataHash, createdAt: time)
+            fields.environment = options.environment == .production ? "production" : "sandbox"
+            options.receiptFields?(&fields)
+            statement.append(CBORMapEntry("receipt", .bytes(try TestReceiptAuthority.shared.receipt(fields))))
+        case .raw(let bytes): statement.append(CBORMapEntry("receipt", .bytes(bytes)))
+        case .none: break
+        }
         return CBOREncoder.encode(.map([
             CBORMapEntry("fmt", .text(options.format)),
             CBORMapEntry("attStmt", .map(statement)),

@@ -33,8 +33,12 @@ public struct VerifiedAttestation: Sendable {
     public let publicKey: [UInt8]
     public let environment: AttestationEnvironment
     public let appID: AppID
-    /// Apple's fraud-assessment receipt, kept for later use.
+    /// Apple's fraud-assessment receipt, as sent (what the first refresh posts).
     public let receipt: [UInt8]
+    /// The credential certificate (x5c[0]), which every later receipt must name.
+    public let credentialCertificate: [UInt8]
+    /// The receipt, validated (nil when the verifier does not check receipts).
+    public let validatedReceipt: Receipt?
     public let app: AttestedApp
     /// The access-control policy from the aclBlob extension, when the certificate has a readable one.
     public let accessControlPolicy: [UInt8]?
@@ -47,12 +51,15 @@ public struct VerifiedAttestation: Sendable {
     public var macSecurityPostureOK: Bool { accessControlPolicy == AccessControlExtension.applesMacValue }
 
     fileprivate init(keyID: [UInt8], publicKey: [UInt8], environment: AttestationEnvironment, appID: AppID, receipt: [UInt8],
-                     app: AttestedApp, accessControlPolicy: [UInt8]?, osInformation: OSInformation?) {
+                     credentialCertificate: [UInt8], validatedReceipt: Receipt?, app: AttestedApp, accessControlPolicy: [UInt8]?,
+                     osInformation: OSInformation?) {
         self.keyID = keyID
         self.publicKey = publicKey
         self.environment = environment
         self.appID = appID
         self.receipt = receipt
+        self.credentialCertificate = credentialCertificate
+        self.validatedReceipt = validatedReceipt
         self.app = app
         self.accessControlPolicy = accessControlPolicy
         self.osInformation = osInformation
@@ -77,15 +84,40 @@ public final class AppAttestVerifier: Sendable {
     static let cborLimits = CBORLimits(maxDepth: 8, maxItems: 64)
 
     public let chainVerifier: CertificateChainVerifier
+    /// Validates each attestation's receipt; nil: receipts are not checked (test setups only).
+    public let receiptVerifier: ReceiptVerifier?
 
-    /// Apple's root (fingerprint-checked) plus any `additionalAnchors`, which callers name explicitly.
-    public init(additionalAnchors: [Certificate] = []) throws {
-        chainVerifier = CertificateChainVerifier(anchors: [try AppleAppAttestationRoot.certificate()] + additionalAnchors)
+    /// How attestations' receipts are checked.
+    public enum ReceiptPolicy: Sendable {
+        /// Against Apple Root CA - G3 (fingerprint-checked): production.
+        case apple
+        /// Against these roots in place of G3 (a test receipt authority).
+        case anchors([Certificate])
+        /// Not at all: a test attestation root is trusted, so no Apple receipt can exist.
+        case unchecked
     }
 
-    /// Only the given anchors (tests that must show Apple's root is not trusted implicitly).
-    public init(anchors: [Certificate]) {
+    /// Apple's root (fingerprint-checked) plus any `additionalAnchors`, which callers name
+    /// explicitly. Receipts: as `receipts` says; by default against G3 when only Apple's root is
+    /// trusted, and unchecked when another attestation root is (it cannot have Apple's receipts).
+    public init(additionalAnchors: [Certificate] = [], receipts: ReceiptPolicy? = nil) throws {
+        chainVerifier = CertificateChainVerifier(anchors: [try AppleAppAttestationRoot.certificate()] + additionalAnchors)
+        receiptVerifier = try Self.receiptVerifier(receipts ?? (additionalAnchors.isEmpty ? .apple : .unchecked))
+    }
+
+    /// Only the given anchors (tests that must show Apple's root is not trusted implicitly);
+    /// receipts unchecked unless a verifier is given.
+    public init(anchors: [Certificate], receiptVerifier: ReceiptVerifier? = nil) {
         chainVerifier = CertificateChainVerifier(anchors: anchors)
+        self.receiptVerifier = receiptVerifier
+    }
+
+    static func receiptVerifier(_ policy: ReceiptPolicy) throws -> ReceiptVerifier? {
+        switch policy {
+        case .apple: try ReceiptVerifier.apple()
+        case .anchors(let roots): ReceiptVerifier(anchors: roots)
+        case .unchecked: nil
+        }
     }
 
     // MARK: Attestation
@@ -108,8 +140,10 @@ public final class AppAttestVerifier: Sendable {
         try checkCredentialID(authData, keyID: keyID)
         let app = AttestedApp(flags: authData.flags, extensions: authData.extensions)
         let policy = try checkMacSecurityPosture(leaf: leaf, platform: app.platform)
+        let receipt = try receiptVerifier?.validateAttestationReceipt(statement.receipt, appID: appID, credentialCertificate: statement.x5c[0],
+                                                                     clientDataHash: clientDataHash, environment: environment, at: time)
         return VerifiedAttestation(keyID: keyID, publicKey: publicKey, environment: environment, appID: appID, receipt: statement.receipt,
-                                   app: app, accessControlPolicy: policy,
+                                   credentialCertificate: statement.x5c[0], validatedReceipt: receipt, app: app, accessControlPolicy: policy,
                                    osInformation: leaf.extensionValue(oid: OSInformation.oid).flatMap(OSInformation.init(extensionValue:)))
     }
 

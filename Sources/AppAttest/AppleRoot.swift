@@ -39,6 +39,40 @@ oyFraWVIyd/dganmrduC1bmTBGwD
     }
 }
 
+/// Apple Root CA - G3: the root of the fraud-receipt chain (receipts never chain to the App
+/// Attestation root). Public, published at apple.com/certificateauthority/; fingerprint-checked
+/// before use like the App Attestation root, and the only root receipts are trusted to.
+public enum AppleRootCAG3 {
+    public static let sha256Fingerprint = "63343abfb89a6a03ebb57e9b3f5fa7be7c4f5c756f3017b3a8c488c3653e9179"
+
+    static let pem = """
+-----BEGIN CERTIFICATE-----
+MIICQzCCAcmgAwIBAgIILcX8iNLFS5UwCgYIKoZIzj0EAwMwZzEbMBkGA1UEAwwS
+QXBwbGUgUm9vdCBDQSAtIEczMSYwJAYDVQQLDB1BcHBsZSBDZXJ0aWZpY2F0aW9u
+IEF1dGhvcml0eTETMBEGA1UECgwKQXBwbGUgSW5jLjELMAkGA1UEBhMCVVMwHhcN
+MTQwNDMwMTgxOTA2WhcNMzkwNDMwMTgxOTA2WjBnMRswGQYDVQQDDBJBcHBsZSBS
+b290IENBIC0gRzMxJjAkBgNVBAsMHUFwcGxlIENlcnRpZmljYXRpb24gQXV0aG9y
+aXR5MRMwEQYDVQQKDApBcHBsZSBJbmMuMQswCQYDVQQGEwJVUzB2MBAGByqGSM49
+AgEGBSuBBAAiA2IABJjpLz1AcqTtkyJygRMc3RCV8cWjTnHcFBbZDuWmBSp3ZHtf
+TjjTuxxEtX/1H7YyYl3J6YRbTzBPEVoA/VhYDKX1DyxNB0cTddqXl5dvMVztK517
+IDvYuVTZXpmkOlEKMaNCMEAwHQYDVR0OBBYEFLuw3qFYM4iapIqZ3r6966/ayySr
+MA8GA1UdEwEB/wQFMAMBAf8wDgYDVR0PAQH/BAQDAgEGMAoGCCqGSM49BAMDA2gA
+MGUCMQCD6cHEFl4aXTQY2e3v9GwOAEZLuN+yRhHFD/3meoyhpmvOwgPUnPWTxnS4
+at+qIxUCMG1mihDK1A3UT82NQz60imOlM27jbdoXt2QfyFMm+YhidDkLF1vLUagM
+6BgD56KyKA==
+-----END CERTIFICATE-----
+"""
+
+    public static func certificate() throws -> Certificate {
+        let certificate = try Certificate(pem: pem)
+        let actual = hexString(certificate.sha256Fingerprint)
+        guard actual == sha256Fingerprint else {
+            throw TrustAnchorError("embedded Apple Root CA - G3 has fingerprint \(actual), expected \(sha256Fingerprint)")
+        }
+        return certificate
+    }
+}
+
 public struct TrustAnchorError: Error, CustomStringConvertible {
     public let description: String
     init(_ description: String) { self.description = description }

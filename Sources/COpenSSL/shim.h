@@ -1,6 +1,7 @@
 #ifndef ATTEST_COPENSSL_SHIM_H
 #define ATTEST_COPENSSL_SHIM_H
 #include <openssl/bn.h>
+#include <openssl/cms.h>
 #include <openssl/crypto.h>
 #include <openssl/ec.h>
 #include <openssl/ecdsa.h>
@@ -25,6 +26,8 @@ static inline int attest_sk_X509_push(STACK_OF(X509) *s, X509 *x) { return sk_X5
 static inline void attest_sk_X509_free(STACK_OF(X509) *s) { sk_X509_free(s); }
 static inline long attest_BIO_get_mem_data(BIO *b, char **pp) { return BIO_get_mem_data(b, pp); }
 static inline X509 *attest_sk_X509_value(const STACK_OF(X509) *s, int i) { return sk_X509_value(s, i); }
+static inline void attest_sk_X509_pop_free(STACK_OF(X509) *s) { sk_X509_pop_free(s, X509_free); }
+static inline int attest_sk_CMS_SignerInfo_num(STACK_OF(CMS_SignerInfo) *s) { return sk_CMS_SignerInfo_num(s); }
 /* An EC public key from an encoded point. Built in C because OSSL_PARAM keeps pointers to its
    key names, which must outlive the call: Swift would pass temporary copies of the macros. */
 static inline EVP_PKEY *attest_ec_public_key_from_point(const char *group, const unsigned char *point, size_t length) {

@@ -7,9 +7,11 @@ public enum RejectionReason: String, Sendable, CaseIterable {
     // App Attest verification (one per step; see `VerificationReason`).
     case malformed, unsupportedFormat, certificateChainInvalid, certificateNotValidAtTime, nonceMismatch, keyIDMismatch
     case rpIDMismatch, counterNotZero, unknownAAGUID, environmentNotAllowed, credentialIDMismatch, signatureInvalid
-    case counterNotIncreasing, macSecurityPosture
+    case counterNotIncreasing, macSecurityPosture, receiptMalformed, receiptSignature, receiptMismatch, receiptStale
     // The integration's device policy (where the build came from, its version, the platform).
     case distributionNotAllowed, bundleVersionTooOld, extensionsMissing, platformNotAllowed, categoryChanged
+    // Apple's fraud-risk metric for the device is above the integration's limit.
+    case riskMetricTooHigh
     // The device exchange.
     case invalidRequest
     case unknownClient, clientRevoked

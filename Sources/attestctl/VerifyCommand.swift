@@ -15,11 +15,16 @@ enum VerifyCommand {
              (Apple's guide vectors pass the challenge's own bytes)
            attestctl verify assertion --object <base64|@file> --public-key <base64 point|@PEM file>
              (--client-data <base64> | --client-data-hash <base64>) --app-id <TEAMID.bundle> --previous-counter N
+           attestctl verify receipt --object <base64|@file> [--at <ISO 8601 time>] [--receipt-trust-anchor <PEM file>]
+             a receipt on its own (an attestation's or a refreshed one): signature, chain to Apple Root CA - G3
+             (or the given root) at --at, and its fields
+           attestation and receipt take --receipt-trust-anchor: a root trusted for receipts in place of G3 (tests)
            both print one JSON object: verified, then (when true) what the authenticator data says:
              validation_category (number), distribution (name), bundle_version, platform (ios|macos), flags,
              extensions (the whole map), code_directory_hash[_type] (Macs); attestations also
              mac_security_posture_ok (the aclBlob is Apple's Mac value), acl_blob, os_version, os_build, os_platform
-             (informational, from the certificate's OID 1.2.840.113635.100.8.7); when false: reason and detail
+             (informational, from the certificate's OID 1.2.840.113635.100.8.7), and receipt: {valid, reason (when
+             false), type, environment, app_id, created_at, not_before, expires_at, risk_metric}; when false: reason and detail
     """
 
     static func run(_ arguments: [String]) throws -> Int32 {
@@ -28,6 +33,7 @@ enum VerifyCommand {
         switch kind {
         case "attestation": return try attestation(Array(arguments.dropFirst()))
         case "assertion": return try assertion(Array(arguments.dropFirst()))
+        case "receipt": return try receipt(Array(arguments.dropFirst()))
         default: throw UsageError(usage)
         }
     }
@@ -38,7 +44,7 @@ enum VerifyCommand {
             guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { throw UsageError("--trust-anchor: cannot read \(path)") }
             do { anchors += try Certificate.all(pem: text) } catch { throw UsageError("--trust-anchor \(path): \(error)") }
         }
-        return try AppAttestVerifier(additionalAnchors: anchors)
+        return try AppAttestVerifier(additionalAnchors: anchors, receipts: .unchecked)
     }
 
     static func appIDs(_ arguments: Arguments) throws -> [AppID] {
@@ -105,21 +111,96 @@ enum VerifyCommand {
         }
     }
 
+    /// The receipt verifier the options name: the pinned G3 root, or `--receipt-trust-anchor` roots in its place.
+    static func receiptVerifier(_ arguments: Arguments) throws -> ReceiptVerifier {
+        let files = arguments.all("receipt-trust-anchor")
+        guard !files.isEmpty else { return try ReceiptVerifier.apple() }
+        var anchors: [Certificate] = []
+        for path in files {
+            guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { throw UsageError("--receipt-trust-anchor: cannot read \(path)") }
+            do { anchors += try Certificate.all(pem: text) } catch { throw UsageError("--receipt-trust-anchor \(path): \(error)") }
+        }
+        return ReceiptVerifier(anchors: anchors)
+    }
+
+    /// The `receipt` object: valid, reason (when not), and the fields when the receipt could be read.
+    static func receiptReport(_ receipt: Receipt?, error: VerificationError?) -> [String: Any] {
+        var report: [String: Any] = ["valid": error == nil && receipt != nil]
+        if let error { report["reason"] = error.reason.rawValue; report["detail"] = error.detail }
+        report["type"] = receipt?.type.rawValue ?? NSNull()
+        report["environment"] = receipt?.environment.rawValue ?? NSNull()
+        report["app_id"] = receipt?.appID ?? NSNull()
+        report["created_at"] = receipt.map { iso8601(milliseconds: $0.createdAt) } ?? NSNull()
+        report["not_before"] = receipt?.notBefore.map { iso8601(milliseconds: $0) } ?? NSNull()
+        report["expires_at"] = receipt?.expiresAt.map { iso8601(milliseconds: $0) } ?? NSNull()
+        report["risk_metric"] = receipt?.riskMetric ?? NSNull()
+        return report
+    }
+
+    static func iso8601(milliseconds date: Date) -> String {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.string(from: date)
+    }
+
+    static func time(_ arguments: Arguments) throws -> Date {
+        guard let at = try arguments.value("at") else { return Date() }
+        guard let parsed = parseISO8601(at) else { throw UsageError("--at \(at) is not an ISO 8601 time") }
+        return parsed
+    }
+
+    /// `verify receipt`: a receipt on its own (the attestation's or a refreshed one): signature,
+    /// chain to the pinned root at `--at`, fields.
+    static func receipt(_ argv: [String]) throws -> Int32 {
+        let arguments = try Arguments(argv, options: ["object", "at", "receipt-trust-anchor"])
+        let object = try readBytesArgument(try arguments.required("object"), name: "object")
+        let time = try time(arguments)
+        let verifier = try receiptVerifier(arguments)
+        do {
+            let receipt = try verifier.read(object, at: time)
+            var report = receiptReport(receipt, error: nil)
+            report["verified"] = true
+            printJSON(report)
+            return 0
+        } catch let error as VerificationError {
+            var report = receiptReport(nil, error: error)
+            report["verified"] = false
+            printJSON(report)
+            return 1
+        }
+    }
+
     static func attestation(_ argv: [String]) throws -> Int32 {
-        let arguments = try Arguments(argv, options: ["object", "key-id", "challenge", "client-data-hash", "app-id", "at", "trust-anchor"])
+        let arguments = try Arguments(argv, options: ["object", "key-id", "challenge", "client-data-hash", "app-id", "at", "trust-anchor",
+                                                      "receipt-trust-anchor"])
         let object = try readBytesArgument(try arguments.required("object"), name: "object")
         let keyID = try readBytesArgument(try arguments.required("key-id"), name: "key-id")
         let clientDataHash = try hashArgument(arguments, raw: "challenge")
         let ids = try appIDs(arguments)
-        var time = Date()
-        if let at = try arguments.value("at") {
-            guard let parsed = parseISO8601(at) else { throw UsageError("--at \(at) is not an ISO 8601 time") }
-            time = parsed
-        }
+        let time = try time(arguments)
         let verifier = try verifier(anchorFiles: arguments.all("trust-anchor"))
+        // As attestd decides: receipts are checked against G3, or --receipt-trust-anchor; with only a
+        // test attestation root (--trust-anchor) no Apple receipt can exist, so they are reported, not required.
+        let receipts = try receiptVerifier(arguments)
+        let receiptsRequired = arguments.all("trust-anchor").isEmpty || !arguments.all("receipt-trust-anchor").isEmpty
         do {
             let result = try verifier.verifyAttestation(object, keyID: keyID, clientDataHash: clientDataHash, allowedAppIDs: ids, at: time)
+            var receiptError: VerificationError?
+            var receipt: Receipt?
+            do {
+                receipt = try receipts.validateAttestationReceipt(result.receipt, appID: result.appID, credentialCertificate: result.credentialCertificate,
+                                                                  clientDataHash: clientDataHash, environment: result.environment, at: time)
+            } catch let error as VerificationError {
+                receiptError = error
+                receipt = try? receipts.read(result.receipt, at: time)
+            }
+            if let receiptError, receiptsRequired {
+                printJSON(["verified": false, "reason": receiptError.reason.rawValue, "detail": receiptError.detail,
+                           "receipt": receiptReport(receipt, error: receiptError)])
+                return 1
+            }
             var report = appReport(result.app)
+            report["receipt"] = receiptReport(receipt, error: receiptError)
             report.merge(["verified": true, "keyId": Data(result.keyID).base64EncodedString(), "appId": result.appID.description,
                           "environment": result.environment.rawValue, "publicKey": Data(result.publicKey).base64EncodedString(),
                           "receiptBytes": result.receipt.count,

@@ -1,5 +1,6 @@
 import AppAttest
 import AttestCrypto
+import CBOR
 import Foundation
 import Testing
 
@@ -16,9 +17,35 @@ struct AppleSample: CustomStringConvertible, Sendable {
     let assertions: [Assertion]
     let expectedAttestation: Expected?
     let expectedAssertions: Expected?
+    /// Receipts published beside the attestation (the iOS 14 samples: its ATTEST one and refreshed RECEIPT ones).
+    let receipts: [SampleReceipt]
+
+    /// A receipt and what it says (the sample's `properties`, or the 2026 samples' `expect.receipt`).
+    struct SampleReceipt: Sendable {
+        let object: [UInt8]
+        let at: Date
+        let type: String
+        let environment: String
+        let creationTime: String
+        let expirationTime: String?
+        let notBefore: String?
+        let riskMetric: Int?
+        let appID: String?
+        /// Only for ATTEST receipts (RECEIPT ones carry a mangled copy).
+        let clientHash: [UInt8]?
+    }
+
+    /// The attestation's own receipt and what its expect block (if any) says of it.
+    var expectedAttestationReceipt: SampleReceipt? {
+        guard let attestation else { return nil }
+        return receipts.first { $0.type == "ATTEST" && $0.object == attestation.receiptBytes } ?? attestation.expectedReceipt
+    }
 
     struct Attestation: Sendable {
         let object: [UInt8]
+        /// attStmt.receipt, when the statement has one.
+        let receiptBytes: [UInt8]?
+        let expectedReceipt: SampleReceipt?
         /// Given directly (Apple's guide vectors: the challenge's raw bytes), or SHA-256 of clientData.
         let clientDataHash: [UInt8]
         let time: Date
@@ -101,10 +128,29 @@ struct AppleSample: CustomStringConvertible, Sendable {
             throw LoadError(description: "name or appId missing")
         }
         let pem = json["publicKeyPEM"] as? String
+        let expect = json["expect"] as? [String: Any]
         var attestation: Attestation?
         if let item = json["attestation"] as? [String: Any] {
             guard let at = item["at"] as? String, let time = parseTime(at) else { throw LoadError(description: "attestation.at missing") }
-            attestation = Attestation(object: try bytes(item["object"]), clientDataHash: try hash(item), time: time)
+            let object = try bytes(item["object"])
+            let receiptBytes = (try? CBORDecoder.decode(object))?["attStmt"]?["receipt"]?.bytesValue
+            var expectedReceipt: SampleReceipt?
+            if let r = (expect?["attestation"] as? [String: Any])?["receipt"] as? [String: Any], let receiptBytes {
+                expectedReceipt = SampleReceipt(object: receiptBytes, at: time, type: r["receiptType"] as? String ?? "", environment: r["environment"] as? String ?? "",
+                                                creationTime: r["creationTime"] as? String ?? "", expirationTime: r["expirationTime"] as? String,
+                                                notBefore: nil, riskMetric: nil, appID: r["appId"] as? String,
+                                                clientHash: (r["clientHash"] as? String).flatMap { Data(base64Encoded: $0) }.map(Array.init))
+            }
+            attestation = Attestation(object: object, receiptBytes: receiptBytes, expectedReceipt: expectedReceipt, clientDataHash: try hash(item), time: time)
+        }
+        let receipts = try ((json["receipts"] as? [[String: Any]]) ?? []).map { item -> SampleReceipt in
+            let p = item["properties"] as? [String: Any] ?? [:]
+            guard let at = (item["at"] as? String).flatMap(parseTime) else { throw LoadError(description: "receipt.at missing") }
+            let type = p["type"] as? String ?? ""
+            return SampleReceipt(object: try bytes(item["object"]), at: at, type: type, environment: p["environment"] as? String ?? "",
+                                 creationTime: p["creationTime"] as? String ?? "", expirationTime: p["expirationTime"] as? String,
+                                 notBefore: p["notBefore"] as? String, riskMetric: p["riskMetric"] as? Int, appID: appText,
+                                 clientHash: type == "ATTEST" ? (p["clientHashBase64"] as? String).flatMap { Data(base64Encoded: $0) }.map(Array.init) : nil)
         }
         let assertionItems = (json["assertions"] as? [[String: Any]]) ?? []
         if !assertionItems.isEmpty && pem == nil { throw LoadError(description: "assertions without publicKeyPEM") }
@@ -112,13 +158,12 @@ struct AppleSample: CustomStringConvertible, Sendable {
             Assertion(object: try bytes(item["object"]), clientDataHash: try hash(item), counter: UInt32(item["counter"] as? Int ?? 0),
                       previousCounter: UInt32(item["previousCounter"] as? Int ?? 0))
         }
-        let expect = json["expect"] as? [String: Any]
         return AppleSample(
             name: name, appID: appID, environment: (json["environment"] as? String).flatMap(AttestationEnvironment.init(rawValue:)),
             keyID: try json["keyId"].flatMap { $0 is NSNull ? nil : try bytes($0) }, publicKeyPEM: pem,
             attestation: attestation, assertions: assertions,
             expectedAttestation: try (expect?["attestation"] as? [String: Any]).map(expected),
-            expectedAssertions: try (expect?["assertions"] as? [String: Any]).map(expected))
+            expectedAssertions: try (expect?["assertions"] as? [String: Any]).map(expected), receipts: receipts)
     }
 
     static func expected(_ block: [String: Any]) throws -> Expected {

@@ -99,6 +99,17 @@ import Testing
                 #expect(result.json["verified"] as? Bool == accepted, "\(file): \(result.stdout)")
                 #expect(result.status == (accepted ? 0 : 1), "\(file)")
                 if accepted { checkReport(result.json, expected, file, attestation: true) }
+                if accepted, let receipt = expected["receipt"] as? [String: Any] {
+                    let reported = try #require(result.json["receipt"] as? [String: Any], "\(file): no receipt object")
+                    #expect(reported["valid"] as? Bool == true, "\(file): \(reported)")
+                    #expect(reported["type"] as? String == receipt["receiptType"] as? String, "\(file)")
+                    #expect(reported["environment"] as? String == receipt["environment"] as? String, "\(file)")
+                    #expect(reported["app_id"] as? String == receipt["appId"] as? String, "\(file)")
+                    #expect(reported["created_at"] as? String == receipt["creationTime"] as? String, "\(file)")
+                    #expect(reported["expires_at"] as? String == receipt["expirationTime"] as? String, "\(file)")
+                    #expect(reported["risk_metric"] is NSNull && reported["not_before"] is NSNull, "\(file)")
+                    #expect(Set(reported.keys) == ["valid", "type", "environment", "app_id", "created_at", "not_before", "expires_at", "risk_metric"])
+                }
             }
             for assertion in sample["assertions"] as? [[String: Any]] ?? [] {
                 let expected = expect["assertions"] as? [String: Any] ?? [:]
@@ -140,6 +151,30 @@ import Testing
         if let version = (expected["osInfo_1.2.840.113635.100.8.7"] as? [String: String])?["1400"] {
             #expect(json["os_version"] as? String == version, "\(file) os_version")
         }
+    }
+
+    /// `verify receipt` on the refreshed receipts published with the iOS 14 samples: valid at their
+    /// time, with the risk metric; a week after their signer's chain allows, and altered, refused.
+    @Test(.enabled(if: samplesAvailable, "../shared/fixtures/apple is absent: attestctl verify not tested on a real sample"))
+    func verifyReceiptReadsRefreshedReceipts() throws {
+        let sample = try sample("ios-14.4.json")
+        let receipts = try #require(sample["receipts"] as? [[String: Any]])
+        for item in receipts {
+            let properties = try #require(item["properties"] as? [String: Any])
+            let result = try attestctl(["verify", "receipt", "--object", item["object"] as! String, "--at", item["at"] as! String])
+            #expect(result.status == 0, "\(result.stdout)")
+            #expect(result.json["valid"] as? Bool == true)
+            #expect(result.json["type"] as? String == properties["type"] as? String)
+            #expect(result.json["risk_metric"] as? Int == properties["riskMetric"] as? Int)
+            #expect(result.json["app_id"] as? String == sample["appId"] as? String)
+        }
+        var bytes = [UInt8](Data(base64Encoded: receipts[0]["object"] as! String)!)
+        bytes[bytes.count / 2] ^= 0x40
+        let altered = try attestctl(["verify", "receipt", "--object", Data(bytes).base64EncodedString(), "--at", receipts[0]["at"] as! String])
+        #expect(altered.status == 1 && altered.json["valid"] as? Bool == false)
+        #expect(["receiptSignature", "receiptMalformed"].contains(altered.json["reason"] as? String ?? ""))
+        let late = try attestctl(["verify", "receipt", "--object", receipts[0]["object"] as! String, "--at", "2040-01-01T00:00:00Z"])
+        #expect(late.json["reason"] as? String == "receiptSignature")
     }
 
     @Test func usageErrorsExitTwo() throws {
