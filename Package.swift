@@ -47,6 +47,10 @@ let package = Package(
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD", "CEventLoop", "EventLoops"]),
         // Client for the upstream Messages API: a libcurl multi handle on each event loop.
         .target(name: "UpstreamClient", dependencies: ["CCurl", "EventLoops"]),
+        // Apple's App Attest data service: the ES256 provider token and one blocking HTTPS POST.
+        .target(name: "AppleDataService", dependencies: ["CCurl", "UpstreamClient", "AttestCrypto", "AttestWire"]),
+        // The background job that posts due receipts to Apple and stores the refreshed ones and their metric.
+        .target(name: "ReceiptRefresh", dependencies: ["AppleDataService", "TokenService", "AppAttest", "AttestCrypto", "Lifecycle"]),
         // Routing, domain-free: one route table (pattern, listener, body limit, executor, error
         // shape, metric and log name per route), middleware, the access log's logger.
         .target(name: "HTTPRouting", dependencies: ["HTTPServer", "EventLoops", "AttestWire", "AttestCrypto"]),
@@ -74,7 +78,7 @@ let package = Package(
 
         // The daemon's wiring, as a library: a test starts the whole of attestd in process.
         .target(name: "AttestDaemon", dependencies: ["ServiceRoutes", "HTTPRouting", "RelayRoutes", "TokenService", "Stores", "HTTPServer", "AppAttest",
-                                                     "AttestCrypto", "EventLoops", "AttestWire", "UpstreamClient", "Lifecycle"]),
+                                                     "AttestCrypto", "EventLoops", "AttestWire", "UpstreamClient", "Lifecycle", "ReceiptRefresh"]),
         .executableTarget(name: "attestd", dependencies: ["AttestDaemon", "HTTPRouting"]),
         // The operator's tool: administration and offline verification. No test authority.
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CBOR", "CommandLineSupport"]),

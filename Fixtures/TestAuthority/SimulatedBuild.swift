@@ -17,6 +17,8 @@ public struct SimulatedBuild: Sendable, Equatable {
     /// The aclBlob policy; nil: Apple's Mac value on a Mac, the iPhone value on iOS.
     public var accessControlPolicy: [UInt8]? = nil
     public var osVersion = "27.0"
+    /// The attestation's receipt, from the test receipt authority.
+    public var receipt: SimulatedReceipt = .valid
 
     public init() {}
 
@@ -75,6 +77,29 @@ public struct SimulatedBuild: Sendable, Equatable {
             ?? (platform == .macos ? AccessControlExtension.applesMacValue : TestAuthority.iPhoneAccessControlPolicy)
         options.osInformation = [(OSInformation.versionTag, osVersion), (OSInformation.buildTag, "24A1"),
                                  (OSInformation.platformTag, platform == .macos ? "macosx" : "iphoneos")]
+        switch receipt {
+        case .valid: break
+        case .none: options.receipt = .none
+        case .badSignature: options.receiptBytes = { Array($0.dropLast()) + [$0.last! ^ 0x01] }
+        case .wrongAppID: options.receiptFields = { $0.appID = "ZZZZZ99999.com.example.other" }
+        case .otherCertificate: options.receiptFields = { $0.attestedCertificate = Array($0.attestedCertificate.reversed()) }
+        case .stale: options.receiptFields = { $0.createdAt = $0.createdAt.addingTimeInterval(-3600) }
+        }
         return options
     }
+}
+
+/// Which receipt a simulated device sends: Apple's kind, or one with a single thing wrong.
+public enum SimulatedReceipt: String, Sendable, CaseIterable {
+    case valid
+    /// No receipt in the statement.
+    case none
+    /// The signature's last byte flipped.
+    case badSignature = "bad-signature"
+    /// Signed for another App ID.
+    case wrongAppID = "wrong-app-id"
+    /// Naming another certificate than the attested key's.
+    case otherCertificate = "other-certificate"
+    /// Created an hour before the attestation.
+    case stale
 }

@@ -56,6 +56,8 @@ public final class TestAuthority: Sendable {
         public var receipt: ReceiptChoice = .signed
         /// Changes to the signed receipt's fields (with `.signed`).
         public var receiptFields: (@Sendable (inout TestReceiptAuthority.Fields) -> Void)? = nil
+        /// A change to the signed receipt's bytes (with `.signed`), after signing.
+        public var receiptBytes: (@Sendable ([UInt8]) -> [UInt8])? = nil
         /// The extension map written after the credential public key (iOS 27, macOS 27); nil: none.
         public var extensionMap: [CBORMapEntry]? = nil
         /// Raw bytes after the credential public key instead of the encoded map (malformed-input tests).
@@ -122,7 +124,8 @@ public final class TestAuthority: Sendable {
             var fields = TestReceiptAuthority.Fields(appID: appID.description, attestedCertificate: leaf.der, clientHash: clientDataHash, createdAt: time)
             fields.environment = options.environment == .production ? "production" : "sandbox"
             options.receiptFields?(&fields)
-            statement.append(CBORMapEntry("receipt", .bytes(try TestReceiptAuthority.shared.receipt(fields))))
+            let signed = try TestReceiptAuthority.shared.receipt(fields)
+            statement.append(CBORMapEntry("receipt", .bytes(options.receiptBytes?(signed) ?? signed)))
         case .raw(let bytes): statement.append(CBORMapEntry("receipt", .bytes(bytes)))
         case .none: break
         }

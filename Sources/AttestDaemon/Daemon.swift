@@ -6,6 +6,7 @@ import Foundation
 import HTTPRouting
 import HTTPServer
 import Lifecycle
+import ReceiptRefresh
 import RelayRoutes
 import ServiceRoutes
 import Stores
@@ -29,7 +30,7 @@ public final class Daemon: Sendable {
     public init(_ options: ServeOptions, logger: Logger) throws {
         self.options = options
         self.logger = logger
-        let verifier = try AppAttestVerifier(additionalAnchors: try Self.anchors(options, logger))
+        let verifier = try AppAttestVerifier(additionalAnchors: try Self.anchors(options, logger), receipts: try Self.receiptPolicy(options, logger))
         let introspectionKey = try Self.introspectionKey(options)
         // Loops and exchange workers each may be in the store at once.
         let store = try Stores.open(options.db, connections: options.threads + options.exchangeThreads, synchronous: options.synchronous,
@@ -96,6 +97,22 @@ public final class Daemon: Sendable {
         services.append(audit)
         if let ledger { services.append(ledger) }
         services.append(purgeJob(store: store, logger: logger))
+        if let receipts = verifier.receiptVerifier {
+            var refresh = ReceiptRefreshConfiguration()
+            refresh.productionURL = options.appleDataProductionURL
+            refresh.developmentURL = options.appleDataDevelopmentURL
+            refresh.interval = options.exchange.riskRefreshInterval
+            refresh.requestsPerSecond = options.riskRefreshRate
+            refresh.lease = options.riskRefreshLease
+            if let caFile = options.appleDataCAFile {
+                do { refresh.caBundle = try CABundle.systemRoots(adding: caFile) } catch { throw StartupError("--apple-data-ca-file: \(error)") }
+            }
+            services.append(ReceiptRefreshJob(store: store, verifier: receipts, secrets: relayOptions.secrets, configuration: refresh,
+                                              metrics: service.metrics, report: { event, fields, isError in
+                let values: [(String, Any)] = fields.map { ($0.0, $0.1) }
+                if isError { logger.error(event, values) } else { logger.info(event, values) }
+            }))
+        }
         services.append(BasicService("upstream-relay", stop: { _ in relay.shutdown() }))
         // What is queued runs (its audit events are in the audit log's last flush).
         services.append(BasicService("exchange-workers", stop: { _ in exchangeWorkers.shutdown() }))
@@ -140,20 +157,38 @@ public final class Daemon: Sendable {
 
     // MARK: Configuration read at start
 
-    static func anchors(_ options: ServeOptions, _ logger: Logger) throws -> [Certificate] {
-        var anchors: [Certificate] = []
-        for path in options.trustAnchors {
-            guard let pem = try? String(contentsOfFile: path, encoding: .utf8) else { throw StartupError("--trust-anchor: cannot read \(path)") }
+    /// The certificates in each PEM file of a repeatable root option, each logged loudly.
+    static func roots(_ paths: [String], option: String, event: String, note: String, _ logger: Logger) throws -> [Certificate] {
+        var roots: [Certificate] = []
+        for path in paths {
+            guard let pem = try? String(contentsOfFile: path, encoding: .utf8) else { throw StartupError("\(option): cannot read \(path)") }
             let certificates: [Certificate]
-            do { certificates = try Certificate.all(pem: pem) } catch { throw StartupError("--trust-anchor \(path): \(error)") }
+            do { certificates = try Certificate.all(pem: pem) } catch { throw StartupError("\(option) \(path): \(error)") }
             for certificate in certificates {
-                logger.warning("extra_trust_anchor", [("file", path), ("subject", certificate.subjectName),
-                                                      ("sha256", hexString(certificate.sha256Fingerprint)),
-                                                      ("note", "attestations chained to this root are accepted next to Apple's; development and tests only")])
+                logger.warning(event, [("file", path), ("subject", certificate.subjectName),
+                                       ("sha256", hexString(certificate.sha256Fingerprint)), ("note", note)])
             }
-            anchors += certificates
+            roots += certificates
         }
-        return anchors
+        return roots
+    }
+
+    static func anchors(_ options: ServeOptions, _ logger: Logger) throws -> [Certificate] {
+        try roots(options.trustAnchors, option: "--trust-anchor", event: "extra_trust_anchor",
+                  note: "attestations chained to this root are accepted next to Apple's; development and tests only", logger)
+    }
+
+    /// G3 unless a test root is trusted: then the test receipt root, or nothing (said loudly).
+    static func receiptPolicy(_ options: ServeOptions, _ logger: Logger) throws -> AppAttestVerifier.ReceiptPolicy {
+        let roots = try roots(options.receiptTrustAnchors, option: "--receipt-trust-anchor", event: "receipt_trust_anchor",
+                              note: "receipts are checked against this root instead of Apple Root CA - G3; tests only", logger)
+        if !roots.isEmpty { return .anchors(roots) }
+        if !options.trustAnchors.isEmpty {
+            logger.warning("receipts_unchecked", [("note", "--trust-anchor without --receipt-trust-anchor: attestations' receipts are not checked "
+                                                  + "and their devices get no risk metric")])
+            return .unchecked
+        }
+        return .apple
     }
 
     static func introspectionKey(_ options: ServeOptions) throws -> String? {

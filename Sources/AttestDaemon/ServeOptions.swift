@@ -1,14 +1,18 @@
+import AppleDataService
 import AttestWire
 import EventLoops
 import Foundation
 import HTTPRouting
 import HTTPServer
+import ReceiptRefresh
 import Stores
 import TokenService
 
 /// attestd: the App Attest token service. `attestd serve [options]`.
 public let serveUsage = """
-usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [--token-ttl SECONDS]
+usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [--receipt-trust-anchor PEM]… [--token-ttl SECONDS]
+                     [--apple-data-url-production URL] [--apple-data-url-development URL] [--apple-data-ca-file PEM]
+                     [--risk-refresh-interval SECONDS] [--risk-refresh-rate PER_SECOND] [--risk-refresh-lease SECONDS]
                      [--mint-limit PER_MINUTE] [--registration-quota PER_HOUR] [--challenge-limit PER_MINUTE]
                      [--introspection-key-file FILE] [--threads N] [--exchange-threads N] [--synchronous full|normal]
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
@@ -53,6 +57,22 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
           integrations update) and the per-device and monthly limits read the database's counts
           plus this instance's unwritten ones. --no-usage-ledger: relay without recording usage or
           applying the policy (benchmarks only: nothing is billed or limited).
+--trust-anchor PEM (repeatable; development and tests): attestations chained to this root are accepted
+          next to Apple's. No Apple receipt can exist for them, so receipts are then not checked (a warning
+          says so at start) unless --receipt-trust-anchor PEM names the root that signs theirs, which then
+          replaces Apple Root CA - G3 for every receipt. Without either, every attestation's receipt must
+          chain to G3 and name the attested key, the App ID and the attestation's time (at most 300 s off).
+--risk-refresh-interval (default 86400): a device's receipt is sent to Apple's data service this long
+          after its registration or last refresh (never before the receipt's "not before", never after it
+          expires, only while the device exchanged in the last 30 days), with its team's key (attestctl
+          apple-keys set); the refreshed receipt is validated and stored with Apple's risk metric.
+--risk-refresh-rate (default 20 requests/s per instance): 1.7 million refreshes a day, 17 times what
+          100,000 daily devices need, so a backlog clears in hours and Apple never sees a burst.
+          429 and 5xx answers back off (1 s doubling to 5 min); 401 and 400 are logged once per team and key.
+--apple-data-url-production, --apple-data-url-development (https; Apple's by default) and
+          --apple-data-ca-file PEM (extra roots for that connection): where the refresh posts (tests: a stub).
+--risk-refresh-lease (default 60): a device claimed by an instance is left to it this long; a killed
+          instance's claims lapse by then and another instance takes them.
 --token-ttl is 300 to 86400 seconds: the published client refreshes 60 s before expiry, so a
           shorter token would be refreshed on almost every call and soon hit the mint limit.
 """
@@ -63,6 +83,14 @@ public struct ServeOptions: Sendable {
     public var host = "127.0.0.1"
     public var port: UInt16 = 8080
     public var trustAnchors: [String] = []
+    /// Roots trusted for receipts in place of Apple Root CA - G3 (a test receipt authority).
+    public var receiptTrustAnchors: [String] = []
+    /// Apple's data service and how the refresh job uses it (`exchange.riskRefreshInterval` is its interval).
+    public var appleDataProductionURL = AppleDataClient.productionURL
+    public var appleDataDevelopmentURL = AppleDataClient.developmentURL
+    public var appleDataCAFile: String?
+    public var riskRefreshRate = ReceiptRefreshConfiguration().requestsPerSecond
+    public var riskRefreshLease = ReceiptRefreshConfiguration().lease
     public var exchange = ExchangeConfiguration()
     public var introspectionKeyFile: String?
     /// Set by `--threads` and `--exchange-threads`, else `defaultThreads(for:)`.
@@ -95,6 +123,13 @@ public struct ServeOptions: Sendable {
     public var usageFlushInterval = 1.0
     public var usageLedger = true
 
+    static func httpsURL(_ text: String, option: String) throws -> String {
+        guard let url = URL(string: text), url.scheme?.lowercased() == "https", url.host != nil else {
+            throw StartupError("\(option) must be an https:// URL, got \(text.prefix(200))")
+        }
+        return text
+    }
+
     public init(_ arguments: [String]) throws {
         var i = 0
         func value() throws -> String {
@@ -115,6 +150,13 @@ public struct ServeOptions: Sendable {
                 let text = try value()
                 admin = text == "none" ? nil : try Self.hostPort(text, option: "--admin-listen")
             case "--trust-anchor": trustAnchors.append(try value())
+            case "--receipt-trust-anchor": receiptTrustAnchors.append(try value())
+            case "--apple-data-url-production": appleDataProductionURL = try Self.httpsURL(try value(), option: "--apple-data-url-production")
+            case "--apple-data-url-development": appleDataDevelopmentURL = try Self.httpsURL(try value(), option: "--apple-data-url-development")
+            case "--apple-data-ca-file": appleDataCAFile = try value()
+            case "--risk-refresh-rate": riskRefreshRate = Double(try number("--risk-refresh-rate", 1...1000))
+            case "--risk-refresh-lease": riskRefreshLease = Double(try number("--risk-refresh-lease", 1...3600))
+            case "--risk-refresh-interval": exchange.riskRefreshInterval = TimeInterval(try number("--risk-refresh-interval", 1...90 * 86_400))
             case "--token-ttl": exchange.tokenTTL = TimeInterval(try number("--token-ttl", 300...86_400))
             case "--mint-limit": exchange.mintLimitPerMinute = try number("--mint-limit", 0...1_000_000)
             case "--registration-quota": exchange.registrationQuotaPerHour = try number("--registration-quota", 0...100_000_000)

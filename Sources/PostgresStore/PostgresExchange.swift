@@ -118,8 +118,9 @@ extension PostgresTokenStore {
 
     static let registerSQL = exchangeSQL(done: """
         INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at,
-                             platform, validation_category, bundle_version, os_version, last_refresh_at)
-            SELECT $2, $1, $5, $6, $7, $8, $9, $3, $20, $21, $22, $23, $3
+                             platform, validation_category, bundle_version, os_version, last_refresh_at,
+                             credential_certificate, receipt_created_at, receipt_not_before, receipt_expires_at, risk_metric, risk_refresh_due_at)
+            SELECT $2, $1, $5, $6, $7, $8, $9, $3, $20, $21, $22, $23, $3, $24, $25, $26, $27, $28, $29
             WHERE ($4::bytea IS NULL OR EXISTS (SELECT 1 FROM ch))
               AND EXISTS (SELECT 1 FROM integrations WHERE client_id = $1 AND revoked_at IS NULL)
               AND \(registrationQuotaOK)
@@ -148,16 +149,19 @@ extension PostgresTokenStore {
         return try row.bool(2) ? .conflict : .quotaExceeded
     }
 
-    public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+    public func registerDevice(_ device: Device, receipt: DeviceReceipt, firstToken: TokenRecord, redeeming challenge: [UInt8]?,
                                nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
                                commitTime: @Sendable () -> Date) throws -> CommitResult {
         func values(_ committing: Date) -> [PostgresValue] {
             [.text(device.clientID), .bytes(device.keyID), Self.seconds(committing), Self.optional(challenge),
              .bytes(device.publicKey), .int(Int64(device.counter)), .text(device.environment.rawValue),
-             .text(device.appID), .bytes(receipt)] + Self.tokenValues(firstToken, nextChallenge)
+             .text(device.appID), .bytes(receipt.der)] + Self.tokenValues(firstToken, nextChallenge)
                 + [quota.map { .int(Int64($0.limit)) } ?? .nullInt, Self.seconds(committing - (quota?.window ?? 0))]
                 + [Self.optional(device.platform?.rawValue), Self.optional(device.validationCategory), Self.optional(device.bundleVersion),
                    Self.optional(device.osVersion)]
+                + [Self.optional(receipt.credentialCertificate), Self.optional(receipt.risk?.receiptCreatedAt),
+                   Self.optional(receipt.risk?.receiptNotBefore), Self.optional(receipt.risk?.receiptExpiresAt),
+                   Self.optional(receipt.risk?.metric), Self.optional(receipt.refreshDueAt)]
         }
         return try run { db in
             guard quota != nil else { return try Self.outcome(try db.query(Self.registerSQL, values(commitTime())), redeeming: challenge) }

@@ -19,7 +19,7 @@ extension PostgresTokenStore {
                 INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at,
                                           allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget,
                                           \(StoreColumns.list(StoreColumns.devicePolicy)))
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING client_id)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) RETURNING client_id)
             """
         if integration.bundleIDs.isEmpty {
             sql += " SELECT count(*) FROM i"
@@ -54,14 +54,14 @@ extension PostgresTokenStore {
     /// `StoreColumns.devicePolicy`, in its order.
     static func devicePolicyValues(_ policy: DevicePolicy) -> [PostgresValue] {
         let v = policy.columnValues
-        return [.text(v.production), .text(v.development), optional(v.minBundleVersion), .int(v.requireExtensions), .text(v.platforms)]
+        return [.text(v.production), .text(v.development), optional(v.minBundleVersion), .int(v.requireExtensions), .text(v.platforms), .int(v.riskLimit)]
     }
 
     public func updateDevicePolicy(clientID: String, _ policy: DevicePolicy) throws -> Bool {
         try run { db in
             try db.query("""
                 WITH u AS (UPDATE integrations SET distribution_production = $1, distribution_development = $2, min_bundle_version = $3,
-                           require_extensions = $4, platforms = $5 WHERE client_id = $6 RETURNING 1)
+                           require_extensions = $4, platforms = $5, risk_limit = $6 WHERE client_id = $7 RETURNING 1)
                 SELECT count(*) FROM u
                 """, Self.devicePolicyValues(policy) + [.text(clientID)]).first { try $0.int(0) == 1 } ?? false
         }

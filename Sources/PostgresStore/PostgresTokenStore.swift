@@ -40,4 +40,6 @@ public final class PostgresTokenStore: TokenStore {
     static func optional(_ value: String?) -> PostgresValue { value.map { .text($0) } ?? .nullText }
     static func optional(_ value: [UInt8]?) -> PostgresValue { value.map { .bytes($0) } ?? .nullBytes }
     static func optional(_ value: UInt32?) -> PostgresValue { value.map { .int(Int64($0)) } ?? .nullInt }
+    static func optional(_ value: Int?) -> PostgresValue { value.map { .int(Int64($0)) } ?? .nullInt }
+    static func optional(_ value: Date?) -> PostgresValue { value.map(seconds) ?? .null(.float8) }
 }

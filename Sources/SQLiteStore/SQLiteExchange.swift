@@ -66,6 +66,7 @@ extension SQLiteTokenStore {
     // MARK: Devices and tokens
 
     static func optional(_ text: String?) -> SQLValue { text.map { .text($0) } ?? .null }
+    static func optional(_ date: Date?) -> SQLValue { date.map { .real($0.timeIntervalSince1970) } ?? .null }
 
     public func device(clientID: String, keyID: [UInt8]) throws -> Device? {
         try read { db in
@@ -92,7 +93,7 @@ extension SQLiteTokenStore {
                   .blob(token.keyID), .text(token.clientID), .blob(token.tokenHash)])
     }
 
-    public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+    public func registerDevice(_ device: Device, receipt: DeviceReceipt, firstToken: TokenRecord, redeeming challenge: [UInt8]?,
                                nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
                                commitTime: @Sendable () -> Date) throws -> CommitResult {
         try write { db in
@@ -110,14 +111,19 @@ extension SQLiteTokenStore {
                 }
                 let inserted = try db.run("""
                     INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at,
-                                         platform, validation_category, bundle_version, os_version, last_refresh_at)
-                    SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+                                         platform, validation_category, bundle_version, os_version, last_refresh_at,
+                                         credential_certificate, receipt_created_at, receipt_not_before, receipt_expires_at, risk_metric,
+                                         risk_refresh_due_at)
+                    SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
                     WHERE EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
                     ON CONFLICT (key_id) DO NOTHING
                     """, [.blob(device.keyID), .text(device.clientID), .blob(device.publicKey), .int(Int64(device.counter)),
-                          .text(device.environment.rawValue), .text(device.appID), .blob(receipt), .real(time.timeIntervalSince1970),
+                          .text(device.environment.rawValue), .text(device.appID), .blob(receipt.der), .real(time.timeIntervalSince1970),
                           Self.optional(device.platform?.rawValue), device.validationCategory.map { .int(Int64($0)) } ?? .null,
                           Self.optional(device.bundleVersion), Self.optional(device.osVersion), .real(time.timeIntervalSince1970),
+                          receipt.credentialCertificate.map { .blob($0) } ?? .null, Self.optional(receipt.risk?.receiptCreatedAt),
+                          Self.optional(receipt.risk?.receiptNotBefore), Self.optional(receipt.risk?.receiptExpiresAt),
+                          receipt.risk?.metric.map { .int(Int64($0)) } ?? .null, Self.optional(receipt.refreshDueAt),
                           .text(device.clientID)])
                 guard inserted == 1 else { return .conflict }   // committed all the same: the challenge stays used
                 try Self.insertToken(db, firstToken, grant: "registration")

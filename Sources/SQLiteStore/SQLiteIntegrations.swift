@@ -14,7 +14,7 @@ extension SQLiteTokenStore {
                     INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at,
                                               allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget,
                                               \(StoreColumns.list(StoreColumns.devicePolicy)))
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """, [.text(integration.clientID), .int(integration.workspaceID), .text(integration.name), .text(integration.teamID),
                           .text(integration.environments.map(\.rawValue).sorted().joined(separator: ",")),
                           .real(integration.createdAt.timeIntervalSince1970)] + Self.policyValues(integration.policy)
@@ -40,14 +40,15 @@ extension SQLiteTokenStore {
     /// `StoreColumns.devicePolicy`, in its order.
     static func devicePolicyValues(_ policy: DevicePolicy) -> [SQLValue] {
         let v = policy.columnValues
-        return [.text(v.production), .text(v.development), v.minBundleVersion.map { .text($0) } ?? .null, .int(v.requireExtensions), .text(v.platforms)]
+        return [.text(v.production), .text(v.development), v.minBundleVersion.map { .text($0) } ?? .null, .int(v.requireExtensions), .text(v.platforms),
+                .int(v.riskLimit)]
     }
 
     public func updateDevicePolicy(clientID: String, _ policy: DevicePolicy) throws -> Bool {
         try write { db in
             try db.run("""
                 UPDATE integrations SET distribution_production = ?, distribution_development = ?, min_bundle_version = ?,
-                       require_extensions = ?, platforms = ? WHERE client_id = ?
+                       require_extensions = ?, platforms = ?, risk_limit = ? WHERE client_id = ?
                 """, Self.devicePolicyValues(policy) + [.text(clientID)]) == 1
         }
     }

@@ -82,6 +82,29 @@ public final class AdminService: Sendable {
         return (workspace, try store.upstreamKey(workspaceID: workspace.id))
     }
 
+    // MARK: Apple keys
+
+    /// Stores a team's App Attest data-service key (the `.p8`), sealed and bound to the team and
+    /// key ID; owners and above of the workspace, audited (the key ID only, never the key).
+    public func setAppleKey(actor: String, workspace name: String = defaultWorkspace, teamID: String, keyID: String, p8: String,
+                            secrets: SecretBox) throws {
+        let teamID = try Validate.teamID(teamID)
+        guard keyID.utf8.count == 10, keyID.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x41...0x5a).contains($0) }) else {
+            throw AdminError("--key-id must be the 10-character key ID Apple shows for the key (letters and digits), got \(keyID.prefix(40))")
+        }
+        guard let key = try? ECPrivateKey(pem: p8), (try? key.publicKey())?.isP256 == true else {
+            throw AdminError("the key file is not an Apple .p8 key (a PKCS#8 P-256 private key in PEM)")
+        }
+        let workspace = try existingWorkspace(name)
+        _ = try requireRole(actor, in: workspace, "set Apple keys") { $0 == .primaryOwner || $0 == .owner }
+        let sealed = try secrets.seal(Array(p8.utf8), associatedData: SealedAppleKey.associatedData(teamID: teamID, keyID: keyID))
+        try store.setAppleKey(SealedAppleKey(teamID: teamID, keyID: keyID, sealed: sealed, setAt: now(), setBy: actor))
+        try audit(actor: actor, "apple_key.set", detail: "team \(teamID) key \(keyID)")
+    }
+
+    /// Every team's key record: team, key ID, when and by whom; the key itself stays sealed.
+    public func appleKeys() throws -> [SealedAppleKey] { try store.appleKeys() }
+
     // MARK: Integrations
 
     public func createIntegration(actor: String, workspace workspaceName: String = defaultWorkspace, name: String, teamID: String,

@@ -14,16 +14,20 @@ public struct DevicePolicy: Sendable, Equatable {
     /// Refuse devices that write no extension map (iOS 26 and earlier).
     public var requireExtensions: Bool
     public var platforms: Set<DevicePlatform>
+    /// A device whose latest Apple fraud-risk metric is above this is refused at its next token
+    /// refresh (0: no limit). Its tokens in flight stay valid: Apple advises against blocking at once on one number.
+    public var riskLimit: Int
 
     public static let defaultDistribution: [AttestationEnvironment: Set<Distribution>] =
         [.production: [.appStore, .testflight], .development: [.development]]
 
     public init(distribution: [AttestationEnvironment: Set<Distribution>] = defaultDistribution, minBundleVersion: BundleVersion? = nil,
-                requireExtensions: Bool = false, platforms: Set<DevicePlatform> = Set(DevicePlatform.allCases)) {
+                requireExtensions: Bool = false, platforms: Set<DevicePlatform> = Set(DevicePlatform.allCases), riskLimit: Int = 0) {
         self.distribution = distribution
         self.minBundleVersion = minBundleVersion
         self.requireExtensions = requireExtensions
         self.platforms = platforms
+        self.riskLimit = riskLimit
     }
 
     public func admitted(_ environment: AttestationEnvironment) -> Set<Distribution> { distribution[environment] ?? [] }
@@ -47,6 +51,13 @@ public struct DevicePolicy: Sendable, Equatable {
         }
         // A device that wrote no version now (an older system) is held to the one it registered with.
         try checkBuild(app, environment: device.environment, bundleVersion: app.bundleVersion ?? device.bundleVersion)
+        try checkRisk(device)
+    }
+
+    /// The metric of the device's latest refreshed receipt against the limit (no metric yet: admitted).
+    public func checkRisk(_ device: Device) throws {
+        guard riskLimit > 0, let metric = device.risk?.metric, metric > riskLimit else { return }
+        throw Rejection(.invalidGrant, .riskMetricTooHigh, "Apple's risk metric for the device is \(metric), above the integration's limit \(riskLimit)")
     }
 
     func checkPlatform(_ platform: DevicePlatform) throws {
@@ -93,7 +104,7 @@ public struct DevicePolicy: Sendable, Equatable {
     public var summary: String {
         "distribution production=\(Self.describe(admitted(.production))) development=\(Self.describe(admitted(.development))), "
             + "min_bundle_version \(minBundleVersion?.description ?? "none"), require_extensions \(requireExtensions), "
-            + "platforms \(Self.describe(platforms))"
+            + "platforms \(Self.describe(platforms)), risk_limit \(riskLimit == 0 ? "none" : String(riskLimit))"
     }
 
     /// A column's comma-separated distribution names (unknown names are dropped: never admitted).

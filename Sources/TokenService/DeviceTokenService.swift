@@ -20,6 +20,8 @@ public struct ExchangeConfiguration: Sendable {
     /// Lifetime of the `next_challenge` handed out with a token: long enough to still be valid
     /// when the client refreshes, 60 s before the token expires (or a little after).
     public var nextChallengeTTL: TimeInterval { tokenTTL + challengeTTL }
+    /// How long after its registration or last refresh a device's receipt is posted to Apple again.
+    public var riskRefreshInterval: TimeInterval = 86_400
     public init() {}
 }
 
@@ -121,7 +123,7 @@ public final class DeviceTokenService: Sendable {
                 let next = nextChallenge(at: time)
                 let quota = configuration.registrationQuotaPerHour > 0
                     ? RegistrationQuota(limit: configuration.registrationQuotaPerHour, window: 3600) : nil
-                switch try store.registerDevice(device, receipt: verified.receipt, firstToken: record, redeeming: challenge, nextChallenge: next,
+                switch try store.registerDevice(device, receipt: storedReceipt(verified, at: time), firstToken: record, redeeming: challenge, nextChallenge: next,
                                                 quota: quota, at: time, commitTime: now) {
                 case .committed: break
                 case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge expired or was redeemed concurrently")
@@ -144,6 +146,16 @@ public final class DeviceTokenService: Sendable {
                 return response(token, next, at: time)
             }
         }
+    }
+
+    /// The receipt as stored: read when the verifier validated it, with its first refresh due an
+    /// interval on, and never before Apple's "not before".
+    func storedReceipt(_ verified: VerifiedAttestation, at time: Date) -> DeviceReceipt {
+        guard let receipt = verified.validatedReceipt else { return DeviceReceipt(der: verified.receipt) }
+        let risk = DeviceRisk(receiptCreatedAt: receipt.createdAt, receiptNotBefore: receipt.notBefore, receiptExpiresAt: receipt.expiresAt,
+                              metric: receipt.riskMetric)
+        return DeviceReceipt(der: verified.receipt, credentialCertificate: verified.credentialCertificate, risk: risk,
+                             refreshDueAt: max(time + configuration.riskRefreshInterval, receipt.refreshableAt))
     }
 
     // MARK: Token (assertion)

@@ -1,7 +1,7 @@
 import Foundation
 import Synchronization
 
-/// Counters and histograms for `/metrics`, rendered in Prometheus text format.
+/// Counters, gauges and histograms for `/metrics`, rendered in Prometheus text format.
 public final class Metrics: Sendable {
     /// A series: the metric's name and its labels as given. Labels are rendered only for
     /// /metrics: building the text on every observation was most of what metrics cost a
@@ -29,6 +29,7 @@ public final class Metrics: Sendable {
         var counters: [Series: Double] = [:]
         var help: [String: String] = [:]
         var histograms: [Series: Histogram] = [:]
+        var gauges: [Series: Double] = [:]
     }
 
     private let state = Mutex(State())
@@ -74,6 +75,12 @@ public final class Metrics: Sendable {
         }
     }
 
+    /// A value that goes up and down (the age of the oldest due refresh, …).
+    public func set(_ name: String, _ value: Double, labels: [(String, String)] = []) {
+        let series = Series(name: name, labels: labels)
+        state.withLock { $0.gauges[series] = value }
+    }
+
     /// - Parameter buckets: the bucket bounds, fixed by a series' first observation.
     public func observe(_ name: String, seconds: Double, labels: [(String, String)] = [], buckets: [Double] = Metrics.latencyBuckets) {
         let series = Series(name: name, labels: labels)
@@ -85,11 +92,16 @@ public final class Metrics: Sendable {
     }
 
     public func prometheusText() -> String {
-        let (counters, help, histograms) = state.withLock { ($0.counters, $0.help, $0.histograms) }
+        let (counters, help, histograms, gauges) = state.withLock { ($0.counters, $0.help, $0.histograms, $0.gauges) }
         var out = ""
         for (name, series) in Self.byName(counters) {
             if let text = help[name] { out += "# HELP \(name) \(text)\n" }
             out += "# TYPE \(name) counter\n"
+            for (labels, value) in series { out += "\(name)\(labels) \(format(value))\n" }
+        }
+        for (name, series) in Self.byName(gauges) {
+            if let text = help[name] { out += "# HELP \(name) \(text)\n" }
+            out += "# TYPE \(name) gauge\n"
             for (labels, value) in series { out += "\(name)\(labels) \(format(value))\n" }
         }
         for (name, series) in Self.byName(histograms) {

@@ -76,12 +76,14 @@ public struct Device: Sendable, Equatable {
     public let osVersion: String?
     public let registeredAt: Date?
     public let lastRefreshAt: Date?
+    /// What its latest validated receipt says and Apple's metric (nil: receipts unchecked at registration).
+    public let risk: DeviceRisk?
 
     public var distribution: Distribution? { validationCategory.map(Distribution.init(category:)) }
 
     public init(keyID: [UInt8], clientID: String, publicKey: [UInt8], counter: UInt32, environment: AttestationEnvironment, appID: String,
                 platform: DevicePlatform? = nil, validationCategory: UInt32? = nil, bundleVersion: String? = nil, osVersion: String? = nil,
-                registeredAt: Date? = nil, lastRefreshAt: Date? = nil) {
+                registeredAt: Date? = nil, lastRefreshAt: Date? = nil, risk: DeviceRisk? = nil) {
         self.keyID = keyID
         self.clientID = clientID
         self.publicKey = publicKey
@@ -94,6 +96,58 @@ public struct Device: Sendable, Equatable {
         self.osVersion = osVersion
         self.registeredAt = registeredAt
         self.lastRefreshAt = lastRefreshAt
+        self.risk = risk
+    }
+}
+
+/// A device's latest validated receipt, as read back: its times and Apple's fraud-risk metric.
+public struct DeviceRisk: Sendable, Equatable {
+    public var receiptCreatedAt: Date
+    public var receiptNotBefore: Date?
+    public var receiptExpiresAt: Date?
+    /// Nil until Apple's first refreshed receipt (an ATTEST receipt carries none).
+    public var metric: Int?
+    public var checkedAt: Date?
+    /// When a refresh first found the metric above the integration's limit.
+    public var overLimitAt: Date?
+
+    public init(receiptCreatedAt: Date, receiptNotBefore: Date? = nil, receiptExpiresAt: Date? = nil, metric: Int? = nil,
+                checkedAt: Date? = nil, overLimitAt: Date? = nil) {
+        self.receiptCreatedAt = receiptCreatedAt
+        self.receiptNotBefore = receiptNotBefore
+        self.receiptExpiresAt = receiptExpiresAt
+        self.metric = metric
+        self.checkedAt = checkedAt
+        self.overLimitAt = overLimitAt
+    }
+
+    /// The operator's bands, as Apple suggests watching them: 0–2, 3–5, 6–25, above 25.
+    public static func band(_ metric: Int?) -> String {
+        guard let metric else { return "unknown" }
+        switch metric {
+        case ...2: return "0-2"
+        case 3...5: return "3-5"
+        case 6...25: return "6-25"
+        default: return "over-25"
+        }
+    }
+}
+
+/// The receipt a registration stores: the bytes as the device sent them and, when the verifier
+/// validated them, what they say, which the refresh job needs (the certificate every later
+/// receipt must name, and when Apple may be asked again).
+public struct DeviceReceipt: Sendable, Equatable {
+    public var der: [UInt8]
+    public var credentialCertificate: [UInt8]?
+    public var risk: DeviceRisk?
+    /// When the refresh job first posts it (nil: never, the receipt was not validated).
+    public var refreshDueAt: Date?
+
+    public init(der: [UInt8], credentialCertificate: [UInt8]? = nil, risk: DeviceRisk? = nil, refreshDueAt: Date? = nil) {
+        self.der = der
+        self.credentialCertificate = credentialCertificate
+        self.risk = risk
+        self.refreshDueAt = refreshDueAt
     }
 }
 
@@ -120,6 +174,8 @@ public struct DeviceCounts: Sendable, Equatable {
     public var byCategory: [String: Int] = [:]
     /// By bundle version (`none`: the device wrote none).
     public var byBundleVersion: [String: Int] = [:]
+    /// By risk band (`DeviceRisk.band`: 0-2, 3-5, 6-25, over-25, unknown before a refreshed receipt).
+    public var byRisk: [String: Int] = [:]
     public init() {}
 }
 

@@ -63,7 +63,7 @@ public protocol ExchangeStore: AnyObject, Sendable {
     /// registered or the integration revoked) and the next challenge. The challenge's expiry and
     /// the quota's window are read at `commitTime()`, called inside the transaction (once it holds
     /// the locks it needs), so verification that outlasts the challenge does not redeem it.
-    func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+    func registerDevice(_ device: Device, receipt: DeviceReceipt, firstToken: TokenRecord, redeeming challenge: [UInt8]?,
                         nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at: Date,
                         commitTime: @Sendable () -> Date) throws -> CommitResult
     /// In one transaction: uses up `challenge` (when given, as pending at `commitTime()`),
@@ -111,7 +111,8 @@ public protocol AuditStore: AnyObject, Sendable {
 }
 
 /// One database holding every capability.
-public protocol TokenStore: OrganisationStore, IntegrationStore, ExchangeStore, DeviceInventoryStore, UsageStore, AuditStore {
+public protocol TokenStore: OrganisationStore, IntegrationStore, ExchangeStore, DeviceInventoryStore, UsageStore, AuditStore,
+                            ReceiptRefreshStore {
     /// Nil when the store can serve (open, writable, the same database, room on disk); else why not.
     func readinessProblem() -> String?
     /// What the store runs in the background while the service runs (a watch on its file).
@@ -192,6 +193,14 @@ extension TokenStore {
 extension ExchangeStore {
     public func consumeChallenge(clientID: String, keyID: [UInt8], at time: Date) throws -> [UInt8]? {
         try consumeChallenge(clientID: clientID, keyID: keyID, challenge: nil, at: time)
+    }
+
+    /// A receipt stored as it came, unread (tools and tests).
+    public func registerDevice(_ device: Device, receipt: [UInt8], firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+                               nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
+                               commitTime: @Sendable () -> Date) throws -> CommitResult {
+        try registerDevice(device, receipt: DeviceReceipt(der: receipt), firstToken: firstToken, redeeming: challenge,
+                           nextChallenge: nextChallenge, quota: quota, at: time, commitTime: commitTime)
     }
 
     /// Without a challenge to redeem (tools and tests): true when committed.

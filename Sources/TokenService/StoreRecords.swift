@@ -40,12 +40,16 @@ public enum StoreColumns {
     // Integrations
     public static let policy = ["allowed_models", "max_tokens", "device_requests_per_minute", "monthly_token_budget"]
     /// `workspace_name` from the workspace, `bundle_ids` newline-separated in their order.
-    public static let devicePolicy = ["distribution_production", "distribution_development", "min_bundle_version", "require_extensions", "platforms"]
+    public static let devicePolicy = ["distribution_production", "distribution_development", "min_bundle_version", "require_extensions", "platforms",
+                                       "risk_limit"]
     public static let integration = ["client_id", "workspace_id", "workspace_name", "name", "team_id", "environments", "created_at",
                                      "revoked_at", "bundle_ids"] + policy + devicePolicy
     // Exchange
     public static let device = ["key_id", "client_id", "public_key", "sign_counter", "environment", "app_id",
                                 "platform", "validation_category", "bundle_version", "os_version", "registered_at", "last_refresh_at"]
+        + risk
+    /// The latest validated receipt's times and the metric (all NULL when receipts were unchecked).
+    public static let risk = ["receipt_created_at", "receipt_not_before", "receipt_expires_at", "risk_metric", "risk_checked_at", "risk_over_limit_at"]
     /// The inventory's counts: one row per (dimension, value).
     public static let deviceCount = ["dimension", "value", "count"]
     /// The token check: the token, its workspace's key, the integration's policy and the usage
@@ -104,13 +108,15 @@ extension DevicePolicy {
                                  .development: DevicePolicy.distributions(fromColumn: try row.text("distribution_development"))],
                   minBundleVersion: try row.optional("min_bundle_version", row.text).flatMap(BundleVersion.init),
                   requireExtensions: try row.int("require_extensions") != 0,
-                  platforms: Set(try row.text("platforms").split(separator: ",").compactMap { DevicePlatform(rawValue: String($0)) }))
+                  platforms: Set(try row.text("platforms").split(separator: ",").compactMap { DevicePlatform(rawValue: String($0)) }),
+                  riskLimit: Int(try row.int("risk_limit")))
     }
 
     /// The values for `StoreColumns.devicePolicy`, in its order.
-    public var columnValues: (production: String, development: String, minBundleVersion: String?, requireExtensions: Int64, platforms: String) {
+    public var columnValues: (production: String, development: String, minBundleVersion: String?, requireExtensions: Int64, platforms: String,
+                              riskLimit: Int64) {
         (Self.column(admitted(.production)), Self.column(admitted(.development)), minBundleVersion?.description, requireExtensions ? 1 : 0,
-         Self.describe(platforms))
+         Self.describe(platforms), Int64(riskLimit))
     }
 }
 
@@ -122,7 +128,14 @@ extension Device {
                   platform: try row.optional("platform", row.text).flatMap(DevicePlatform.init(rawValue:)),
                   validationCategory: try row.optional("validation_category", row.int).map { UInt32(truncatingIfNeeded: $0) },
                   bundleVersion: try row.optional("bundle_version", row.text), osVersion: try row.optional("os_version", row.text),
-                  registeredAt: try row.optional("registered_at", row.date), lastRefreshAt: try row.optional("last_refresh_at", row.date))
+                  registeredAt: try row.optional("registered_at", row.date), lastRefreshAt: try row.optional("last_refresh_at", row.date),
+                  risk: try row.optional("receipt_created_at", row.date).map { created in
+                      DeviceRisk(receiptCreatedAt: created, receiptNotBefore: try row.optional("receipt_not_before", row.date),
+                                 receiptExpiresAt: try row.optional("receipt_expires_at", row.date),
+                                 metric: try row.optional("risk_metric", row.int).map { Int($0) },
+                                 checkedAt: try row.optional("risk_checked_at", row.date),
+                                 overLimitAt: try row.optional("risk_over_limit_at", row.date))
+                  })
     }
 }
 
@@ -136,6 +149,7 @@ extension DeviceCounts {
         case "category":
             let name = value.flatMap { UInt32($0) }.map { Distribution(category: $0).rawValue } ?? "none"
             byCategory[name, default: 0] += count
+        case "risk": byRisk[DeviceRisk.band(value.flatMap { Int($0) }), default: 0] += count
         default: byBundleVersion[value ?? "none", default: 0] += count
         }
     }
@@ -146,6 +160,7 @@ extension DeviceCounts {
         SELECT 'platform' AS dimension, platform AS value, count(*) AS count FROM devices WHERE client_id = \(p) GROUP BY platform
         UNION ALL SELECT 'category', CAST(validation_category AS TEXT), count(*) FROM devices WHERE client_id = \(p) GROUP BY validation_category
         UNION ALL SELECT 'bundle_version', bundle_version, count(*) FROM devices WHERE client_id = \(p) GROUP BY bundle_version
+        UNION ALL SELECT 'risk', CAST(risk_metric AS TEXT), count(*) FROM devices WHERE client_id = \(p) GROUP BY risk_metric
         """
     }
 }

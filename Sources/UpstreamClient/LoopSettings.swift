@@ -25,17 +25,19 @@ struct LoopSettings: Sendable {
         }
         baseURL = base
         isTLS = lower.hasPrefix("https://")
-        caBundle = try configuration.caFile.map(Self.bundle(adding:))
+        caBundle = try configuration.caFile.map(CABundle.systemRoots(adding:))
         connectTimeoutMilliseconds = Int(max(1, configuration.connectTimeout.wholeMilliseconds))
         idleTimeoutNanoseconds = max(1_000_000, configuration.idleTimeout.wholeNanoseconds)
         allowHTTP2 = configuration.allowHTTP2
         maxIdleConnections = max(0, configuration.maxIdleConnections)
     }
+}
 
+public enum CABundle {
     /// curl takes a single CA bundle (CURLOPT_CAINFO and CURLOPT_CAINFO_BLOB each replace the
     /// default one), so extra roots come as the system bundle followed by the file's
     /// certificates, in memory.
-    private static func bundle(adding path: String) throws -> [UInt8] {
+    public static func systemRoots(adding path: String) throws -> [UInt8] {
         guard let extra = FileManager.default.contents(atPath: path) else {
             throw UpstreamClientError("cannot read caFile \(path)")
         }

@@ -138,11 +138,11 @@ public final class UpstreamTransfer: Sendable {
     }
 }
 
-/// curl_global_init, once per process, before any other curl call.
-enum CurlGlobal {
+/// curl_global_init, once per process, before any other curl call (the Apple data client's too).
+public enum CurlGlobal {
     private static let result: CURLcode = curl_global_init(attest_CURL_GLOBAL_DEFAULT)
 
-    static func ensureInitialized() throws {
+    public static func ensureInitialized() throws {
         guard result == CURLE_OK else {
             throw UpstreamClientError("curl_global_init failed: \(String(cString: curl_easy_strerror(result)))")
         }

@@ -16,7 +16,7 @@ enum SimulateDeviceCommand {
     static let usage = """
         usage: attest-sim simulate-device --base-url URL --client-id CLID --state-dir DIR [--app-id TEAMID.bundle]
                  [--platform ios|macos] [--distribution NAME] [--environment development|production] [--bundle-version V]
-                 [--no-extensions] [--mac-security-posture on|off] [--refresh] [--messages [--prompt TEXT] [--model ID] [--max-tokens N] [--stream]]
+                 [--no-extensions] [--mac-security-posture on|off] [--receipt KIND] [--refresh] [--messages [--prompt TEXT] [--model ID] [--max-tokens N] [--stream]]
           One simulated install kept in DIR: prints {"client_id","key_id","token_expires_at","source","exchange_ms"}
           (source: registered, refreshed or cached), never the token. --app-id is needed on the first
           run and remembered in DIR/app-id. --messages then sends one Messages API request through the
@@ -33,12 +33,14 @@ enum SimulateDeviceCommand {
             --bundle-version V    default 1 on iOS, none on a Mac
             --no-extensions       write no extension map, as iOS 26 and earlier
             --mac-security-posture off   a Mac whose aclBlob is not Apple's value (SIP or Full Security off)
+            --receipt KIND        the attestation's receipt, signed by Fixtures/test-receipt-authority: valid (default),
+                                  none, bad-signature, wrong-app-id, other-certificate or stale (an hour old)
             --refresh             drop the cached token first, so the run refreshes by assertion
         """
 
     static func run(_ argv: [String]) throws -> Int32 {
         let arguments = try Arguments(argv, options: ["base-url", "client-id", "state-dir", "app-id", "prompt", "model", "max-tokens",
-                                                      "platform", "distribution", "environment", "bundle-version", "mac-security-posture"],
+                                                      "platform", "distribution", "environment", "bundle-version", "mac-security-posture", "receipt"],
                                       flags: ["messages", "stream", "help", "no-extensions", "refresh"])
         if arguments.has("help") { print(usage); return 0 }
         guard arguments.positional.isEmpty else { throw UsageError("unexpected argument \(arguments.positional[0])\n\(usage)") }
@@ -163,6 +165,12 @@ enum SimulateDeviceCommand {
             // Apple's value with its last byte changed: the policy of a Mac with a protection turned off.
             build.accessControlPolicy = Array(AccessControlExtension.applesMacValue.dropLast()) + [0x00]
         case let other?: throw UsageError("--mac-security-posture \(other): use on or off")
+        }
+        if let text = try arguments.value("receipt") {
+            guard let kind = SimulatedReceipt(rawValue: text) else {
+                throw UsageError("--receipt \(text): use " + SimulatedReceipt.allCases.map(\.rawValue).joined(separator: ", "))
+            }
+            build.receipt = kind
         }
         return build
     }

@@ -16,6 +16,10 @@ enum AdminCommands {
            attestctl workspaces create --actor EMAIL --name NAME
            attestctl workspaces show NAME [--json]
            attestctl workspaces set-upstream-key --actor EMAIL --workspace NAME --key-file FILE
+           attestctl apple-keys set --actor EMAIL [--workspace NAME] --team-id TEAMID --key-id KEYID --key-file AuthKey_KEYID.p8
+             the team's App Attest data-service key (DeviceCheck enabled), with which attestd asks Apple for each
+             device's fraud-risk metric; owners and above, audited, sealed under the secrets key like upstream keys
+           attestctl apple-keys list [--json]   (team, key ID, when and by whom; never the key)
              (owner or primary owner; the key is stored sealed with AES-256-GCM under the secrets key file,
               never printed: show tells only whether one is set, when, by whom, and its last 4 characters)
            attestctl integrations create --actor EMAIL [--workspace NAME] --name NAME --team-id TEAMID
@@ -31,6 +35,9 @@ enum AdminCommands {
                --require-extensions            refuse devices that write no extension map (iOS 26 and earlier);
                                                recommended when the app's minimum OS is 27 (--no-require-extensions undoes it)
                --platforms ios,macos           which platforms may attest (default both)
+               --risk-limit N                  refuse a device at its next token refresh once Apple's risk metric for it
+                                               (keys attested on that device lately) is above N (default 0: no limit);
+                                               tokens it holds stay valid until they expire
              POLICY: what the app's installs may spend through the Messages relay; 0 means no limit.
                --models ID,…                   model IDs the app may call (default any; '*' allows any again)
                --max-tokens N                  ceiling on a request's max_tokens (default none)
@@ -40,7 +47,8 @@ enum AdminCommands {
            attestctl integrations list [--workspace NAME] [--json]
            attestctl integrations show CLIENT_ID [--json]
            attestctl integrations revoke CLIENT_ID --actor EMAIL --yes
-           attestctl devices list --client-id CLIENT_ID [--limit N] [--json]
+           attestctl devices list --client-id CLIENT_ID [--limit N] [--risk-over N] [--json]
+             (--risk-over N: only devices whose latest Apple risk metric is above N)
            attestctl devices show KEY_ID [--json]   (KEY_ID in base64 or hex)
            attestctl audit [--client-id CLIENT_ID] [--limit N] [--json]
            attestctl usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE]
@@ -66,12 +74,14 @@ enum AdminCommands {
             case ("workspaces", "create"): try createWorkspace(Array(argv.dropFirst()))
             case ("workspaces", "show"): try showWorkspace(Array(argv.dropFirst()))
             case ("workspaces", "set-upstream-key"): try setUpstreamKey(Array(argv.dropFirst()))
+            case ("apple-keys", "set"): try setAppleKey(Array(argv.dropFirst()))
+            case ("apple-keys", "list"): try listAppleKeys(Array(argv.dropFirst()))
             case ("integrations", "create"): try createIntegration(Array(argv.dropFirst()))
             case ("integrations", "list"): try listIntegrations(Array(argv.dropFirst()))
             case ("integrations", "show"): try showIntegration(Array(argv.dropFirst()))
             case ("integrations", "revoke"): try revokeIntegration(Array(argv.dropFirst()))
             case ("integrations", "update"): try updateIntegration(Array(argv.dropFirst()))
-            case ("devices", "list"): try DeviceCommands.list(try parse(Array(argv.dropFirst()), options: ["client-id", "limit"], flags: ["json"]))
+            case ("devices", "list"): try DeviceCommands.list(try parse(Array(argv.dropFirst()), options: ["client-id", "limit", "risk-over"], flags: ["json"]))
             case ("devices", "show"): try DeviceCommands.show(try parse(Array(argv.dropFirst()), options: [], flags: ["json"], positional: 1))
             case ("audit", _): try audit(argv)
             case ("usage", _): try UsageCommand.run(try parse(argv, options: UsageCommand.options, flags: ["json"]))
@@ -163,6 +173,36 @@ enum AdminCommands {
         print("set the upstream key of \(workspace), ending in \(key?.last4 ?? "?")")
     }
 
+    static func setAppleKey(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "workspace", "team-id", "key-id", "key-file"])
+        let actor = try Validate.email(try arguments.required("actor"))
+        let teamID = try arguments.required("team-id"), keyID = try arguments.required("key-id")
+        let keyPath = try arguments.required("key-file")
+        guard let data = FileManager.default.contents(atPath: keyPath), data.count <= 16 << 10 else {
+            throw UsageError("--key-file: cannot read \(keyPath) (or it is larger than a .p8 key)")
+        }
+        let (service, _) = try open(arguments)
+        let secrets: SecretBox
+        do { secrets = try SecretsKeyFile.load(try secretsKeyPath(arguments)) } catch { throw UsageError("\(error)") }
+        try service.setAppleKey(actor: actor, workspace: try arguments.value("workspace") ?? AdminService.defaultWorkspace, teamID: teamID,
+                                keyID: keyID, p8: String(decoding: data, as: UTF8.self), secrets: secrets)
+        print("set the App Attest data-service key \(keyID) of team \(teamID)")
+    }
+
+    static func listAppleKeys(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: [], flags: ["json"])
+        let (service, _) = try open(arguments)
+        let keys = try service.appleKeys()
+        let records: [[String: Any]] = keys.map { ["team_id": $0.teamID, "key_id": $0.keyID, "set_at": iso8601($0.setAt), "set_by": $0.setBy] }
+        if arguments.has("json") {
+            printJSON(["apple_keys": records])
+        } else if keys.isEmpty {
+            print("no Apple keys: devices of every team show risk unknown")
+        } else {
+            for key in keys { print("team=\(key.teamID)  key_id=\(key.keyID)  set_at=\(iso8601(key.setAt))  set_by=\(key.setBy)") }
+        }
+    }
+
     static func createIntegration(_ argv: [String]) throws {
         let arguments = try parse(argv, options: Set(["actor", "workspace", "name", "team-id", "bundle-id", "environments"]).union(policyOptions)
                                     .union(devicePolicyOptions), flags: Set(["json"]).union(devicePolicyFlags))
@@ -187,7 +227,7 @@ enum AdminCommands {
         }
     }
 
-    static let devicePolicyOptions: Set<String> = ["distribution", "min-bundle-version", "platforms"]
+    static let devicePolicyOptions: Set<String> = ["distribution", "min-bundle-version", "platforms", "risk-limit"]
     static let devicePolicyFlags: Set<String> = ["require-extensions", "no-require-extensions"]
 
     static func givesDevicePolicy(_ arguments: Arguments) -> Bool {
@@ -207,6 +247,7 @@ enum AdminCommands {
             }
             if let text = try arguments.value("platforms") { policy.platforms = try Validate.platforms(text) }
         } catch let error as AdminError { throw UsageError(error.description) }
+        if let n = try arguments.integer("risk-limit", range: 0...1_000_000_000) { policy.riskLimit = n }
         if arguments.has("require-extensions") && arguments.has("no-require-extensions") {
             throw UsageError("give one of --require-extensions and --no-require-extensions")
         }
@@ -376,7 +417,7 @@ enum AdminCommands {
     static func devicePolicyRecord(_ policy: DevicePolicy) -> [String: Any] {
         ["distribution": Dictionary(uniqueKeysWithValues: AttestationEnvironment.allCases.map { ($0.rawValue, policy.admitted($0).sorted().map(\.rawValue)) }),
          "min_bundle_version": policy.minBundleVersion?.description ?? NSNull(), "require_extensions": policy.requireExtensions,
-         "platforms": policy.platforms.map(\.rawValue).sorted()]
+         "platforms": policy.platforms.map(\.rawValue).sorted(), "risk_limit": policy.riskLimit]
     }
 
     /// The record plus usage counts and revocation time, for list and show.
@@ -388,7 +429,7 @@ enum AdminCommands {
         result["revoked_at"] = integration.revokedAt.map(iso8601) ?? NSNull()
         let inventory = try service.deviceCounts(integration.clientID)
         result["device_counts"] = ["by_platform": inventory.byPlatform, "by_category": inventory.byCategory,
-                                   "by_bundle_version": inventory.byBundleVersion]
+                                   "by_bundle_version": inventory.byBundleVersion, "by_risk": inventory.byRisk]
         return result
     }
 

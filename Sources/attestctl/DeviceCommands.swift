@@ -9,8 +9,11 @@ enum DeviceCommands {
     static func list(_ arguments: Arguments) throws {
         let clientID = try arguments.required("client-id")
         let limit = try arguments.integer("limit", default: 1000, range: 1...1_000_000)!
+        let riskOver = try arguments.integer("risk-over", range: 0...1_000_000_000)
         let (service, _) = try AdminCommands.open(arguments)
-        let devices = try service.devices(clientID, limit: limit)
+        var devices = try service.devices(clientID, limit: limit)
+        // Apple's signal of a device serving many installs: those whose latest metric is above N.
+        if let riskOver { devices = devices.filter { ($0.risk?.metric ?? -1) > riskOver } }
         if arguments.has("json") {
             printJSON(["devices": devices.map(record)])
         } else if devices.isEmpty {
@@ -60,7 +63,8 @@ enum DeviceCommands {
     }
 
     static let fieldOrder = ["key_id", "client_id", "platform", "distribution", "validation_category", "bundle_version", "os_version",
-                             "environment", "app_id", "counter", "registered_at", "last_refresh_at"]
+                             "environment", "app_id", "counter", "registered_at", "last_refresh_at", "risk", "risk_metric",
+                             "risk_checked_at", "risk_over_limit_at", "receipt_expires_at"]
 
     static func record(_ device: Device) -> [String: Any] {
         ["key_id": Data(device.keyID).base64EncodedString(), "client_id": device.clientID,
@@ -68,7 +72,12 @@ enum DeviceCommands {
          "validation_category": device.validationCategory.map { Int($0) } ?? NSNull(),
          "bundle_version": device.bundleVersion ?? NSNull(), "os_version": device.osVersion ?? NSNull(),
          "environment": device.environment.rawValue, "app_id": device.appID, "counter": Int(device.counter),
-         "registered_at": device.registeredAt.map(AdminCommands.iso8601) ?? NSNull(), "last_refresh_at": device.lastRefreshAt.map(AdminCommands.iso8601) ?? NSNull()]
+         "registered_at": device.registeredAt.map(AdminCommands.iso8601) ?? NSNull(), "last_refresh_at": device.lastRefreshAt.map(AdminCommands.iso8601) ?? NSNull(),
+         // risk: the band, or unknown (receipts unchecked, no Apple key for the team, or no refresh yet).
+         "risk": DeviceRisk.band(device.risk?.metric), "risk_metric": device.risk?.metric ?? NSNull(),
+         "risk_checked_at": device.risk?.checkedAt.map(AdminCommands.iso8601) ?? NSNull(),
+         "risk_over_limit_at": device.risk?.overLimitAt.map(AdminCommands.iso8601) ?? NSNull(),
+         "receipt_expires_at": device.risk?.receiptExpiresAt.map(AdminCommands.iso8601) ?? NSNull()]
     }
 
     static func line(_ fields: [String: Any]) -> String {

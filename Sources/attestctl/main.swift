@@ -8,12 +8,14 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   init | members add                       set up the organisation
   migrate                                  apply the schema's migrations (SQLite or PostgreSQL)
   workspaces create|show|set-upstream-key  workspaces and their upstream API keys
+  apple-keys set|list                      each Apple team's App Attest data-service key (for the risk metric)
   integrations create|list|show|update|revoke  manage app integrations, which builds they admit and what they may spend
-  devices list --client-id CLID | show KEY_ID  the devices that registered: platform, distribution, versions
+  devices list --client-id CLID [--risk-over N] | show KEY_ID  the devices that registered: platform, distribution,
+                                           versions, Apple's risk metric
   usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE] [--by hour|day|model|integration] [--json]
                                            what relayed Messages requests cost
   audit [--client-id CLID] [--limit N]     newest audit events
-  verify attestation|assertion …           verify an App Attest object offline
+  verify attestation|assertion|receipt …   verify an App Attest object or receipt offline
 every command answers --help; --db PATH|URL (a SQLite file or a postgresql:// URL; default: $ATTESTD_DB, else ./attestd.sqlite) and
 --secrets-key-file FILE (default: $ATTESTD_SECRETS_KEY_FILE, else attestd.key beside the database)
 may come before or after it
@@ -24,7 +26,7 @@ runTool("attestctl") {
     let rest = Array(argv.dropFirst())
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
-    case "init", "migrate", "members", "workspaces", "integrations", "devices", "audit", "usage": return try AdminCommands.run(argv[0], rest)
+    case "init", "migrate", "members", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     default: throw UsageError(usage)
     }

@@ -13,7 +13,7 @@ import Testing
         let server: ServerProcess
         var devices = 0
 
-        init(_ policy: [String] = []) throws {
+        init(_ policy: [String] = [], serverArguments: [String] = []) throws {
             directory = FileManager.default.temporaryDirectory.appendingPathComponent("attest-policy-\(UUID().uuidString)")
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             db = directory.appendingPathComponent("attestd.sqlite").path
@@ -24,7 +24,8 @@ import Testing
                   let clientID = object["client_id"] as? String else { throw HTTPTestError("create failed: \(output)") }
             self.clientID = clientID
             // Limits off: these tests refresh the same keys often, on purpose.
-            server = try ServerProcess(db: db, extraArguments: ["--mint-limit", "0", "--registration-quota", "0", "--challenge-limit", "0"])
+            server = try ServerProcess(db: db, extraArguments: ["--mint-limit", "0", "--registration-quota", "0", "--challenge-limit", "0"]
+                                       + serverArguments)
         }
 
         deinit {
@@ -122,8 +123,8 @@ import Testing
         let change = try #require(try deployment.events("integration.device_policy_updated").last)
         #expect(change["actor"] as? String == "owner@example.com")
         #expect(change["detail"] as? String == "distribution production=app-store,testflight development=development, min_bundle_version none, "
-                    + "require_extensions false, platforms ios,macos -> distribution production=app-store,enterprise,testflight "
-                    + "development=development, min_bundle_version none, require_extensions false, platforms ios,macos")
+                    + "require_extensions false, platforms ios,macos, risk_limit none -> distribution production=app-store,enterprise,testflight "
+                    + "development=development, min_bundle_version none, require_extensions false, platforms ios,macos, risk_limit none")
         // A list that names a category no policy may admit is refused by attestctl, and changes nothing.
         #expect(try ServerProcess.attestctl(["integrations", "update", deployment.clientID, "--db", deployment.db, "--actor", "owner@example.com",
                                              "--distribution", "production=app-store,os"]).0 == 2)

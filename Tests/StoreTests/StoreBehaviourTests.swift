@@ -101,6 +101,7 @@ struct StoreBehaviourTests {
         expected.byPlatform = ["ios": 2]
         expected.byCategory = ["app-store": 1, "development": 1]
         expected.byBundleVersion = ["1.1": 1, "none": 1]
+        expected.byRisk = ["unknown": 2]
         #expect(try store.deviceCounts(clientID: app.clientID) == expected)
         #expect(try store.deviceCounts(clientID: "clid_nobody") == DeviceCounts())
         #expect(try store.device(keyID: F.bytes()) == nil)
@@ -525,5 +526,74 @@ struct StoreBehaviourTests {
         odd.usage[UsageKey(clientID: app.clientID, model: #"we"ird,{model}\"#, hour: hour)] = counters
         try store.recordUsage(odd, purgeDeviceMinutesBefore: 0)
         #expect(try store.usage(UsageFilter(clientID: app.clientID)).contains { $0.key.model == #"we"ird,{model}\"# })
+    }
+
+    /// The refresh job's claims, as the database enforces them: each due device goes to one
+    /// claimer however many ask at once, a claim lapses after its lease, a lapsed claimer's late
+    /// answer is refused, and a 200 replaces the receipt while a 304 keeps it.
+    @Test(arguments: Backend.allCases)
+    func receiptClaimsAreExclusiveAndLapse(_ backend: Backend) async throws {
+        let f = try StoreFixture(backend, poolSize: 8)
+        let store = f.store
+        let app = try f.integration()
+        var keys: [[UInt8]] = []
+        for index in 0..<40 {
+            let keyID = F.bytes()
+            let receipt = DeviceReceipt(der: [7, UInt8(index)], credentialCertificate: [9, UInt8(index)],
+                                        risk: DeviceRisk(receiptCreatedAt: t0, receiptExpiresAt: t0 + 90 * 86_400), refreshDueAt: t0 + 10)
+            #expect(try store.registerDevice(F.device(app, keyID: keyID), receipt: receipt, firstToken: F.token(app, keyID: keyID),
+                                             redeeming: nil, nextChallenge: F.challenge(), quota: nil, at: t0, commitTime: { t0 }) == .committed)
+            keys.append(keyID)
+        }
+        // A device without a validated receipt (receipts unchecked) is never due.
+        _ = try f.registered(app)
+        #expect(try store.claimDueReceipts(at: t0 + 5, lease: 60, limit: 100, claim: "early").isEmpty)
+        #expect(try store.oldestDueReceipt(at: t0 + 30) == t0 + 10)
+
+        // Eight claimers at once, five devices each at most: every device exactly once.
+        let claims = try await withThrowingTaskGroup(of: [DueReceipt].self) { group in
+            for worker in 0..<8 {
+                group.addTask { try store.claimDueReceipts(at: t0 + 30, lease: 60, limit: 5, claim: "worker-\(worker)") }
+            }
+            var all: [DueReceipt] = []
+            for try await batch in group { all += batch }
+            return all
+        }
+        #expect(claims.count == 40)
+        #expect(Set(claims.map(\.keyID)) == Set(keys))
+        let first = try #require(claims.first)
+        #expect(first.teamID == "ABCDE12345" && first.riskLimit == 0 && first.credentialCertificate.first == 9)
+        #expect(try store.claimDueReceipts(at: t0 + 31, lease: 60, limit: 100, claim: "late").isEmpty, "live claims are skipped")
+
+        // A 200 for the first: the receipt and metric stored, the claim released, due again later.
+        let stored = try store.finishReceiptRefresh(ReceiptRefreshOutcome(
+            keyID: first.keyID, claim: first.claim,
+            receipt: .init(der: [8, 8], createdAt: t0 + 31, notBefore: t0 + 86_431, expiresAt: t0 + 90 * 86_400, riskMetric: 12, overLimit: true),
+            checkedAt: t0 + 31, nextDue: t0 + 86_431))
+        #expect(stored)
+        let refreshed = try #require(try store.device(keyID: first.keyID))
+        #expect(refreshed.risk?.metric == 12 && refreshed.risk?.checkedAt == t0 + 31 && refreshed.risk?.overLimitAt == t0 + 31)
+        #expect(refreshed.risk?.receiptNotBefore == t0 + 86_431)
+        // A 304 for the second keeps its receipt and sets only the next due time.
+        let second = claims[1]
+        #expect(try store.finishReceiptRefresh(ReceiptRefreshOutcome(keyID: second.keyID, claim: second.claim, receipt: nil,
+                                                                    checkedAt: t0 + 31, nextDue: t0 + 40)))
+        #expect(try store.device(keyID: second.keyID)?.risk?.metric == nil)
+        // After the lease, the others are claimed again (a killed claimer's work is taken over), and
+        // the lapsed claimer's late answer no longer lands.
+        let retaken = try store.claimDueReceipts(at: t0 + 100, lease: 60, limit: 100, claim: "successor")
+        #expect(Set(retaken.map(\.keyID)) == Set(keys.filter { $0 != first.keyID }))
+        let third = try #require(claims.first { $0.keyID != first.keyID && $0.keyID != second.keyID })
+        #expect(try !store.finishReceiptRefresh(ReceiptRefreshOutcome(keyID: third.keyID, claim: third.claim, receipt: nil,
+                                                                     checkedAt: t0 + 101, nextDue: t0 + 200)))
+        // A revoked integration's devices are never due.
+        let other = try f.integration("Other")
+        let keyID = F.bytes()
+        _ = try store.registerDevice(F.device(other, keyID: keyID),
+                                     receipt: DeviceReceipt(der: [1], credentialCertificate: [2], risk: DeviceRisk(receiptCreatedAt: t0), refreshDueAt: t0),
+                                     firstToken: F.token(other, keyID: keyID), redeeming: nil, nextChallenge: F.challenge(), quota: nil, at: t0,
+                                     commitTime: { t0 })
+        _ = try store.revokeIntegration(clientID: other.clientID, at: t0 + 1)
+        #expect(try store.claimDueReceipts(at: t0 + 300, lease: 60, limit: 100, claim: "after-revoke").allSatisfy { $0.clientID == app.clientID })
     }
 }

@@ -77,6 +77,14 @@ final class StubConnection {
                               requestID: server.nextRequestID(), keepAlive: false)
                 return false
             case .request(let request):
+                if let handler = server.configuration.handler,
+                   let answer = handler(StubRequest(method: request.method, path: request.path, headers: request.headers, body: request.body)) {
+                    var head = "HTTP/1.1 \(answer.status) Stub\r\ncontent-length: \(answer.body.count)\r\n"
+                    for (name, value) in answer.headers { head += "\(name): \(value)\r\n" }
+                    head += request.wantsKeepAlive ? "\r\n" : "connection: close\r\n\r\n"
+                    guard send(Array(head.utf8) + answer.body), request.wantsKeepAlive else { return false }
+                    continue
+                }
                 switch MessagesAPI(connection: self).respond(to: request) {
                 case .keepAlive: continue
                 case .close(let byClient): return byClient

@@ -25,6 +25,9 @@ public struct UpstreamStubConfiguration: Sendable {
     public var keepAliveTimeout: Duration
     /// Stack of each connection thread: small, so that a thousand open streams stay cheap.
     public var threadStackBytes: Int
+    /// Answers requests before the Messages API does (another service's shapes: Apple's data
+    /// service); nil from it passes the request on. Runs on the connection's thread and may block.
+    public var handler: (@Sendable (StubRequest) -> StubResponse?)? = nil
 
     public struct TLSFiles: Sendable {
         public var certificateChainPath: String
@@ -229,3 +232,24 @@ public struct StubConnectionEvent: Sendable {
 }
 
 import Foundation
+
+/// A request as a custom handler sees it (header names lowercased).
+public struct StubRequest: Sendable {
+    public let method: String
+    public let path: String
+    public let headers: [(name: String, value: String)]
+    public let body: [UInt8]
+    public func header(_ name: String) -> String? { headers.first { $0.name == name.lowercased() }?.value }
+}
+
+/// A custom handler's answer, sent with Content-Length.
+public struct StubResponse: Sendable {
+    public var status: Int
+    public var headers: [(String, String)]
+    public var body: [UInt8]
+    public init(status: Int, headers: [(String, String)] = [], body: [UInt8] = []) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+}
