@@ -152,7 +152,10 @@ import Glibc
         let records = fixture.stub.requests
         let json = try #require(records.first { $0.model == "stub-latency-1000" })
         let line = try #require(lines.first { $0["model"] as? String == "stub-latency-1000" })
-        #expect(json.outcome == .completed, "the relay kept reading the reply its client left")
+        // The stub marks a record complete after its last write: wait for the mark.
+        #expect(await fixture.stub.waitUntil(timeout: .seconds(10)) { stub in
+            stub.requests.contains { $0.model == "stub-latency-1000" && $0.outcome == .completed }
+        }, "the relay kept reading the reply its client left")
         #expect(line["abandoned"] as? Int == 1)
         #expect(line["incomplete"] as? Int == 0)
         #expect(line["input_tokens"] as? Int == json.usage?.inputTokens && (json.usage?.inputTokens ?? 0) > 0)

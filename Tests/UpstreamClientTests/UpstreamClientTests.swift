@@ -80,7 +80,9 @@ struct UpstreamClientTests {
 
         let delta = try #require(jsonObject(events(in: recorder.text).first { $0.event == "message_delta" }!.data))
         #expect((delta["usage"] as? [String: Int])?["output_tokens"] == 4)
-        #expect(record.outcome == .completed)
+        // The stub marks its record complete after its last write, which the client may have
+        // read before that: wait for the mark, not for a time.
+        #expect(await stub.waitUntil(timeout: .seconds(10)) { $0.requests.first?.outcome == .completed })
     }
 
     @Test func pausedTransferDeliversNothingUntilResumed() async throws {
