@@ -109,6 +109,7 @@ let package = Package(
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer"]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
         .testTarget(name: "UpstreamClientTests", dependencies: ["UpstreamClient", "UpstreamStub"]),
+        .testTarget(name: "AppleDataServiceTests", dependencies: ["AppleDataService", "AttestCrypto", "AttestWire", "UpstreamClient", "UpstreamStub"]),
         .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "PostgresTestSupport", "TokenService", "AttestCrypto", "CSQLite",
                                                        "AttestWire"]),
     ]
