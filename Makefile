@@ -94,8 +94,20 @@ fuzz-assertion: deps
 	ASSERTION_SEEDS=fuzz-seeds-assertion SWIFT_BACKTRACE=enable=no ./.build/fuzz/assertion-fuzz -runs=$(RUNS) -max_len=2048 -rss_limit_mb=6144 \
 	  fuzz-corpus-assertion fuzz-seeds-assertion
 
-# Every fuzzer for a bounded count (CI: about 200,000 inputs each, under a minute in all).
-fuzz-all: fuzz fuzz-leaf fuzz-wire fuzz-assertion
+# libFuzzer over receipts: the payload parser alone and the whole CMS read, seeded with every
+# receipt in ../shared (the ATTEST ones in the attestations, the refreshed RECEIPT ones) and their payloads.
+fuzz-receipt: deps
+	mkdir -p .build/fuzz/standins fuzz-corpus-receipt
+	for m in CBOR AttestCrypto AttestWire; do echo > .build/fuzz/standins/$$m.swift; \
+	  swiftc -parse-as-library -emit-module -module-name $$m .build/fuzz/standins/$$m.swift -o .build/fuzz/standins/$$m.swiftmodule; done
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name ReceiptFuzz -I .build/fuzz/standins -I Sources/COpenSSL \
+	  Sources/CBOR/*.swift Sources/AttestCrypto/*.swift Sources/AttestWire/*.swift Sources/AppAttest/*.swift \
+	  Fuzz/ReceiptFuzz/*.swift -lcrypto -o .build/fuzz/receipt-fuzz
+	-python3 scripts/fuzz-seeds.py receipt fuzz-corpus-receipt ../shared/fixtures/apple
+	SWIFT_BACKTRACE=enable=no ./.build/fuzz/receipt-fuzz -runs=$(RUNS) -max_len=16384 -rss_limit_mb=6144 fuzz-corpus-receipt
+
+# Every fuzzer for a bounded count (CI: about 200,000 inputs each, a few minutes in all).
+fuzz-all: fuzz fuzz-leaf fuzz-wire fuzz-assertion fuzz-receipt
 
 bench: release
 	./.build/release/attest-sim bench verify --seconds 5
