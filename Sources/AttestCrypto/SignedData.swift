@@ -1,5 +1,6 @@
 import COpenSSL
 import Foundation
+import Synchronization
 
 /// Why a CMS SignedData was refused.
 public enum SignedDataError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -19,20 +20,26 @@ public enum SignedDataError: Error, Equatable, Sendable, CustomStringConvertible
     }
 }
 
-/// The verified content of a SignedData, and who signed it.
+/// The verified content of a SignedData.
 public struct SignedContent: Sendable {
     public let content: [UInt8]
-    public let signer: Certificate
 }
 
 /// CMS SignedData (RFC 5652) verification on OpenSSL's CMS API, as Apple signs App Attest
 /// receipts: BER with indefinite lengths, the content inside, one signer, no signed attributes
 /// (the signature covers the content directly), and the chain in the certificate set — of which
 /// only the pinned anchors are trusted, never a root the sender embedded.
+///
+/// Apple signs every receipt with the same few certificates, so a signer's path to its anchor is
+/// verified by `X509_verify_cert` once and remembered (keyed by the exact bytes of the signer and
+/// the set's certificates); each receipt then costs its parse, its signature and the validity
+/// periods of that path at the receipt's time, checked on every call.
 public final class SignedDataVerifier: Sendable {
     public let anchors: [Certificate]
     /// Receipts are about 4 KiB.
     public static let maxBytes = 32 * 1024
+    private let verifiedPaths = Mutex<[[UInt8]: [Certificate]]>([:])
+    private static let maxCachedPaths = 32
 
     public init(anchors: [Certificate]) { self.anchors = anchors }
 
@@ -63,8 +70,6 @@ public final class SignedDataVerifier: Sendable {
         guard attest_sk_X509_num(signers) == 1, let signerX509 = attest_sk_X509_value(signers, 0) else {
             throw .malformed("expected one signer certificate")
         }
-        let signer: Certificate
-        do { signer = try Certificate(copying: signerX509) } catch { throw .malformed("signer certificate: \(error)") }
         try verifyChain(cms: cms, signer: signerX509, at: time)
 
         var pointer: UnsafeMutablePointer<CChar>?
@@ -72,31 +77,72 @@ public final class SignedDataVerifier: Sendable {
         guard length >= 0 else { throw .malformed("no content") }
         let content = pointer.map { Array(UnsafeRawBufferPointer(start: $0, count: length).bindMemory(to: UInt8.self)) } ?? []
         guard !content.isEmpty else { throw .malformed("empty content") }
-        return SignedContent(content: content, signer: signer)
+        return SignedContent(content: content)
     }
 
     /// The signer's chain through the SignedData's own certificates (untrusted) to a pinned
     /// anchor, every certificate valid at `time`.
     private func verifyChain(cms: OpaquePointer, signer: OpaquePointer, at time: Date) throws(SignedDataError) {
+        let untrusted = CMS_get1_certs(cms)
+        defer { if let untrusted { attest_sk_X509_pop_free(untrusted) } }
+        // Length-prefixed DER of the signer, then of every certificate of the set, in order.
+        var key: [UInt8] = []
+        func append(_ x509: OpaquePointer) throws(SignedDataError) {
+            var out: UnsafeMutablePointer<UInt8>?
+            let length = Int(i2d_X509(x509, &out))
+            guard length > 0, let out else { throw .malformed("a certificate of the set does not encode") }
+            defer { attest_openssl_free(out) }
+            key += [UInt8(length >> 24 & 0xff), UInt8(length >> 16 & 0xff), UInt8(length >> 8 & 0xff), UInt8(length & 0xff)]
+            key.append(contentsOf: UnsafeBufferPointer(start: out, count: length))
+        }
+        try append(signer)
+        for index in 0..<(untrusted.map { attest_sk_X509_num($0) } ?? 0) {
+            guard let x509 = attest_sk_X509_value(untrusted, index) else { throw .malformed("certificate set is incomplete") }
+            try append(x509)
+        }
+        let path: [Certificate]
+        if let cached = verifiedPaths.withLock({ $0[key] }) {
+            path = cached
+        } else {
+            path = try verifyPath(signer: signer, untrusted: untrusted)
+            verifiedPaths.withLock { paths in
+                // Evict one entry, not all: a flood of other signers must not keep evicting Apple's.
+                if paths.count >= Self.maxCachedPaths, let victim = paths.keys.first { paths[victim] = nil }
+                paths[key] = path
+            }
+        }
+        for certificate in path where !certificate.isValid(at: time) {
+            throw .chain("\(certificate.subjectName) is valid from \(certificate.notBefore) to \(certificate.notAfter), not at \(time)")
+        }
+    }
+
+    /// Full OpenSSL path validation to a pinned anchor (time ignored here: checked per call);
+    /// the path built, signer first. Only paths that verify are remembered.
+    private func verifyPath(signer: OpaquePointer, untrusted: OpaquePointer?) throws(SignedDataError) -> [Certificate] {
         guard let store = X509_STORE_new() else { throw .chain("X509_STORE_new failed") }
         defer { X509_STORE_free(store) }
         for anchor in anchors { X509_STORE_add_cert(store, anchor.x509) }
-        let untrusted = CMS_get1_certs(cms)
-        defer { if let untrusted { attest_sk_X509_pop_free(untrusted) } }
         guard let ctx = X509_STORE_CTX_new() else { throw .chain("X509_STORE_CTX_new failed") }
         defer { X509_STORE_CTX_free(ctx) }
         guard X509_STORE_CTX_init(ctx, store, signer, untrusted) == 1 else { throw .chain("X509_STORE_CTX_init: \(openSSLErrorText())") }
-        X509_STORE_CTX_set_time(ctx, 0, time_t(time.timeIntervalSince1970.rounded(.down)))
-        X509_STORE_CTX_set_flags(ctx, UInt(X509_V_FLAG_X509_STRICT))
+        X509_STORE_CTX_set_flags(ctx, UInt(X509_V_FLAG_NO_CHECK_TIME | X509_V_FLAG_X509_STRICT))
         guard X509_verify_cert(ctx) == 1 else {
             let code = X509_STORE_CTX_get_error(ctx)
             let reason = String(cString: X509_verify_cert_error_string(Int(code)))
-            throw .chain("signer does not verify to a pinned root at \(time): \(reason)")
+            throw .chain("signer does not verify to a pinned root: \(reason)")
         }
         guard let built = X509_STORE_CTX_get0_chain(ctx), let top = attest_sk_X509_value(built, attest_sk_X509_num(built) - 1),
               anchors.contains(where: { X509_cmp($0.x509, top) == 0 }) else {
             throw .chain("chain did not end at a pinned root")
         }
+        var path: [Certificate] = []
+        for index in 0..<attest_sk_X509_num(built) {
+            guard let x509 = attest_sk_X509_value(built, index), let certificate = try? Certificate(copying: x509) else {
+                throw .chain("built chain is incomplete")
+            }
+            path.append(certificate)
+        }
+        return path
     }
 }
 

@@ -11,6 +11,9 @@ import TestAuthority
 enum BenchCommand {
     static let usage = """
         usage: attest-sim bench verify [--seconds S] [--sample <fixture.json>] [--breakdown]
+               attest-sim bench receipts [--seconds S] [--sample <fixture.json>]
+                 an attestation's verification with its receipt validated (the test receipt authority's, or
+                 Apple Root CA - G3 for a real sample) against the same verification with receipts unchecked, in one run
                attest-sim bench scan [--megabytes N] [--seconds S]
                  the relay policy's bounded scan (model, max_tokens) of an image request of N MB (default 20),
                  against reading the bytes once (memchr) and a full JSONSerialization decode, in one run
@@ -19,10 +22,11 @@ enum BenchCommand {
     static func run(_ argv: [String]) throws -> Int32 {
         if wantsHelp(argv) { print(usage); return 0 }
         if argv.first == "scan" { return try scan(Array(argv.dropFirst())) }
+        if argv.first == "receipts" { return try receipts(Array(argv.dropFirst())) }
         guard argv.first == "verify" else { throw UsageError(usage) }
         let arguments = try Arguments(Array(argv.dropFirst()), options: ["seconds", "sample"], flags: ["breakdown"])
         let seconds = Double(try arguments.integer("seconds", default: 5, range: 1...3600)!)
-        let workload = try arguments.value("sample").map(sampleWorkload) ?? authorityWorkload()
+        let workload = try arguments.value("sample").map { try sampleWorkload($0) } ?? authorityWorkload()
         warnIfDebugBuild()
         print("workload: \(workload.name)")
 
@@ -130,9 +134,36 @@ enum BenchCommand {
         let assert: () throws -> VerifiedAssertion
     }
 
-    static func authorityWorkload() throws -> Workload {
+    /// What the receipt check adds to a registration: the same attestation verified with and
+    /// without it, alternating in short slices.
+    static func receipts(_ argv: [String]) throws -> Int32 {
+        let arguments = try Arguments(argv, options: ["seconds", "sample"])
+        let seconds = Double(try arguments.integer("seconds", default: 5, range: 1...3600)!)
+        let sample = try arguments.value("sample")
+        let without = try sample.map { try sampleWorkload($0, receipts: .unchecked) } ?? authorityWorkload(receipts: .unchecked)
+        let with = try sample.map { try sampleWorkload($0, receipts: .apple) }
+            ?? authorityWorkload(receipts: .anchors([TestReceiptAuthority.shared.root]))
+        warnIfDebugBuild()
+        print("workload: \(with.name)")
+        guard try with.attest().validatedReceipt != nil, try without.attest().validatedReceipt == nil else {
+            throw UsageError("the workload's receipt was not validated where it should be")
+        }
+        var checked = Meter(), unchecked = Meter()
+        let rounds = max(4, Int(seconds * 4))
+        for _ in 0..<rounds {
+            try unchecked.run(seconds: seconds / Double(rounds) / 2) { _ = try without.attest() }
+            try checked.run(seconds: seconds / Double(rounds) / 2) { _ = try with.attest() }
+        }
+        print("attestations_without_receipt_per_second: \(format(unchecked.rate))")
+        print("attestations_with_receipt_per_second: \(format(checked.rate))")
+        print("receipt_microseconds_per_registration: \(format((1 / checked.rate - 1 / unchecked.rate) * 1e6))")
+        print("receipt_cost_ratio: \(String(format: "%.3f", unchecked.rate / checked.rate))")
+        return 0
+    }
+
+    static func authorityWorkload(receipts: AppAttestVerifier.ReceiptPolicy = .unchecked) throws -> Workload {
         let authority = TestAuthority.shared
-        let verifier = try AppAttestVerifier(additionalAnchors: [authority.root])
+        let verifier = try AppAttestVerifier(additionalAnchors: [authority.root], receipts: receipts)
         let key = try DeviceKey.generate()
         let appID = AppID(teamID: "ABCDE12345", bundleID: "com.example.bench")
         let hash = sha256(Array("bench challenge".utf8))
@@ -146,7 +177,7 @@ enum BenchCommand {
             assert: { try verifier.verifyAssertion(assertion, publicKey: storedKey, clientDataHash: hash, appID: appID, previousCounter: 0) })
     }
 
-    static func sampleWorkload(_ path: String) throws -> Workload {
+    static func sampleWorkload(_ path: String, receipts: AppAttestVerifier.ReceiptPolicy = .apple) throws -> Workload {
         guard let data = FileManager.default.contents(atPath: path),
               let json = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
               let attestation = json["attestation"] as? [String: Any],
@@ -160,7 +191,7 @@ enum BenchCommand {
               let assertionObject = (assertion["object"] as? String).flatMap(decodeBase64),
               let assertionHash = (assertion["clientDataHash"] as? String).flatMap(decodeBase64)
         else { throw UsageError("--sample \(path) is not a sample in the format of shared/fixtures/apple/README.md") }
-        let verifier = try AppAttestVerifier()
+        let verifier = try AppAttestVerifier(receipts: receipts)
         let key = try ECPublicKey(pem: pem)
         return Workload(
             name: "real sample \(json["name"] as? String ?? path), verified at \(at)", object: object,
