@@ -84,7 +84,10 @@ let package = Package(
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CBOR", "CommandLineSupport"]),
         // The developer's tool: simulated devices, load generation, verification benchmarks.
         .executableTarget(name: "attest-sim", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "TestAuthority", "AttestClient",
-                                                             "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport", "RelayRoutes"]),
+                                                             "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport", "RelayRoutes",
+                                                             // bench refresh: the job, a store, a TLS stub of Apple's data service
+                                                             "ReceiptRefresh", "AppleDataService", "SQLiteStore", "TokenService", "UpstreamClient",
+                                                             "UpstreamStub"]),
 
         // Test support, never linked into the shipped binaries: a stub of the upstream Messages
         // API on raw sockets, and the same as a stand-alone executable for scripts and benchmarks.

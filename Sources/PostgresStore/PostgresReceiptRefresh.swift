@@ -54,9 +54,9 @@ extension PostgresTokenStore {
     public func oldestDueReceipt(at time: Date) throws -> Date? {
         try run { db in
             try db.query("""
-                SELECT min(d.risk_refresh_due_at) AS oldest FROM devices d JOIN integrations i ON i.client_id = d.client_id
-                WHERE \(Self.dueCondition)
-                """, [Self.seconds(time)]).first { try $0.optional("oldest", $0.date) } ?? nil
+                SELECT d.risk_refresh_due_at AS oldest FROM devices d JOIN integrations i ON i.client_id = d.client_id
+                WHERE \(Self.dueCondition) ORDER BY d.risk_refresh_due_at LIMIT 1
+                """, [Self.seconds(time)]).first { try $0.date("oldest") }
         }
     }
 

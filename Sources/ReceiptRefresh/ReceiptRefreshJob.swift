@@ -53,6 +53,8 @@ public final class ReceiptRefreshJob: Service {
         var reported: Set<String> = []
         /// Opened keys and their current provider token, by team; refreshed when the key changes.
         var keys: [String: CachedKey] = [:]
+        /// When the oldest-due metric was last read (a query of its own: at most every 5 s).
+        var oldestReadAt = Date.distantPast
     }
 
     struct CachedKey {
@@ -158,8 +160,15 @@ public final class ReceiptRefreshJob: Service {
             let batch = max(1, min(100, Int(configuration.requestsPerSecond * configuration.lease / 4)))
             do {
                 var claimed = try store.claimDueReceipts(at: time, lease: configuration.lease, limit: batch, claim: base64URL(secureRandomBytes(12)))
-                let oldest = try store.oldestDueReceipt(at: time)
-                metrics.set("attestd_receipt_refresh_oldest_due_seconds", max(0, oldest.map { time.timeIntervalSince($0) } ?? 0))
+                let readOldest = state.withLock { s -> Bool in
+                    guard time.timeIntervalSince(s.oldestReadAt) >= 5 else { return false }
+                    s.oldestReadAt = time
+                    return true
+                }
+                if readOldest {
+                    let oldest = try store.oldestDueReceipt(at: time)
+                    metrics.set("attestd_receipt_refresh_oldest_due_seconds", max(0, oldest.map { time.timeIntervalSince($0) } ?? 0))
+                }
                 guard !claimed.isEmpty else { return nil }
                 let first = claimed.removeFirst()
                 state.withLock { $0.queue += claimed }

@@ -14,22 +14,22 @@ extension SQLiteTokenStore {
 
     public func claimDueReceipts(at time: Date, lease: TimeInterval, limit: Int, claim: String) throws -> [DueReceipt] {
         try writeInBackground { db in
-            // One writer at a time in SQLite: the claim and the read of what it claimed are one transaction.
+            // One writer at a time in SQLite: the read of the due rows (in due order, on the partial
+            // index) and their claims, by primary key, are one transaction.
             try db.transaction {
-                try db.run("""
-                    UPDATE devices SET risk_claimed_until = ?2, risk_claim = ?4 WHERE key_id IN (
-                      SELECT d.key_id FROM devices d JOIN integrations i ON i.client_id = d.client_id
-                      WHERE \(Self.dueCondition) ORDER BY d.risk_refresh_due_at LIMIT ?3)
-                    """, [.real(time.timeIntervalSince1970), .real((time + lease).timeIntervalSince1970), .int(Int64(limit)), .text(claim)])
-                var claimed: [DueReceipt] = []
+                var due: [DueReceipt] = []
                 try db.query("""
                     SELECT d.key_id AS key_id, d.client_id AS client_id, i.team_id AS team_id, d.environment AS environment,
                            d.app_id AS app_id, d.receipt AS receipt, d.credential_certificate AS credential_certificate,
-                           i.risk_limit AS risk_limit, d.risk_claim AS risk_claim
-                    FROM devices d JOIN integrations i ON i.client_id = d.client_id WHERE d.risk_claim = ?1
-                    ORDER BY d.risk_refresh_due_at
-                    """, [.text(claim)]) { claimed.append(try DueReceipt(row: $0)) }
-                return claimed
+                           i.risk_limit AS risk_limit, ?3 AS risk_claim
+                    FROM devices d JOIN integrations i ON i.client_id = d.client_id
+                    WHERE \(Self.dueCondition) ORDER BY d.risk_refresh_due_at LIMIT ?2
+                    """, [.real(time.timeIntervalSince1970), .int(Int64(limit)), .text(claim)]) { due.append(try DueReceipt(row: $0)) }
+                for item in due {
+                    try db.run("UPDATE devices SET risk_claimed_until = ?, risk_claim = ? WHERE key_id = ?",
+                               [.real((time + lease).timeIntervalSince1970), .text(claim), .blob(item.keyID)])
+                }
+                return due
             }
         }
     }
@@ -56,9 +56,9 @@ extension SQLiteTokenStore {
     public func oldestDueReceipt(at time: Date) throws -> Date? {
         try read { db in
             try db.first("""
-                SELECT min(d.risk_refresh_due_at) AS oldest FROM devices d JOIN integrations i ON i.client_id = d.client_id
-                WHERE \(Self.dueCondition)
-                """, [.real(time.timeIntervalSince1970)]) { try $0.optional("oldest", $0.date) } ?? nil
+                SELECT d.risk_refresh_due_at AS oldest FROM devices d JOIN integrations i ON i.client_id = d.client_id
+                WHERE \(Self.dueCondition) ORDER BY d.risk_refresh_due_at LIMIT 1
+                """, [.real(time.timeIntervalSince1970)]) { try $0.date("oldest") }
         }
     }
 

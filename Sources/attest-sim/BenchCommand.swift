@@ -14,6 +14,8 @@ enum BenchCommand {
                attest-sim bench receipts [--seconds S] [--sample <fixture.json>]
                  an attestation's verification with its receipt validated (the test receipt authority's, or
                  Apple Root CA - G3 for a real sample) against the same verification with receipts unchecked, in one run
+               attest-sim bench refresh [--devices N] [--seconds S] [--rate PER_SECOND]
+                 the receipt-refresh job against a TLS stub of Apple's data service with N devices due
                attest-sim bench scan [--megabytes N] [--seconds S]
                  the relay policy's bounded scan (model, max_tokens) of an image request of N MB (default 20),
                  against reading the bytes once (memchr) and a full JSONSerialization decode, in one run
@@ -23,6 +25,7 @@ enum BenchCommand {
         if wantsHelp(argv) { print(usage); return 0 }
         if argv.first == "scan" { return try scan(Array(argv.dropFirst())) }
         if argv.first == "receipts" { return try receipts(Array(argv.dropFirst())) }
+        if argv.first == "refresh" { return try RefreshBenchCommand.run(Array(argv.dropFirst())) }
         guard argv.first == "verify" else { throw UsageError(usage) }
         let arguments = try Arguments(Array(argv.dropFirst()), options: ["seconds", "sample"], flags: ["breakdown"])
         let seconds = Double(try arguments.integer("seconds", default: 5, range: 1...3600)!)
