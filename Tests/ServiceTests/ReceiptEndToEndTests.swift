@@ -170,4 +170,30 @@ import Testing
         #expect(stub.seen.isEmpty && stub.arrivals == 0)
         #expect(try Self.device(deployment, try #require(registered.keyID))["risk"] as? String == "unknown")
     }
+
+    @Test func tooManyRequestsAndOutagesBackOffAndABadRequestIsReportedOnce() async throws {
+        let stub = try AppleDataStub(answer: .status(429))
+        defer { stub.stop() }
+        let deployment = try Deployment(serverArguments: stub.serverArguments + ["--risk-refresh-interval", "1"])
+        try Self.setAppleKey(deployment)
+        let keyID = try #require(try deployment.register([]).keyID)
+        // 429, then 503: the device is tried again after the back-off, its receipt kept meanwhile.
+        #expect(await Self.eventually { stub.seen.contains { $0.status == 429 } })
+        stub.answer(.status(503))
+        #expect(await Self.eventually { stub.seen.contains { $0.status == 503 } })
+        #expect(try Self.device(deployment, keyID)["risk_metric"] is NSNull)
+        stub.answer(.refreshed(metric: 6))
+        #expect(try await Self.eventually(30) { try Self.device(deployment, keyID)["risk_metric"] as? Int == 6 })
+        let metrics = try await deployment.metrics()
+        #expect(metrics.contains(#"attestd_receipt_refreshes_total{outcome="rate_limited"}"#))
+        #expect(metrics.contains(#"attestd_receipt_refreshes_total{outcome="unavailable"}"#))
+        #expect(try Self.device(deployment, keyID)["risk"] as? String == "6-25")
+        // A 400 for the team is said once, with Apple's words, not once per device.
+        stub.answer(.status(400))
+        for _ in 0..<2 { _ = try deployment.register([]) }
+        #expect(try await Self.eventuallyAsync {
+            try await deployment.metrics().contains(#"attestd_receipt_refreshes_total{outcome="key_refused"} 1"#)
+        })
+        #expect(deployment.server.log.components(separatedBy: "apple_key_refused").count - 1 == 1)
+    }
 }
