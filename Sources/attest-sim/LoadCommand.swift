@@ -56,6 +56,9 @@ enum LoadCommand {
         if let lastError = report.lastError {
             FileHandle.standardError.write(Data("attest-sim load: last error: \(lastError)\n".utf8))
         }
+        if let summary = report.failureSummary {
+            FileHandle.standardError.write(Data("attest-sim load: FAILED: \(summary)\n".utf8))
+        }
         return report.succeeded ? 0 : 1
     }
 }

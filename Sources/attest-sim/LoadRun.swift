@@ -283,8 +283,14 @@ struct LoadStatistics: Sendable {
         lines.append("registration_seconds: \(fixed(registrationSeconds))")
         lines.append("loadgen_cpu_seconds: \(fixed(cpu))")
         if !finished { lines.append("unfinished_workers: true") }
-        return LoadReport(text: lines.joined(separator: "\n") + "\n", lastError: lastError,
-                          succeeded: registrations > 0 && exchanges > 0)
+        // A rate measured while requests failed is not a figure: say so, and exit non-zero.
+        let failures = registrationFailures + failedExchanges + transportErrors + otherErrors
+        let succeeded = registrations > 0 && exchanges > 0 && failures == 0 && finished
+        lines.append("result: " + (succeeded ? "ok" : "FAILED"))
+        return LoadReport(text: lines.joined(separator: "\n") + "\n", lastError: lastError, succeeded: succeeded,
+                          failureSummary: succeeded ? nil
+                              : "\(registrationFailures) registrations and \(failedExchanges) exchanges failed (\(transportErrors) transport errors, "
+                                + "\(otherErrors) other)\(finished ? "" : ", workers unfinished"): the rate above is not a measurement")
     }
 }
 
@@ -292,6 +298,8 @@ struct LoadReport: Sendable {
     let text: String
     let lastError: String?
     let succeeded: Bool
+    /// Why the run does not count, for stderr.
+    let failureSummary: String?
 }
 
 /// Monotonic seconds.
