@@ -1,5 +1,6 @@
 import COpenSSL
 import Foundation
+import Synchronization
 
 /// AES-256-GCM for secrets at rest (the workspaces' upstream API keys), under a master key that
 /// every instance of a deployment reads from the same file. Each value is bound to what it
@@ -156,5 +157,31 @@ public enum SecretsKeyFile {
             if let h = high { out.append(h << 4 | value); high = nil } else { high = value }
         }
         return high == nil ? out : nil
+    }
+}
+
+/// The secrets key file, read when first needed and kept once read: a server started before
+/// `attestctl init` created the file (the README's first run) opens sealed keys as soon as the
+/// file exists, without a restart. While it is absent, its path is looked at once a second at most.
+public final class SecretsKeySource: Sendable {
+    public let path: String
+    private let state: Mutex<(box: SecretBox?, checkedAt: ContinuousClock.Instant?)>
+
+    public init(path: String, loaded: SecretBox? = nil) {
+        self.path = path
+        state = Mutex((loaded, nil))
+    }
+
+    /// The key, or nil while the file is absent or unreadable (a half-written file is tried again).
+    public func current() -> SecretBox? {
+        state.withLock { s in
+            if let box = s.box { return box }
+            let now = ContinuousClock.now
+            if let last = s.checkedAt, now - last < .seconds(1) { return nil }
+            s.checkedAt = now
+            guard FileManager.default.fileExists(atPath: path), let box = try? SecretsKeyFile.load(path) else { return nil }
+            s.box = box
+            return box
+        }
     }
 }

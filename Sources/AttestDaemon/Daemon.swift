@@ -214,15 +214,18 @@ public final class Daemon: Sendable {
             }
         }
         let secretsPath = options.secretsKeyFile ?? SecretsKeyFile.defaultPath(database: options.db, isFile: !Stores.isPostgres(options.db))
-        var secrets: SecretBox?
+        var loaded: SecretBox?
         if FileManager.default.fileExists(atPath: secretsPath) {
-            do { secrets = try SecretsKeyFile.load(secretsPath) } catch { throw StartupError("\(error)") }
+            do { loaded = try SecretsKeyFile.load(secretsPath) } catch { throw StartupError("\(error)") }
         } else if options.secretsKeyFile != nil {
             throw StartupError("--secrets-key-file: cannot read \(secretsPath)")
         } else {
+            // The first run: attestd started before `attestctl init` created the file. It is read
+            // once it appears, so a workspace's key opens without a restart.
             logger.warning("no_secrets_key", [("file", secretsPath),
-                                              ("note", "workspaces' own upstream keys cannot be opened; attestctl init creates this file")])
+                                              ("note", "workspaces' upstream keys and Apple keys open once attestctl init creates this file")])
         }
+        let secrets = SecretsKeySource(path: secretsPath, loaded: loaded)
         return RelayConfiguration(upstream: upstream, defaultKey: defaultKey, secrets: secrets)
     }
 }

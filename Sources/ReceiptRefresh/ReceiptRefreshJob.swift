@@ -34,7 +34,7 @@ public final class ReceiptRefreshJob: Service {
     public let name = "receipt-refresh"
     let store: ReceiptRefreshStore
     let verifier: ReceiptVerifier
-    let secrets: SecretBox?
+    let secrets: SecretsKeySource?
     let configuration: ReceiptRefreshConfiguration
     let metrics: Metrics
     /// (event, fields, isError): the daemon's log.
@@ -72,7 +72,7 @@ public final class ReceiptRefreshJob: Service {
     private let finished = DispatchSemaphore(value: 0)
     private let started = Mutex(0)
 
-    public init(store: ReceiptRefreshStore, verifier: ReceiptVerifier, secrets: SecretBox?, configuration: ReceiptRefreshConfiguration,
+    public init(store: ReceiptRefreshStore, verifier: ReceiptVerifier, secrets: SecretsKeySource?, configuration: ReceiptRefreshConfiguration,
                 metrics: Metrics, now: @escaping @Sendable () -> Date = { Date() },
                 report: @escaping @Sendable (String, [(String, String)], Bool) -> Void) {
         self.store = store
@@ -301,10 +301,13 @@ public final class ReceiptRefreshJob: Service {
             return .unusable
         }
         guard let stored else { return .missing }
+        // A changed key, or one that did not open (no secrets key yet, on a first run), is opened
+        // again, outside the lock (opening reports its failures, which takes the lock).
+        if state.withLock({ $0.keys[teamID]?.sealed != stored || $0.keys[teamID]?.key == nil }) {
+            let opened = open(stored)
+            state.withLock { $0.keys[teamID] = CachedKey(sealed: stored, key: opened, token: nil, tokenMadeAt: .distantPast) }
+        }
         return state.withLock { s -> Credentials in
-            if s.keys[teamID]?.sealed != stored {
-                s.keys[teamID] = CachedKey(sealed: stored, key: open(stored), token: nil, tokenMadeAt: .distantPast)
-            }
             guard var cached = s.keys[teamID], let key = cached.key, !cached.refused else { return .unusable }
             if cached.token == nil || time.timeIntervalSince(cached.tokenMadeAt) > 20 * 60 {
                 cached.token = try? ProviderToken.make(key, at: time)
@@ -317,7 +320,7 @@ public final class ReceiptRefreshJob: Service {
     }
 
     func open(_ sealed: SealedAppleKey) -> AppleDataKey? {
-        guard let secrets else {
+        guard let secrets = secrets?.current() else {
             reportOnce("secrets", "apple_key_unopenable", [("note", "no secrets key: Apple keys cannot be opened (attestctl init creates it)")])
             return nil
         }

@@ -13,13 +13,13 @@ public struct RelayConfiguration: Sendable {
     public var upstream: UpstreamConfiguration
     /// The key for workspaces that have none of their own (`attestd --upstream-key-file`).
     public var defaultKey: String?
-    /// Opens the workspaces' sealed keys (`--secrets-key-file`); nil when the file is absent.
-    public var secrets: SecretBox?
+    /// Opens the workspaces' sealed keys (`--secrets-key-file`), read when first needed (nil: none).
+    public var secrets: SecretsKeySource?
     /// The event loops the HTTP server runs on: each relayed request's upstream transfer then
     /// runs on the loop that took the request. Nil: the relay's client has one loop of its own.
     public var loops: EventLoopGroup?
 
-    public init(upstream: UpstreamConfiguration, defaultKey: String? = nil, secrets: SecretBox? = nil, loops: EventLoopGroup? = nil) {
+    public init(upstream: UpstreamConfiguration, defaultKey: String? = nil, secrets: SecretsKeySource? = nil, loops: EventLoopGroup? = nil) {
         self.upstream = upstream
         self.defaultKey = defaultKey
         self.secrets = secrets
@@ -39,7 +39,7 @@ public final class MessagesRelay: Sendable {
 
     let upstream: UpstreamClient
     let defaultKey: String?
-    let secrets: SecretBox?
+    let secrets: SecretsKeySource?
     /// Opened workspace keys, by workspace, with the sealed bytes they came from: a key set again
     /// with attestctl has other sealed bytes and is opened afresh on its next request.
     private let openedKeys = Mutex<[Int64: (sealed: [UInt8], key: String)]>([:])
@@ -72,7 +72,9 @@ public final class MessagesRelay: Sendable {
             return defaultKey
         }
         if let cached = openedKeys.withLock({ $0[grant.workspaceID] }), cached.sealed == sealed.sealed { return cached.key }
-        guard let secrets else { throw .unopenable("no secrets key file is loaded, so workspace \(grant.workspaceName)'s key cannot be opened") }
+        guard let secrets = secrets?.current() else {
+            throw .unopenable("no secrets key file is loaded, so workspace \(grant.workspaceName)'s key cannot be opened")
+        }
         let opened: [UInt8]
         do {
             opened = try secrets.open(sealed.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: grant.workspaceID))

@@ -52,7 +52,7 @@ final class SQLiteConnection {
     private var statements: [String: OpaquePointer] = [:]
     private var dataVersionStatement: OpaquePointer?
 
-    init(path: String, synchronous: String = "FULL") throws {
+    init(path: String, synchronous: String = "FULL", busyTimeoutMilliseconds: Int32 = 1000) throws {
         // A new database is created 0600 (SQLite would make it 0644, world-readable); its -wal and
         // -shm files take the database file's mode.
         if path != ":memory:", !path.isEmpty {
@@ -72,9 +72,11 @@ final class SQLiteConnection {
             throw SQLiteError(code: SQLITE_READONLY, message: "\(path) can only be read by this process: the service needs to write it")
         }
         sqlite3_extended_result_codes(db, 1)
-        // Short: a write lock held elsewhere (attestctl, another attestd) makes requests wait at
-        // most this long and then answer 503, within the 2 s a client should wait for an answer.
-        sqlite3_busy_timeout(db, 1000)
+        // Short for the service: a write lock held elsewhere (attestctl, another attestd) makes
+        // requests wait at most this long and then answer 503, within the 2 s a client should wait
+        // for an answer. attestctl waits longer: an operator's command must not fail because the
+        // server was writing a batch at that moment.
+        sqlite3_busy_timeout(db, busyTimeoutMilliseconds)
         try execute("PRAGMA journal_mode = WAL")
         try execute("PRAGMA foreign_keys = ON")
         try execute("PRAGMA synchronous = \(synchronous)")

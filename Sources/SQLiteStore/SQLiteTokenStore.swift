@@ -27,14 +27,14 @@ public final class SQLiteTokenStore: TokenStore {
     /// - Parameter synchronous: `FULL` (default) makes every acknowledged commit survive power loss,
     ///   `NORMAL` only process crashes.
     public init(path: String, readers readerCount: Int = 4, synchronous: String = "FULL",
-                migrations: [Migration] = Migration.sqlite, mode: MigrationMode = .apply) throws {
+                migrations: [Migration] = Migration.sqlite, mode: MigrationMode = .apply, busyTimeoutMilliseconds: Int32 = 1000) throws {
         self.path = path
-        let connection = try SQLiteConnection(path: path, synchronous: synchronous)
+        let connection = try SQLiteConnection(path: path, synchronous: synchronous, busyTimeoutMilliseconds: busyTimeoutMilliseconds)
         try Migrator.migrate(connection, migrations, mode: mode)
         writer = LockedSQLiteConnection(connection)
         identity = Self.fileIdentity(path)
-        background = LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous))
-        readers = try (0..<max(1, readerCount)).map { _ in LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous)) }
+        background = LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous, busyTimeoutMilliseconds: busyTimeoutMilliseconds))
+        readers = try (0..<max(1, readerCount)).map { _ in LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous, busyTimeoutMilliseconds: busyTimeoutMilliseconds)) }
     }
 
     func writeInBackground<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {

@@ -15,12 +15,15 @@ public enum Stores {
     /// - Parameters:
     ///   - connections: PostgreSQL pool size (one per worker thread); SQLite reader connections.
     ///   - synchronous: SQLite's `synchronous` pragma (PostgreSQL commits durably either way).
+    /// - Parameter busyTimeoutMilliseconds: how long SQLite waits for a lock held elsewhere (the
+    ///   service: 1 s, then 503; the operator's tool longer).
     public static func open(_ database: String, connections: Int = 4, synchronous: String = "FULL",
-                            mode: MigrationMode = .apply) throws -> TokenStore {
+                            mode: MigrationMode = .apply, busyTimeoutMilliseconds: Int32 = 1000) throws -> TokenStore {
         if isPostgres(database) {
             return try PostgresTokenStore(connectionString: PostgresConnectionString(database),
                                           configuration: PostgresConfiguration(poolSize: max(1, connections)), mode: mode)
         }
-        return try SQLiteTokenStore(path: database, readers: max(1, connections), synchronous: synchronous, mode: mode)
+        return try SQLiteTokenStore(path: database, readers: max(1, connections), synchronous: synchronous, mode: mode,
+                                    busyTimeoutMilliseconds: busyTimeoutMilliseconds)
     }
 }

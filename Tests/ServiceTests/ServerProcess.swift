@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// The real `attestd` binary, started as a child process on a free loopback port.
 final class ServerProcess: @unchecked Sendable {
@@ -103,12 +104,19 @@ final class ServerProcess: @unchecked Sendable {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
-        let out = Pipe()
+        let out = Pipe(), err = Pipe()
         process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
+        process.standardError = err
         try process.run()
+        // Both pipes drained at once, so that neither can fill up and stall the tool.
+        let errors = Mutex(Data())
+        let reader = Thread { errors.withLock { $0 = err.fileHandleForReading.readDataToEndOfFile() } }
+        reader.start()
         let data = out.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+        while reader.isExecuting || !reader.isFinished { usleep(1000) }
+        // A failure says why: its stderr follows what it printed.
+        let text = String(decoding: data, as: UTF8.self)
+        return (process.terminationStatus, process.terminationStatus == 0 ? text : text + errors.withLock { String(decoding: $0, as: UTF8.self) })
     }
 }

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Token exchanges per second, today's build against a baseline commit, side by side in one run.
+#   SQLite: rounds of baseline and current, interleaved (the order swaps every round), at 8, 64
+#   and 256 devices, each on a fresh database with the mint, registration and challenge limits off;
+#   at 256 the current build runs with --max-connections-per-ip 0 (the baseline has no such limit).
+#   PostgreSQL: two current attestd instances on one database, 256 devices spread over both.
+# The load generator is always today's `attest-sim load`, which exits non-zero when any request
+# failed: such a run is reported as FAILED and makes this script exit non-zero.
+#
+# usage: scripts/exchange-bench.sh [BASELINE_COMMIT=bb2ce7c]
+# environment: SECONDS_PER_RUN (default 6), ROUNDS (default 3), DEVICES ("8 64 256"), PG=0 to skip PostgreSQL
+set -uo pipefail
+cd "$(dirname "$0")/.."
+baseline=${1:-bb2ce7c}
+seconds=${SECONDS_PER_RUN:-6} rounds=${ROUNDS:-3}
+read -r -a counts <<< "${DEVICES:-8 64 256}"
+
+swift build -c release >/dev/null || exit 1
+current=.build/release
+sha=$(git rev-parse --short "$baseline") || exit 1
+base_tree=/tmp/exchange-bench-$sha
+if [ ! -x "$base_tree/.build/release/attestd" ]; then
+  echo "building the baseline $sha in $base_tree (once)"
+  rm -rf "$base_tree"
+  git worktree add --force --detach "$base_tree" "$sha" >/dev/null 2>&1 || git clone -q . "$base_tree" && git -C "$base_tree" checkout -q "$sha"
+  (cd "$base_tree" && swift build -c release --product attestd >/dev/null && swift build -c release --product attestctl >/dev/null) || exit 1
+fi
+base=$base_tree/.build/release
+
+work=$(mktemp -d /tmp/exchange-bench.XXXXXX)
+chmod 755 "$work"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  scripts/pg-test-cluster.sh stop "$work/pg" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+failed=0
+
+secrets() {  # the secrets-key option, for builds that have one (the baseline predates it)
+  [ "$1" = "$current" ] && echo "--secrets-key-file $work/attestd.key"
+}
+setup() {  # setup BIN DB → client ID
+  "$1/attestctl" init --db "$2" $(secrets "$1") --owner bench@example.com >/dev/null
+  "$1/attestctl" integrations create --db "$2" --actor bench@example.com --name Bench --team-id ABCDE12345 \
+    --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])'
+}
+start() {  # start BIN DB [EXTRA…]: sets $port; the process is tracked for cleanup
+  local bin=$1 db=$2; shift 2
+  port=$(free_port)
+  local admin=(); [ "$bin" = "$current" ] && admin=(--admin-listen 127.0.0.1:0)
+  "$bin/attestd" serve --db "$db" --listen "127.0.0.1:$port" --trust-anchor Fixtures/test-authority/root.pem \
+    $(secrets "$bin") "${admin[@]}" --mint-limit 0 --challenge-limit 0 --registration-quota 0 "$@" 2>>"$work/attestd.log" &
+  pids+=($!)
+  for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && return 0; sleep 0.05; done
+  echo "attestd did not start: $(tail -3 "$work/attestd.log")"; return 1
+}
+load() {  # load LABEL KEY CLID DEVICES URL…: one line of figures; KEY and the rate go to $work/rates
+  local label=$1 key=$2 clid=$3 n=$4; shift 4
+  local urls; urls=$(IFS=,; echo "$*")
+  local out; out=$($current/attest-sim load --base-url "$urls" --client-id "$clid" --devices "$n" --seconds "$seconds" 2>&1)
+  local status=$?
+  local rate p50 p99 failures
+  rate=$(awk '$1 == "token_exchanges_per_second:" {print $2}' <<< "$out")
+  p50=$(awk '$1 == "latency_ms_p50:" {print $2}' <<< "$out")
+  p99=$(awk '$1 == "latency_ms_p99:" {print $2}' <<< "$out")
+  failures=$(awk '$1 ~ /^(failed_exchanges|registration_failures|transport_errors|other_errors):$/ {s += $2} END {print s + 0}' <<< "$out")
+  if [ $status -ne 0 ]; then failed=1; echo "  $label: FAILED ($failures failures; rate ${rate:-?}/s not a figure)"; return; fi
+  echo "  $label: ${rate}/s p50 ${p50} ms p99 ${p99} ms failures 0"
+  echo "$key $rate" >> "$work/rates"
+}
+
+echo "== SQLite: baseline $sha against $(git rev-parse --short HEAD), $seconds s per run, $rounds rounds"
+for round in $(seq "$rounds"); do
+  for n in "${counts[@]}"; do
+    order=(base current); [ $((round % 2)) -eq 0 ] && order=(current base)
+    for side in "${order[@]}"; do
+      bin=$current extra=(); [ "$side" = base ] && bin=$base
+      [ "$side" = current ] && [ "$n" -gt 64 ] && extra=(--max-connections-per-ip 0)
+      db=$work/$side-$n-$round.sqlite
+      clid=$(setup "$bin" "$db") || { failed=1; continue; }
+      start "$bin" "$db" "${extra[@]}" || { failed=1; continue; }
+      load "round $round, $n devices, $side" "$n $side" "$clid" "$n" "http://127.0.0.1:$port"
+      kill "${pids[-1]}" 2>/dev/null; wait "${pids[-1]}" 2>/dev/null
+    done
+  done
+done
+echo "== SQLite medians (current/baseline)"
+touch "$work/rates"
+for n in "${counts[@]}"; do
+  python3 - "$work/rates" "$n" <<'EOF'
+import statistics, sys
+rates = {"base": [], "current": []}
+for line in open(sys.argv[1]):
+    n, side, rate = line.split()
+    if n == sys.argv[2]:
+        rates[side].append(float(rate))
+b, c = rates["base"], rates["current"]
+if b and c:
+    print(f"  {sys.argv[2]} devices: baseline {statistics.median(b):.1f}/s, current {statistics.median(c):.1f}/s, ratio {statistics.median(c) / statistics.median(b):.2f}")
+elif c:
+    print(f"  {sys.argv[2]} devices: current {statistics.median(c):.1f}/s (no valid baseline run)")
+EOF
+done
+
+if [ "${PG:-1}" != 0 ]; then
+  echo "== PostgreSQL: two current attestd on one database, 256 devices"
+  mkdir -p "$work/pg"
+  scripts/pg-test-cluster.sh start "$work/pg" >/dev/null || exit 1
+  pg_url="postgresql://attest:attest-test-password@127.0.0.1:$(cat "$work/pg/port")/attest"
+  clid=$(setup $current "$pg_url")
+  start $current "$pg_url" --max-connections-per-ip 0; first=$port
+  start $current "$pg_url" --max-connections-per-ip 0; second=$port
+  load "postgresql, 256 devices, two instances" "pg current" "$clid" 256 "http://127.0.0.1:$first" "http://127.0.0.1:$second"
+fi
+exit $failed
