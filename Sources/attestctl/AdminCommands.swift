@@ -334,7 +334,7 @@ enum AdminCommands {
             let integration = try service.integration(arguments.positional[0])
             let counts = try service.deviceCounts(integration.clientID)
             for (label, values) in [("devices_by_platform", counts.byPlatform), ("devices_by_category", counts.byCategory),
-                                    ("devices_by_bundle_version", counts.byBundleVersion)] {
+                                    ("devices_by_bundle_version", counts.byBundleVersion), ("devices_by_risk", counts.byRisk)] {
                 print("\(label): " + (values.isEmpty ? "-" : values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")))
             }
             print("device policy: \(integration.devicePolicy.summary)")

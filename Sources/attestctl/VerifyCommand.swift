@@ -123,10 +123,14 @@ enum VerifyCommand {
         return ReceiptVerifier(anchors: anchors)
     }
 
-    /// The `receipt` object: valid, reason (when not), and the fields when the receipt could be read.
+    /// The `receipt` object, exactly these fields: valid, reason (when not), and what the receipt
+    /// says when it could be read (null otherwise). The detail goes to stderr.
     static func receiptReport(_ receipt: Receipt?, error: VerificationError?) -> [String: Any] {
         var report: [String: Any] = ["valid": error == nil && receipt != nil]
-        if let error { report["reason"] = error.reason.rawValue; report["detail"] = error.detail }
+        if let error {
+            report["reason"] = error.reason.rawValue
+            FileHandle.standardError.write(Data("receipt: \(error.reason.rawValue): \(error.detail)\n".utf8))
+        }
         report["type"] = receipt?.type.rawValue ?? NSNull()
         report["environment"] = receipt?.environment.rawValue ?? NSNull()
         report["app_id"] = receipt?.appID ?? NSNull()

@@ -173,6 +173,11 @@ import Testing
         let altered = try attestctl(["verify", "receipt", "--object", Data(bytes).base64EncodedString(), "--at", receipts[0]["at"] as! String])
         #expect(altered.status == 1 && altered.json["valid"] as? Bool == false)
         #expect(["receiptSignature", "receiptMalformed"].contains(altered.json["reason"] as? String ?? ""))
+        // The verify commands' verdict, then exactly the receipt object's fields, the reason among
+        // them; the detail goes to stderr.
+        #expect(Set(altered.json.keys) == ["verified", "valid", "reason", "type", "environment", "app_id", "created_at", "not_before",
+                                           "expires_at", "risk_metric"])
+        #expect(altered.stderr.contains("receipt"))
         let late = try attestctl(["verify", "receipt", "--object", receipts[0]["object"] as! String, "--at", "2040-01-01T00:00:00Z"])
         #expect(late.json["reason"] as? String == "receiptSignature")
     }
