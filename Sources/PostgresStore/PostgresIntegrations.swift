@@ -69,12 +69,13 @@ extension PostgresTokenStore {
 
     // MARK: The device inventory
 
-    public func devices(clientID: String, limit: Int) throws -> [Device] {
+    public func devices(clientID: String, limit: Int, riskOver: Int?) throws -> [Device] {
         try run { db in
-            try db.query("""
-                SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE client_id = $1
-                ORDER BY registered_at DESC, key_id LIMIT $2
-                """, [.text(clientID), .int(Int64(limit))]).rows.map(Device.init(row:))
+            let sql = riskOver == nil
+                ? "SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE client_id = $1 ORDER BY registered_at DESC, key_id LIMIT $2"
+                : "SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE client_id = $1 AND risk_metric > $3 "
+                    + "ORDER BY risk_metric DESC, registered_at DESC, key_id LIMIT $2"
+            return try db.query(sql, [.text(clientID), .int(Int64(limit))] + (riskOver.map { [.int(Int64($0))] } ?? [])).rows.map(Device.init(row:))
         }
     }
 

@@ -55,12 +55,14 @@ extension SQLiteTokenStore {
 
     // MARK: The device inventory
 
-    public func devices(clientID: String, limit: Int) throws -> [Device] {
+    public func devices(clientID: String, limit: Int, riskOver: Int?) throws -> [Device] {
         try read { db in
             var result: [Device] = []
-            try db.query("""
-                SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE client_id = ? ORDER BY registered_at DESC, key_id LIMIT ?
-                """, [.text(clientID), .int(Int64(limit))]) { result.append(try Device(row: $0)) }
+            let sql = riskOver == nil
+                ? "SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE client_id = ?1 ORDER BY registered_at DESC, key_id LIMIT ?2"
+                : "SELECT \(StoreColumns.list(StoreColumns.device)) FROM devices WHERE client_id = ?1 AND risk_metric > ?3 "
+                    + "ORDER BY risk_metric DESC, registered_at DESC, key_id LIMIT ?2"
+            try db.query(sql, [.text(clientID), .int(Int64(limit))] + (riskOver.map { [.int(Int64($0))] } ?? [])) { result.append(try Device(row: $0)) }
             return result
         }
     }

@@ -161,9 +161,9 @@ public final class AdminService: Sendable {
     // MARK: The device inventory
 
     /// The integration's devices, newest first.
-    public func devices(_ clientID: String, limit: Int = 1000) throws -> [Device] {
+    public func devices(_ clientID: String, limit: Int = 1000, riskOver: Int? = nil) throws -> [Device] {
         _ = try integration(clientID)
-        return try store.devices(clientID: clientID, limit: limit)
+        return try store.devices(clientID: clientID, limit: limit, riskOver: riskOver)
     }
 
     public func device(keyID: [UInt8]) throws -> Device {

@@ -38,8 +38,9 @@ public protocol IntegrationStore: AnyObject, Sendable {
 
 /// What the devices said: the inventory operators read.
 public protocol DeviceInventoryStore: AnyObject, Sendable {
-    /// The integration's devices, newest registration first, at most `limit`.
-    func devices(clientID: String, limit: Int) throws -> [Device]
+    /// The integration's devices, newest registration first, at most `limit`; with `riskOver`,
+    /// only those whose latest Apple risk metric is above it, highest first.
+    func devices(clientID: String, limit: Int, riskOver: Int?) throws -> [Device]
     /// The device with this key ID, whichever integration it belongs to (key IDs are unique).
     func device(keyID: [UInt8]) throws -> Device?
     func deviceCounts(clientID: String) throws -> DeviceCounts
@@ -188,6 +189,10 @@ public struct RegistrationQuota: Sendable, Equatable {
 
 extension TokenStore {
     public var backgroundServices: [any Service] { [] }
+}
+
+extension DeviceInventoryStore {
+    public func devices(clientID: String, limit: Int) throws -> [Device] { try devices(clientID: clientID, limit: limit, riskOver: nil) }
 }
 
 extension ExchangeStore {

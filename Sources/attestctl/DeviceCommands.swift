@@ -11,9 +11,8 @@ enum DeviceCommands {
         let limit = try arguments.integer("limit", default: 1000, range: 1...1_000_000)!
         let riskOver = try arguments.integer("risk-over", range: 0...1_000_000_000)
         let (service, _) = try AdminCommands.open(arguments)
-        var devices = try service.devices(clientID, limit: limit)
-        // Apple's signal of a device serving many installs: those whose latest metric is above N.
-        if let riskOver { devices = devices.filter { ($0.risk?.metric ?? -1) > riskOver } }
+        // --risk-over: Apple's signal of a device serving many installs, highest metric first.
+        let devices = try service.devices(clientID, limit: limit, riskOver: riskOver)
         if arguments.has("json") {
             printJSON(["devices": devices.map(record)])
         } else if devices.isEmpty {

@@ -572,6 +572,8 @@ struct StoreBehaviourTests {
             checkedAt: t0 + 31, nextDue: t0 + 86_431))
         #expect(stored)
         let refreshed = try #require(try store.device(keyID: first.keyID))
+        #expect(try store.devices(clientID: app.clientID, limit: 10, riskOver: 11).map(\.keyID) == [first.keyID])
+        #expect(try store.devices(clientID: app.clientID, limit: 10, riskOver: 12).isEmpty)
         #expect(refreshed.risk?.metric == 12 && refreshed.risk?.checkedAt == t0 + 31 && refreshed.risk?.overLimitAt == t0 + 31)
         #expect(refreshed.risk?.receiptNotBefore == t0 + 86_431)
         // A 304 for the second keeps its receipt and sets only the next due time.
