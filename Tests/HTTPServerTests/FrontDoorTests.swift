@@ -245,7 +245,7 @@ struct FrontDoorTests {
         for path in ["/big", "/stream"] {
             let connection = try RawConnection(port: server.port, timeout: 3, receiveBuffer: 4096)
             #expect(connection.sendAll("GET \(path) HTTP/1.1\r\nHost: a\r\n\r\n"))
-            #expect(waitUntil(timeout: 1) { server.stats().responding + server.stats().openStreams == 1 })
+            #expect(waitUntil(timeout: 8) { server.stats().responding + server.stats().openStreams == 1 })
             let started = Date()
             #expect(waitUntil(timeout: 2) { server.stats().openConnections == 0 }, "\(path) still open")
             let elapsed = Date().timeIntervalSince(started)
@@ -280,7 +280,7 @@ struct FrontDoorTests {
             #expect(connection.sendAll("GET /slow HTTP/1.1\r\nHost: a\r\nX-Partial: "))
             heads.append(connection)
         }
-        #expect(waitUntil(timeout: 2) { server.stats().openConnections == 36 })
+        #expect(waitUntil(timeout: 8) { server.stats().openConnections == 36 })
         #expect(server.stats().reaped[.evictedIdle] == 0)
 
         // One more connection takes the worker over its high mark: the oldest idle keep-alives
@@ -288,7 +288,7 @@ struct FrontDoorTests {
         let newcomer = try RawConnection(port: server.port)
         #expect(newcomer.sendAll("GET / HTTP/1.1\r\nHost: a\r\n\r\n"))
         #expect(newcomer.readResponse()?.status == 200)
-        #expect(waitUntil(timeout: 2) { server.stats().reaped[.evictedIdle] == 3 })
+        #expect(waitUntil(timeout: 8) { server.stats().reaped[.evictedIdle] == 3 })
         #expect(server.stats().reaped[.evictedHead] == 0)
         idle[0].setTimeout(0.5)
         #expect(idle[0].waitForClose() == .closed, "the oldest idle connection was not the one closed")
@@ -297,11 +297,11 @@ struct FrontDoorTests {
 
         // With no idle connections left, the oldest heads go.
         for connection in idle { connection.disconnect() }
-        #expect(waitUntil(timeout: 2) { server.stats().openConnections == 17 })
+        #expect(waitUntil(timeout: 8) { server.stats().openConnections == 17 })
         let more = try (0..<20).map { _ in try RawConnection(port: server.port, timeout: 2) }
         for connection in more { _ = connection.sendAll("GET /slow HTTP/1.1\r\nHost: a\r\n") }
         // 17 + 20 = 37 > 36: three go, the newcomer (now an idle keep-alive) first.
-        #expect(waitUntil(timeout: 2) { server.stats().reaped[.evictedHead] == 2 })
+        #expect(waitUntil(timeout: 8) { server.stats().reaped[.evictedHead] == 2 })
         #expect(server.stats().reaped[.evictedIdle] == 4)
         heads[0].setTimeout(0.5)
         #expect(heads[0].waitForClose() == .closed, "the oldest head was not evicted")
@@ -385,7 +385,7 @@ struct FrontDoorTests {
         #expect(stream.readChunk() == Array("event: ping\n\n".utf8))
         let deferred = try RawConnection(port: port, timeout: 3)
         #expect(deferred.sendAll("GET /deferred HTTP/1.1\r\nHost: a\r\n\r\n"))
-        #expect(waitUntil(timeout: 1) { server.stats().handling == 1 })
+        #expect(waitUntil(timeout: 8) { server.stats().handling == 1 })
         usleep(350_000)  // the partial head is now "slow"
 
         let done = Shared(false)
@@ -412,7 +412,7 @@ struct FrontDoorTests {
         #expect(answer.headers["connection"]?.lowercased() == "close")
         #expect(deferred.waitForClose() == .closed)
         // Everything finished well before the grace period.
-        #expect(waitUntil(timeout: 2) { done.get })
+        #expect(waitUntil(timeout: 8) { done.get })
         #expect(Date().timeIntervalSince(started) < 1.5, "shutdown took \(Date().timeIntervalSince(started)) s")
         #expect(throws: (any Error).self) { _ = try RawConnection(port: port) }
         expectNoLeaks(server)
@@ -464,7 +464,7 @@ struct FrontDoorTests {
         #expect(stream.sendAll("GET /stream HTTP/1.1\r\nHost: a\r\n\r\n"))
         #expect(stream.readHead()?.status == 200)
         // The plain request's completion is counted just after its response went out.
-        #expect(waitUntil(timeout: 1) { server.stats().openStreams == 1 && server.stats().requestsCompleted == 1 })
+        #expect(waitUntil(timeout: 8) { server.stats().openStreams == 1 && server.stats().requestsCompleted == 1 })
         let stats = server.stats()
         #expect(stats.openConnections == 2)
         #expect(stats.waitingConnections == 1)
@@ -472,7 +472,7 @@ struct FrontDoorTests {
         #expect(stats.requestsCompleted == 1)
         #expect(Set(stats.reaped.keys) == Set(HTTPReapReason.allCases))
         stream.disconnect()
-        #expect(waitUntil(timeout: 1) { server.stats().cancelledAnswers == 1 })
+        #expect(waitUntil(timeout: 8) { server.stats().cancelledAnswers == 1 })
         #expect(server.stats().openStreams == 0)
     }
 }

@@ -254,7 +254,7 @@ struct StreamingTests {
         usleep(50_000)
         let closedAt = Date()
         connection.disconnect()
-        #expect(waitUntil(timeout: 2) { cancelledAt.get != nil })
+        #expect(waitUntil(timeout: 8) { cancelledAt.get != nil })
         if let cancelled = cancelledAt.get {
             // Suspended for 50 ms, so already in the hang-up watch (it joins after 20 ms), not
             // waiting for the reaper's next 250 ms tick.
@@ -274,11 +274,11 @@ struct StreamingTests {
 
         let connection = try RawConnection(port: server.port)
         #expect(connection.sendAll("GET /never HTTP/1.1\r\nHost: a\r\n\r\n"))
-        #expect(waitUntil(timeout: 2) { server.liveRequestContexts == 1 })
+        #expect(waitUntil(timeout: 8) { server.liveRequestContexts == 1 })
         usleep(50_000)
         let closedAt = Date()
         connection.disconnect()
-        #expect(waitUntil(timeout: 1) { cancelled.get })
+        #expect(waitUntil(timeout: 8) { cancelled.get })
         #expect(Date().timeIntervalSince(closedAt) < 0.2)
         expectNoLeaks(server)
     }
@@ -317,7 +317,7 @@ struct StreamingTests {
 
         let connection = try RawConnection(port: server.port, timeout: 10, receiveBuffer: 16 << 10)
         #expect(connection.sendAll("GET /big HTTP/1.1\r\nHost: a\r\n\r\n"))
-        #expect(waitUntil(timeout: 5) { refusedAfter.get > 0 })
+        #expect(waitUntil(timeout: 8) { refusedAfter.get > 0 })
         let refused = refusedAfter.get
         #expect(refused > 0 && refused < 256 << 20, "write never returned false (\(refused) bytes)")
         #expect(connection.readHead()?.status == 200)
@@ -368,7 +368,7 @@ struct StreamingTests {
             _ = connection.sendAll("GET \(path) HTTP/1.1\r\nHost: a\r\n\r\n")
             return connection
         }
-        #expect(waitUntil(timeout: 2) { server.liveRequestContexts == 10 })
+        #expect(waitUntil(timeout: 8) { server.liveRequestContexts == 10 })
         usleep(100_000)
         let started = Date()
         server.stop()
@@ -480,7 +480,7 @@ struct StreamingTests {
 
         // A slow upload holds 800 kB of the 1 MB budget.
         let slow = try Self.upload(to: server, declaring: 800_000, sending: 400_000)
-        #expect(waitUntil(timeout: 2) { server.bufferedBodyBytes == 800_000 })
+        #expect(waitUntil(timeout: 8) { server.bufferedBodyBytes == 800_000 })
 
         // Another 300 kB does not fit: the configured answer, without reading the body.
         let refused = try Self.upload(to: server, declaring: 300_000)
@@ -498,7 +498,7 @@ struct StreamingTests {
         // The slow upload completes; its reservation is released and the next request fits.
         #expect(slow.sendAll([UInt8](repeating: 0x61, count: 400_000)))
         #expect(slow.readResponse()?.text == "800000")
-        #expect(waitUntil(timeout: 2) { server.bufferedBodyBytes == 0 })
+        #expect(waitUntil(timeout: 8) { server.bufferedBodyBytes == 0 })
         let after = try RawConnection(port: server.port)
         #expect(after.sendAll(post(bodySize: 300_000, path: "/v1/messages")))
         #expect(after.readResponse()?.text == "300000")
@@ -506,7 +506,7 @@ struct StreamingTests {
 
         // A request that dies mid-body gives its reservation back too.
         let dying = try Self.upload(to: server, declaring: 900_000, sending: 3)
-        #expect(waitUntil(timeout: 2) { server.bufferedBodyBytes == 900_000 })
+        #expect(waitUntil(timeout: 8) { server.bufferedBodyBytes == 900_000 })
         dying.disconnect()
         expectNoLeaks(server)
     }
