@@ -22,7 +22,9 @@ public final class AppleDataClient {
     fileprivate var overflowed = false
 
     /// - Parameter caBundle: PEM roots trusted for the TLS connection (nil: the system's).
-    public init(caBundle: [UInt8]?, timeoutSeconds: Int = 30) throws {
+    /// - Parameter timeoutSeconds: a whole request's limit: short, so that a stop is not held up
+    ///   long by a service that does not answer (the claim lapses, and the device is tried again).
+    public init(caBundle: [UInt8]?, timeoutSeconds: Int = 15) throws {
         try CurlGlobal.ensureInitialized()
         guard let easy = curl_easy_init() else { throw AppleDataError("curl_easy_init failed") }
         self.easy = easy

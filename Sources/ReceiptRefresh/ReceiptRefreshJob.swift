@@ -103,8 +103,9 @@ public final class ReceiptRefreshJob: Service {
         }
     }
 
-    /// Workers finish the request they are in; claims not yet posted are released for another
-    /// instance (their due time unchanged).
+    /// Workers finish the request they are in, until the deadline (a request Apple holds longer
+    /// is left: its claim lapses after the lease, and its answer, if it comes, is still stored);
+    /// claims not yet posted are released for another instance at once.
     public func stop(by deadline: ContinuousClock.Instant) {
         let queued = state.withLock { s -> [DueReceipt] in
             s.stopping = true
@@ -113,7 +114,11 @@ public final class ReceiptRefreshJob: Service {
         }
         let workers = started.withLock { $0 }
         for _ in 0..<(workers * 4) { wake.signal() }
-        for _ in 0..<workers { finished.wait() }
+        for _ in 0..<workers {
+            let left = deadline - ContinuousClock.now
+            let seconds = max(0, Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18)
+            guard finished.wait(timeout: .now() + seconds) == .success else { break }
+        }
         let time = now()
         for item in queued { _ = try? store.finishReceiptRefresh(ReceiptRefreshOutcome(keyID: item.keyID, claim: item.claim, receipt: nil,
                                                                                          checkedAt: time, nextDue: time)) }

@@ -206,4 +206,20 @@ import Testing
         })
         #expect(deployment.server.log.components(separatedBy: "apple_key_refused").count - 1 == 1)
     }
+
+    @Test func aStopIsNotHeldUpByARequestAppleHolds() async throws {
+        let stub = try AppleDataStub()
+        defer { stub.stop() }
+        let deployment = try Deployment(serverArguments: stub.serverArguments + ["--risk-refresh-interval", "1", "--shutdown-grace", "2"])
+        try Self.setAppleKey(deployment)
+        stub.hold()
+        _ = try deployment.register([])
+        #expect(await Self.eventually { stub.arrivals == 1 })
+        // SIGTERM while the request is in flight: attestd is gone by the grace, not by curl's time-out.
+        let stopped = Date()
+        deployment.server.process.terminate()
+        #expect(await Self.eventually(12) { !deployment.server.process.isRunning })
+        #expect(Date().timeIntervalSince(stopped) < 12)
+        #expect(deployment.server.log.contains("service_stopped"))
+    }
 }
