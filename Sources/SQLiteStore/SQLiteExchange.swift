@@ -83,15 +83,19 @@ extension SQLiteTokenStore {
             INSERT INTO tokens (token_hash, client_id, workspace_id, key_id, issued_at, expires_at, grant_type) VALUES (?, ?, ?, ?, ?, ?, ?)
             """, [.blob(token.tokenHash), .text(token.clientID), .int(token.workspaceID), .blob(token.keyID),
                   .real(token.issuedAt.timeIntervalSince1970), .real(token.expiresAt.timeIntervalSince1970), .text(grant)])
-        // The new token stays, with the newest of the others (ties: any one of them).
-        try db.run("""
-            UPDATE tokens SET revoked_at = ? WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash != ?
-              AND token_hash NOT IN (
-                SELECT token_hash FROM tokens WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash != ?
-                ORDER BY issued_at DESC LIMIT \(TokenRecord.liveTokensPerDevice - 1))
-            """, [.real(token.issuedAt.timeIntervalSince1970), .blob(token.keyID), .text(token.clientID), .blob(token.tokenHash),
-                  .blob(token.keyID), .text(token.clientID), .blob(token.tokenHash)])
+        try db.run(revokeOlderTokensSQL, [.real(token.issuedAt.timeIntervalSince1970), .blob(token.keyID), .text(token.clientID), .blob(token.tokenHash),
+                                          .blob(token.keyID), .text(token.clientID), .blob(token.tokenHash)])
     }
+
+    /// The new token stays, with the newest of the others (ties: any one of them). It reads the
+    /// device's live tokens only, on their partial index (migration 0009): never every token the
+    /// device minted, so a mint costs the same at any rate (a test checks the plan).
+    static let revokeOlderTokensSQL = """
+        UPDATE tokens SET revoked_at = ? WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash != ?
+          AND token_hash NOT IN (
+            SELECT token_hash FROM tokens WHERE key_id = ? AND client_id = ? AND revoked_at IS NULL AND token_hash != ?
+            ORDER BY issued_at DESC LIMIT \(TokenRecord.liveTokensPerDevice - 1))
+        """
 
     public func registerDevice(_ device: Device, receipt: DeviceReceipt, firstToken: TokenRecord, redeeming challenge: [UInt8]?,
                                nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
