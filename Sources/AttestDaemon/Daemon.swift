@@ -34,7 +34,7 @@ public final class Daemon: Sendable {
         let introspectionKey = try Self.introspectionKey(options)
         // Loops and exchange workers each may be in the store at once.
         let store = try Stores.open(options.db, connections: options.threads + options.exchangeThreads, synchronous: options.synchronous,
-                                    mode: options.migrate ? .apply : .verify)
+                                    mode: options.migrate ? .apply : .verify, warm: true)
         let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
         let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
         self.service = service

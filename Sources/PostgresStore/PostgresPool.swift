@@ -62,6 +62,21 @@ public final class PostgresPool: Sendable {
         }
     }
 
+    /// Opens connections up to the pool's size before any call needs them, each within `timeout`
+    /// (a server's start, before it listens): the first requests then do not pay for connecting,
+    /// which on a loaded machine alone can outlast their 2-s call deadline. Failures are left to
+    /// the calls, which open connections on demand as always.
+    public func warm(timeout: Double) {
+        let missing = max(0, configuration.poolSize - idle.withLock { $0.count })
+        var opened: [PostgresConnection] = []
+        for _ in 0..<missing {
+            guard let connection = try? PostgresConnection(connectionString, configuration: configuration,
+                                                           deadline: .after(seconds: timeout), counters: counters) else { break }
+            opened.append(connection)
+        }
+        idle.withLock { $0 += opened }
+    }
+
     /// Closes every connection not in use (they reopen on demand).
     public func closeIdleConnections() {
         let closing = idle.withLock { connections -> [PostgresConnection] in

@@ -30,6 +30,9 @@ public final class PostgresTokenStore: TokenStore {
     /// Round trips to the server so far (for measurement: one per exchange).
     public var roundTrips: Int { pool.counters.roundTrips }
 
+    /// Opens the pool's connections now (a server, before it listens).
+    public func warm(timeout: Double = 10) { pool.warm(timeout: timeout) }
+
     /// Closes the idle connections (they reopen on demand); for tools about to exit.
     public func close() { pool.closeIdleConnections() }
 

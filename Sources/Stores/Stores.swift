@@ -17,11 +17,14 @@ public enum Stores {
     ///   - synchronous: SQLite's `synchronous` pragma (PostgreSQL commits durably either way).
     /// - Parameter busyTimeoutMilliseconds: how long SQLite waits for a lock held elsewhere (the
     ///   service: 1 s, then 503; the operator's tool longer).
+    /// - Parameter warm: open a PostgreSQL pool's connections now (a server, before it listens).
     public static func open(_ database: String, connections: Int = 4, synchronous: String = "FULL",
-                            mode: MigrationMode = .apply, busyTimeoutMilliseconds: Int32 = 1000) throws -> TokenStore {
+                            mode: MigrationMode = .apply, busyTimeoutMilliseconds: Int32 = 1000, warm: Bool = false) throws -> TokenStore {
         if isPostgres(database) {
-            return try PostgresTokenStore(connectionString: PostgresConnectionString(database),
-                                          configuration: PostgresConfiguration(poolSize: max(1, connections)), mode: mode)
+            let store = try PostgresTokenStore(connectionString: PostgresConnectionString(database),
+                                               configuration: PostgresConfiguration(poolSize: max(1, connections)), mode: mode)
+            if warm { store.warm() }
+            return store
         }
         return try SQLiteTokenStore(path: database, readers: max(1, connections), synchronous: synchronous, mode: mode,
                                     busyTimeoutMilliseconds: busyTimeoutMilliseconds)
