@@ -58,6 +58,9 @@ let package = Package(
         .target(name: "ExchangeRoutes", dependencies: ["HTTPRouting", "TokenService", "AttestWire"]),
         .target(name: "RelayRoutes", dependencies: ["HTTPRouting", "TokenService", "AttestWire", "AttestCrypto", "UpstreamClient", "EventLoops"]),
         .target(name: "AdminRoutes", dependencies: ["HTTPRouting", "RelayRoutes", "TokenService", "AttestWire", "AttestCrypto"]),
+        // The operator's console at /console/ on the admin listener: server-rendered pages and
+        // forms over the same AdminService as attestctl.
+        .target(name: "ConsoleRoutes", dependencies: ["HTTPRouting", "HTTPServer", "TokenService", "AppAttest", "AttestWire", "AttestCrypto"]),
         // The service's HTTP API: the groups in one table, with the middleware every request runs.
         .target(name: "ServiceRoutes", dependencies: ["HTTPRouting", "ExchangeRoutes", "RelayRoutes", "AdminRoutes", "TokenService", "HTTPServer",
                                                       "AttestWire", "EventLoops"]),
@@ -77,7 +80,7 @@ let package = Package(
         .target(name: "CommandLineSupport", dependencies: ["AttestWire"]),
 
         // The daemon's wiring, as a library: a test starts the whole of attestd in process.
-        .target(name: "AttestDaemon", dependencies: ["ServiceRoutes", "HTTPRouting", "RelayRoutes", "TokenService", "Stores", "HTTPServer", "AppAttest",
+        .target(name: "AttestDaemon", dependencies: ["ServiceRoutes", "ConsoleRoutes", "HTTPRouting", "RelayRoutes", "TokenService", "Stores", "HTTPServer", "AppAttest",
                                                      "AttestCrypto", "EventLoops", "AttestWire", "UpstreamClient", "Lifecycle", "ReceiptRefresh"]),
         .executableTarget(name: "attestd", dependencies: ["AttestDaemon", "HTTPRouting"]),
         // The operator's tool: administration and offline verification. No test authority.
@@ -98,13 +101,15 @@ let package = Package(
         // A raw HTTP/1.1 client on loopback sockets (every byte the server frames, any source
         // address) and a forwarding proxy that names its clients in X-Forwarded-For.
         .target(name: "RawHTTP", path: "Tests/Support/RawHTTP"),
+        // A small W3C WebDriver client: the console's tests drive Debian's headless Chromium with it.
+        .target(name: "WebDriver", dependencies: ["RawHTTP"], path: "Tests/Support/WebDriver"),
 
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR", "AttestWire"]),
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire", "AppAttest", "CBOR"]),
         .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "HTTPRouting", "RelayRoutes", "ExchangeRoutes", "AdminRoutes", "AttestDaemon", "Lifecycle", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
                                                          "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub", "PostgresTestSupport",
-                                                         "RawHTTP", "EventLoops"]),
+                                                         "RawHTTP", "EventLoops", "WebDriver"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "AttestWire"]),
         .testTarget(name: "AttestWireTests", dependencies: ["AttestWire"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "RawHTTP", "EventLoops"]),

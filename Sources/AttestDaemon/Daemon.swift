@@ -1,6 +1,7 @@
 import AppAttest
 import AttestCrypto
 import AttestWire
+import ConsoleRoutes
 import EventLoops
 import Foundation
 import HTTPRouting
@@ -53,7 +54,10 @@ public final class Daemon: Sendable {
         // second: a scrape costs a page of text, and a flood of them must not cost a page each.
         let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay, ledger: ledger,
                                    trustedProxies: options.trustedProxies, separateAdminListener: true,
-                                   exchangeWorkers: exchangeWorkers, metricsMaxAge: 1)
+                                   exchangeWorkers: exchangeWorkers, metricsMaxAge: 1,
+                                   // The console: on the admin listener only, on the same service layer as attestctl.
+                                   extraRoutes: ConsoleRoutes(admin: AdminService(store: store), secrets: relayOptions.secrets,
+                                                              trustedProxies: options.trustedProxies).routes)
 
         var configuration = HTTPServerConfiguration()
         configuration.host = options.host
@@ -119,7 +123,9 @@ public final class Daemon: Sendable {
         if let adminServer, let admin = options.admin {
             services.append(HTTPListener(name: "admin-listener", server: adminServer, grace: 0, logger: logger, started: { port in
                 logger.info("admin_listening", [("address", "\(admin.host.contains(":") ? "[\(admin.host)]" : admin.host):\(port)"),
-                                                ("routes", "/metrics /v1/oauth/introspect /v1/authz/check /healthz /readyz")])
+                                                ("routes", "/console/ /metrics /v1/oauth/introspect /v1/authz/check /healthz /readyz"),
+                                                ("console", "http://\(admin.host.contains(":") ? "[\(admin.host)]" : admin.host):\(port)/console/"),
+                                                ("sign_in", "attestctl console-login --actor EMAIL")])
             }, failed: { "--admin-listen: \($0) (--admin-listen none turns the admin listener off)" }))
         }
         services.append(HTTPListener(name: "public-listener", server: publicServer, grace: options.shutdownGrace, logger: logger, started: { port in
@@ -274,6 +280,8 @@ func purgeJob(store: TokenStore, logger: Logger, every interval: Double = 60) ->
             if purged > 0 { logger.info("challenges_purged", [("count", purged)]) }
             // Challenge requests only matter for their one-minute window.
             _ = try store.purgeChallengeRequests(before: Date() - 120)
+            // Console sign-in links and sessions, an hour after they ended.
+            _ = try store.purgeConsoleAccess(before: Date() - 3600)
         } catch { logger.error("purge_failed", [("error", String(describing: error))]) }
     }
 }

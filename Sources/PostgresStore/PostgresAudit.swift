@@ -39,12 +39,12 @@ extension PostgresTokenStore {
         }
     }
 
-    /// The newest audit events, newest first (for the CLI and tests).
-    public func auditEvents(limit: Int = 100, clientID: String? = nil) throws -> [AuditEvent] {
+    /// The newest audit events, newest first, after the `offset` newest (the CLI, the console, tests).
+    public func auditEvents(limit: Int, offset: Int, clientID: String?) throws -> [AuditEvent] {
         try run { db in
             let sql = "SELECT \(StoreColumns.list(StoreColumns.audit)) FROM audit_log"
-                + (clientID == nil ? "" : " WHERE client_id = $2") + " ORDER BY id DESC LIMIT $1"
-            let values: [PostgresValue] = [.int(Int64(limit))] + (clientID.map { [.text($0)] } ?? [])
+                + (clientID == nil ? "" : " WHERE client_id = $3") + " ORDER BY id DESC LIMIT $1 OFFSET $2"
+            let values: [PostgresValue] = [.int(Int64(limit)), .int(Int64(max(0, offset)))] + (clientID.map { [.text($0)] } ?? [])
             return try db.query(sql, values).rows.map(AuditEvent.init(row:))
         }
     }

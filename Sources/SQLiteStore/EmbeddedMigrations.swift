@@ -245,5 +245,30 @@ CREATE TABLE apple_keys (
 -- rows per device); the full index stays for the window counts.
 CREATE INDEX tokens_live_by_device ON tokens (key_id, client_id, issued_at) WHERE revoked_at IS NULL;
 """#),
+        ("0010_console.sql", #"""
+-- The console's sign-in links and sessions. Only SHA-256 hashes of the link and session tokens
+-- are stored, so a copy of the database signs no one in. A session names its member by workspace
+-- and email, and is honoured only while that membership exists.
+CREATE TABLE console_sign_in_links (
+    token_hash   BLOB PRIMARY KEY,
+    workspace_id INTEGER NOT NULL REFERENCES workspaces(id),
+    email        TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    expires_at   REAL NOT NULL,
+    used_at      REAL
+);
+
+CREATE TABLE console_sessions (
+    token_hash   BLOB PRIMARY KEY,
+    workspace_id INTEGER NOT NULL REFERENCES workspaces(id),
+    email        TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    last_seen_at REAL NOT NULL,
+    -- The absolute end (created_at plus the longest a session may last).
+    expires_at   REAL NOT NULL,
+    ended_at     REAL
+);
+CREATE INDEX console_sessions_by_member ON console_sessions (workspace_id, email);
+"""#),
     ]
 }

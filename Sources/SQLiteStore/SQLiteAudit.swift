@@ -21,13 +21,13 @@ extension SQLiteTokenStore {
         }
     }
 
-    /// The newest audit events, newest first (for the CLI and tests).
-    public func auditEvents(limit: Int = 100, clientID: String? = nil) throws -> [AuditEvent] {
+    /// The newest audit events, newest first, after the `offset` newest (the CLI, the console, tests).
+    public func auditEvents(limit: Int, offset: Int, clientID: String?) throws -> [AuditEvent] {
         try read { db in
             var events: [AuditEvent] = []
             let sql = "SELECT \(StoreColumns.list(StoreColumns.audit)) FROM audit_log"
-                + (clientID == nil ? "" : " WHERE client_id = ?") + " ORDER BY id DESC LIMIT ?"
-            let values: [SQLValue] = (clientID.map { [.text($0)] } ?? []) + [.int(Int64(limit))]
+                + (clientID == nil ? "" : " WHERE client_id = ?") + " ORDER BY id DESC LIMIT ? OFFSET ?"
+            let values: [SQLValue] = (clientID.map { [.text($0)] } ?? []) + [.int(Int64(limit)), .int(Int64(max(0, offset)))]
             try db.query(sql, values) { row in events.append(try AuditEvent(row: row)) }
             return events
         }

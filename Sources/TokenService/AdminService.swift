@@ -4,8 +4,14 @@ import Foundation
 
 /// A refused admin request: a clear one-line message; nothing was changed.
 public struct AdminError: Error, CustomStringConvertible, Sendable {
+    /// What kind of refusal, for the console's status codes (the CLI exits 2 for all).
+    public enum Kind: Sendable { case invalid, forbidden, notFound }
     public let description: String
-    public init(_ description: String) { self.description = description }
+    public let kind: Kind
+    public init(_ description: String, kind: Kind = .invalid) {
+        self.description = description
+        self.kind = kind
+    }
 }
 
 /// Operator actions: the organisation model and integrations. Every action is checked against the
@@ -44,7 +50,7 @@ public final class AdminService: Sendable {
         let actorRole = try requireRole(actor, in: workspace, "add members") { $0.managesIntegrations }
         guard role != .primaryOwner else { throw AdminError("a workspace has one primary owner; add owners instead") }
         if actorRole == .admin && (role == .owner || role == .admin) {
-            throw AdminError("\(actor) is an admin of \(workspace.name) and may add only developers and users")
+            throw AdminError("\(actor) is an admin of \(workspace.name) and may add only developers and users", kind: .forbidden)
         }
         guard try store.role(of: email, in: workspace.id) == nil else { throw AdminError("\(email) is already a member of \(workspace.name)") }
         try store.addMember(email: email, role: role, workspaceID: workspace.id, at: now())
@@ -194,7 +200,7 @@ public final class AdminService: Sendable {
     }
 
     public func integration(_ clientID: String) throws -> Integration {
-        guard let integration = try store.integration(clientID: clientID) else { throw AdminError("no integration \(clientID)") }
+        guard let integration = try store.integration(clientID: clientID) else { throw AdminError("no integration \(clientID)", kind: .notFound) }
         return integration
     }
 
@@ -222,21 +228,21 @@ public final class AdminService: Sendable {
         return try store.createWorkspace(name: Self.defaultWorkspace, at: now())
     }
 
-    private func existingWorkspace(_ name: String) throws -> Workspace {
-        guard let workspace = try store.workspace(named: name) else { throw AdminError("no workspace named \(name)") }
+    func existingWorkspace(_ name: String) throws -> Workspace {
+        guard let workspace = try store.workspace(named: name) else { throw AdminError("no workspace named \(name)", kind: .notFound) }
         return workspace
     }
 
     @discardableResult
-    private func requireRole(_ actor: String, in workspace: Workspace, _ action: String, _ allowed: (Role) -> Bool) throws -> Role {
+    func requireRole(_ actor: String, in workspace: Workspace, _ action: String, _ allowed: (Role) -> Bool) throws -> Role {
         guard let role = try store.role(of: actor, in: workspace.id) else {
-            throw AdminError("\(actor) is not a member of workspace \(workspace.name)")
+            throw AdminError("\(actor) is not a member of workspace \(workspace.name)", kind: .forbidden)
         }
-        guard allowed(role) else { throw AdminError("\(actor) is \(role.rawValue) in \(workspace.name) and may not \(action)") }
+        guard allowed(role) else { throw AdminError("\(actor) is \(role.rawValue) in \(workspace.name) and may not \(action)", kind: .forbidden) }
         return role
     }
 
-    private func audit(actor: String, _ action: String, clientID: String? = nil, detail: String) throws {
+    func audit(actor: String, _ action: String, clientID: String? = nil, detail: String) throws {
         try store.appendAudit([AuditEvent(at: now(), actor: actor, action: action, clientID: clientID, detail: detail)])
     }
 }

@@ -107,13 +107,19 @@ public protocol UsageStore: AnyObject, Sendable {
 /// The audit trail.
 public protocol AuditStore: AnyObject, Sendable {
     func appendAudit(_ events: [AuditEvent]) throws
-    /// The newest audit events, newest first (the CLI and tests).
-    func auditEvents(limit: Int, clientID: String?) throws -> [AuditEvent]
+    /// The newest audit events, newest first, skipping the `offset` newest (the CLI, the console's pages, tests).
+    func auditEvents(limit: Int, offset: Int, clientID: String?) throws -> [AuditEvent]
+}
+
+extension AuditStore {
+    public func auditEvents(limit: Int = 100, clientID: String? = nil) throws -> [AuditEvent] {
+        try auditEvents(limit: limit, offset: 0, clientID: clientID)
+    }
 }
 
 /// One database holding every capability.
 public protocol TokenStore: OrganisationStore, IntegrationStore, ExchangeStore, DeviceInventoryStore, UsageStore, AuditStore,
-                            ReceiptRefreshStore {
+                            ReceiptRefreshStore, ConsoleStore {
     /// Nil when the store can serve (open, writable, the same database, room on disk); else why not.
     func readinessProblem() -> String?
     /// What the store runs in the background while the service runs (a watch on its file).

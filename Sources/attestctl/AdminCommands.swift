@@ -1,5 +1,6 @@
 import AppAttest
 import AttestCrypto
+import AttestWire
 import CommandLineSupport
 import Foundation
 import Stores
@@ -13,6 +14,12 @@ enum AdminCommands {
     usage: attestctl init --owner EMAIL
            attestctl migrate   (apply the schema's migrations; attestd serve --no-migrate only checks them)
            attestctl members add --actor EMAIL --email EMAIL --role owner|admin|developer|user [--workspace NAME]
+           attestctl members list [--workspace NAME] [--json]
+           attestctl members remove --actor EMAIL --email EMAIL [--workspace NAME]   (their console sessions end with it)
+           attestctl console-login --actor EMAIL [--workspace NAME] [--base-url URL]
+             prints a sign-in link for the console (on attestd's admin listener, /console/): single use, valid 10
+             minutes, for a member of the workspace. --base-url: how the member's browser reaches the admin
+             listener (default http://127.0.0.1:9090, attestd's default --admin-listen)
            attestctl workspaces create --actor EMAIL --name NAME
            attestctl workspaces show NAME [--json]
            attestctl workspaces set-upstream-key --actor EMAIL --workspace NAME --key-file FILE
@@ -71,6 +78,9 @@ enum AdminCommands {
             case ("init", _): try initialize(argv)
             case ("migrate", _): try migrate(argv)
             case ("members", "add"): try addMember(Array(argv.dropFirst()))
+            case ("members", "list"): try listMembers(Array(argv.dropFirst()))
+            case ("members", "remove"): try removeMember(Array(argv.dropFirst()))
+            case ("console-login", _): try consoleLogin(argv)
             case ("workspaces", "create"): try createWorkspace(Array(argv.dropFirst()))
             case ("workspaces", "show"): try showWorkspace(Array(argv.dropFirst()))
             case ("workspaces", "set-upstream-key"): try setUpstreamKey(Array(argv.dropFirst()))
@@ -129,6 +139,46 @@ enum AdminCommands {
         let (service, _) = try open(arguments)
         try service.addMember(actor: try Validate.email(actor), email: email, role: role, workspace: workspace)
         print("added \(try Validate.email(email)) as \(role.rawValue) in \(workspace)")
+    }
+
+    static func listMembers(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["workspace"], flags: ["json"])
+        let workspace = try arguments.value("workspace") ?? AdminService.defaultWorkspace
+        let (service, _) = try open(arguments)
+        for member in try service.members(workspace: workspace) {
+            if arguments.has("json") {
+                print(JSONText.object([("email", member.email), ("role", member.role.rawValue), ("added_at", iso8601(member.addedAt))]))
+            } else {
+                print("\(member.email)  \(member.role.rawValue)  added \(iso8601(member.addedAt))")
+            }
+        }
+    }
+
+    static func removeMember(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "email", "workspace"])
+        let actor = try arguments.required("actor"), email = try arguments.required("email")
+        let workspace = try arguments.value("workspace") ?? AdminService.defaultWorkspace
+        let (service, _) = try open(arguments)
+        try service.removeMember(actor: try Validate.email(actor), email: email, workspace: workspace)
+        print("removed \(try Validate.email(email)) from \(workspace); their console sessions have ended")
+    }
+
+    /// The link alone on stdout (a script can take it); what it is, on stderr.
+    static func consoleLogin(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "workspace", "base-url"])
+        let actor = try arguments.required("actor")
+        let workspace = try arguments.value("workspace") ?? AdminService.defaultWorkspace
+        var base = try arguments.value("base-url") ?? "http://127.0.0.1:9090"
+        guard let url = URL(string: base), let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https", url.host != nil,
+              url.query == nil, url.fragment == nil else {
+            throw UsageError("--base-url \(base.prefix(100)): use the admin listener's address as the browser reaches it, such as http://127.0.0.1:9090")
+        }
+        while base.hasSuffix("/") { base.removeLast() }
+        if base.hasSuffix("/console") { base.removeLast("/console".count) }
+        let (service, _) = try open(arguments)
+        let token = try service.createSignInLink(for: actor, workspace: workspace)
+        print("\(base)/console/sign-in?token=\(token)")
+        FileHandle.standardError.write(Data("sign-in link for \(try Validate.email(actor)) in \(workspace): single use, valid 10 minutes; open it in a browser\n".utf8))
     }
 
     static func createWorkspace(_ argv: [String]) throws {

@@ -5,7 +5,8 @@ import Foundation
 /// verification. It links no test authority (simulation and benchmarks live in `attest-sim`).
 let usage = """
 usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
-  init | members add                       set up the organisation
+  init | members add|list|remove           set up the organisation
+  console-login --actor EMAIL [--base-url URL]  a single-use sign-in link (10 minutes) to the console
   migrate                                  apply the schema's migrations (SQLite or PostgreSQL)
   workspaces create|show|set-upstream-key  workspaces and their upstream API keys
   apple-keys set|list                      each Apple team's App Attest data-service key (for the risk metric)
@@ -26,7 +27,7 @@ runTool("attestctl") {
     let rest = Array(argv.dropFirst())
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
-    case "init", "migrate", "members", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage": return try AdminCommands.run(argv[0], rest)
+    case "init", "migrate", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     default: throw UsageError(usage)
     }

@@ -1,0 +1,204 @@
+import AttestCrypto
+import AttestWire
+import Foundation
+import HTTPRouting
+import HTTPServer
+import TokenService
+
+/// The operator's console at `/console/` on the admin listener: server-rendered pages with
+/// plain forms over the same `AdminService` as `attestctl` (so roles, validation, audit and
+/// revocation are the same, and either sees the other's changes at once, on every instance).
+/// Scripts are our own static file, for enhancements only.
+public struct ConsoleRoutes: Sendable {
+    let admin: AdminService
+    /// Opens the workspaces' upstream keys' box (read once the file exists).
+    let secrets: SecretsKeySource?
+    let security: ConsoleSecurity
+
+    public static let root = "/console/"
+    /// Form bodies: a page's fields, 32 bundle IDs of 155 characters at most.
+    static let formLimit = 16_384
+
+    public init(admin: AdminService, secrets: SecretsKeySource?, trustedProxies: [CIDR] = []) {
+        self.admin = admin
+        self.secrets = secrets
+        security = ConsoleSecurity(callers: CallerResolver(trustedProxies: trustedProxies))
+    }
+
+    public var routes: [Route] {
+        [
+            Route(["GET"], "/console", name: "/console", on: [.admin], shape: .console, handler: .answer { _ in
+                RouteOutcome(Self.redirect(Self.root))
+            }),
+            Route(["GET"], "/console/static/{file}", name: "/console/static", on: [.admin], shape: .console, handler: .answer { context in
+                RouteOutcome(ConsoleAssets.response(context.parameters["file"] ?? ""))
+            }),
+            Route(["GET"], "/console/sign-in", on: [.admin], executor: .worker, shape: .console, handler: .answer { context in
+                try signIn(context)
+            }),
+            route("/console/sign-out", post: { request in
+                try admin.signOut(token: request.sessionToken, actor: request.session.email)
+                return RouteOutcome(Self.finish(ConsolePages.signedOut(), status: 200, extra: [security.clearCookie(for: request.context.request)]))
+            }),
+            route("/console/", get: { request in try IntegrationPages.list(request, admin) }),
+            route("/console/integrations", get: { request in try IntegrationPages.list(request, admin) },
+                  post: { request in try IntegrationPages.create(request, admin) }),
+            route("/console/integrations/new", get: { request in try IntegrationPages.createForm(request, admin) }),
+            route("/console/integrations/{client_id}", get: { request in try IntegrationPages.overview(request, admin) }),
+            route("/console/integrations/{client_id}/policy", get: { request in try IntegrationPages.policy(request, admin) },
+                  post: { request in try IntegrationPages.updatePolicy(request, admin) }),
+            route("/console/integrations/{client_id}/usage", get: { request in try UsagePage.render(request, admin) }),
+            route("/console/integrations/{client_id}/devices", get: { request in try IntegrationPages.devices(request, admin) }),
+            route("/console/integrations/{client_id}/audit", get: { request in try IntegrationPages.audit(request, admin) }),
+            route("/console/integrations/{client_id}/revoke", get: { request in try IntegrationPages.revokeConfirmation(request, admin) },
+                  post: { request in try IntegrationPages.revoke(request, admin) }),
+            route("/console/settings", get: { request in try SettingsPage.render(request, admin) }),
+            route("/console/settings/upstream-key", post: { request in try SettingsPage.setUpstreamKey(request, admin, secrets) }),
+            route("/console/settings/members", post: { request in try SettingsPage.addMember(request, admin) }),
+            route("/console/settings/members/remove", post: { request in try SettingsPage.removeMember(request, admin) }),
+            // Any other path under the console: its own not-found page.
+            Route([], "/console/*", name: "/console/*", on: [.admin], shape: .console, handler: .answer { _ in
+                RouteOutcome(Self.finish(ConsolePages.message("Not found", "There is no such page in the console."), status: 404))
+            }),
+        ]
+    }
+
+    // MARK: Signing in
+
+    /// Opening a sign-in link: used up, a session cookie set, and on to the console. A used,
+    /// expired or unknown link gets a page that says which, and no session.
+    func signIn(_ context: RequestContext) throws -> RouteOutcome {
+        let fields = (try? RequestParsing.formFields(Array((context.request.query ?? "").utf8))) ?? [:]
+        let token = fields["token"] ?? ""
+        switch try admin.signIn(linkToken: token) {
+        case .signedIn(let token, let session):
+            let cookie = security.setCookie(token, for: context.request)
+            return RouteOutcome(Self.finish(ConsolePages.signedIn(session), status: 200, extra: [cookie]))
+        case .refused(let state):
+            return RouteOutcome(Self.finish(ConsolePages.signInRefused(state), status: 403), reason: "console_sign_in_\(state)")
+        }
+    }
+
+    // MARK: Route builders
+
+    typealias Handler = @Sendable (ConsoleRequest) throws -> RouteOutcome
+
+    /// A console path: its page (GET) and/or its form (POST), both for a signed-in member. A POST
+    /// must come from our own origin, as a form, with the session's CSRF token.
+    func route(_ pattern: String, get: Handler? = nil, post: Handler? = nil) -> Route {
+        let methods = (get == nil ? [] : ["GET"]) + (post == nil ? [] : ["POST"])
+        return Route(methods, pattern, on: [.admin], bodyLimit: post == nil ? 0 : Self.formLimit, executor: .worker, shape: .console,
+                     handler: .answer { context in
+            guard context.request.method == "POST", let post else { return try guarded(context, form: [:], get!) }
+            guard RequestParsing.hasMediaType(context.request.header("content-type"), "application/x-www-form-urlencoded") else {
+                return RouteOutcome(Self.finish(ConsolePages.message("Request refused", "The console takes forms only."), status: 415),
+                                    reason: "console_not_a_form")
+            }
+            guard security.originAllowed(context.request) else {
+                return RouteOutcome(Self.finish(ConsolePages.message("Request refused",
+                    "This request did not come from the console's own pages (its Origin is missing or another site's), so nothing was changed."),
+                    status: 403), reason: "console_origin_refused")
+            }
+            let fields: [String: String]
+            do { fields = try RequestParsing.formFields(context.request.body) } catch {
+                return RouteOutcome(Self.finish(ConsolePages.message("Request refused", "The form could not be read."), status: 400),
+                                    reason: "console_bad_form")
+            }
+            return try guarded(context, form: fields, post)
+        })
+    }
+
+    /// The session check around every page and form; the domain's refusals as pages.
+    func guarded(_ context: RequestContext, form: [String: String], _ body: (ConsoleRequest) throws -> RouteOutcome) throws -> RouteOutcome {
+        guard let token = ConsoleSecurity.sessionCookie(context.request), let session = try admin.consoleSession(token: token) else {
+            return RouteOutcome(Self.finish(ConsolePages.signInNeeded(), status: 401, extra: [security.clearCookie(for: context.request)]),
+                                reason: "console_no_session")
+        }
+        if context.request.method == "POST" && !ConsoleSecurity.csrfValid(form["csrf"], sessionToken: token) {
+            return RouteOutcome(Self.finish(ConsolePages.message("Request refused",
+                "This form has expired or did not come from this session. Go back, reload the page and try again; nothing was changed."),
+                status: 403), reason: "console_csrf_refused")
+        }
+        let request = ConsoleRequest(context: context, session: session, sessionToken: token, form: form)
+        do {
+            return try body(request)
+        } catch let error as AdminError {
+            let (status, title) = switch error.kind {
+            case .forbidden: (403, "Not allowed")
+            case .notFound: (404, "Not found")
+            case .invalid: (422, "Not done")
+            }
+            return RouteOutcome(Self.finish(ConsolePages.layout(title: title, request: request, nav: nil,
+                                                                ConsolePages.notice(error.description, kind: "error")), status: status),
+                                reason: "console_refused")
+        }
+    }
+
+    // MARK: Responses
+
+    /// A page with the console's headers.
+    static func finish(_ page: HTML, status: Int, extra: [(name: String, value: String)] = []) -> HTTPResponse {
+        HTTPResponse(status: status, headers: [("content-type", "text/html; charset=utf-8")] + ConsoleSecurity.headers + extra,
+                     body: Array(page.raw.utf8))
+    }
+
+    /// 303: after a form, the browser shows the result with a GET (reloading it changes nothing).
+    static func redirect(_ location: String) -> HTTPResponse {
+        HTTPResponse(status: 303, headers: [("location", location)] + ConsoleSecurity.headers)
+    }
+}
+
+/// One signed-in request, as a page handler sees it.
+struct ConsoleRequest: Sendable {
+    let context: RequestContext
+    let session: ConsoleSession
+    let sessionToken: String
+    /// A POST's fields.
+    let form: [String: String]
+
+    var csrf: String { ConsoleAccess.csrfToken(session: sessionToken) }
+    /// Admins and above create, edit and revoke; the others read.
+    var canManage: Bool { session.role.managesIntegrations }
+    var isOwner: Bool { session.role == .primaryOwner || session.role == .owner }
+    /// The query's fields.
+    var query: [String: String] { (try? RequestParsing.formFields(Array((context.request.query ?? "").utf8))) ?? [:] }
+
+    /// The integration the path names, if it is this workspace's (another's is not found here).
+    func integration(_ admin: AdminService) throws -> Integration {
+        let clientID = context.parameters["client_id"] ?? ""
+        guard clientID.utf8.count <= 64, let integration = try? admin.integration(clientID),
+              integration.workspaceID == session.workspace.id else {
+            throw AdminError("No app integration \(clientID.prefix(64)) in workspace \(session.workspace.name).", kind: .notFound)
+        }
+        return integration
+    }
+
+    /// Refuses (403) a change by a member who may only read, whatever the page showed.
+    func requireManager(_ what: String) throws {
+        guard canManage else {
+            throw AdminError("\(session.email) is \(session.role.rawValue) in \(session.workspace.name) and may not \(what): "
+                             + "that needs the admin, owner or primary owner role.", kind: .forbidden)
+        }
+    }
+}
+
+extension ErrorShape {
+    /// The console's refusals as short HTML pages with its headers.
+    static let console = ErrorShape(
+        name: "console",
+        refusal: { status, _ in ConsoleRoutes.finish(ConsolePages.message("Request refused", HTTPResponse.refusalText(status)), status: status) },
+        overloaded: { _ in
+            var response = ConsoleRoutes.finish(ConsolePages.message("Busy", "The service is busy; try again in a moment."), status: 503)
+            response.headers.append(("retry-after", "1"))
+            return response
+        },
+        unavailable: { _ in
+            var response = ConsoleRoutes.finish(ConsolePages.message("Unavailable", "The database is busy or unreachable; try again in a moment."), status: 503)
+            response.headers.append(("retry-after", "1"))
+            return response
+        },
+        failed: { requestID in
+            ConsoleRoutes.finish(ConsolePages.message("Something went wrong", "The request failed (request ID \(requestID)); the service's log says why."),
+                                 status: 500)
+        })
+}

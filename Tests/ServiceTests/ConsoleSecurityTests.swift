@@ -1,0 +1,155 @@
+import Foundation
+import RawHTTP
+import SQLiteStore
+import Testing
+import TokenService
+
+/// The console's defences, byte for byte on the shipped attestd: sign-in links used once and
+/// only in time, CSRF tokens and Origin on every form, the roles enforced by the server whatever
+/// a page shows, and the headers every page carries.
+@Suite(.serialized) struct ConsoleSecurityTests {
+    @Test func aSignInLinkSignsInOnceAndAReusedExpiredOrTamperedOneGetsAPageAndNoSession() throws {
+        let fixture = try ConsoleFixture()
+        defer { fixture.stop() }
+        let link = try fixture.signInLink()
+        #expect(link.hasPrefix(fixture.adminBase + "/console/sign-in?token="))
+        let path = String(link.dropFirst(fixture.adminBase.count))
+
+        let first = try fixture.request("GET", path)
+        #expect(first.status == 200)
+        let cookie = try #require(ConsoleFixture.sessionCookie(first))
+        let setCookie = first.headers["set-cookie"] ?? ""
+        #expect(setCookie.contains("HttpOnly") && setCookie.contains("SameSite=Strict") && setCookie.contains("Path=/console/"))
+        #expect(!setCookie.contains("Secure"))   // plain HTTP, no trusted proxy
+        #expect(try fixture.request("GET", "/console/", headers: [("Cookie", "attestd_console=\(cookie)")]).status == 200)
+
+        let reused = try fixture.request("GET", path)
+        #expect(reused.status == 403 && reused.text.contains("already been used") && ConsoleFixture.sessionCookie(reused) == nil)
+
+        // One character changed.
+        var tampered = Array(path)
+        tampered[tampered.count - 1] = tampered.last == "A" ? "B" : "A"
+        let bad = try fixture.request("GET", String(tampered))
+        #expect(bad.status == 403 && bad.text.contains("not valid") && ConsoleFixture.sessionCookie(bad) == nil)
+        #expect(try fixture.request("GET", "/console/sign-in").status == 403)
+
+        // A link made eleven minutes ago (by the service itself, on the same database) has expired.
+        let store = try SQLiteTokenStore(path: fixture.db)
+        let past = AdminService(store: store, now: { Date() - 11 * 60 })
+        let old = try past.createSignInLink(for: ConsoleFixture.owner)
+        let expired = try fixture.request("GET", "/console/sign-in?token=\(old)")
+        #expect(expired.status == 403 && expired.text.contains("expired") && ConsoleFixture.sessionCookie(expired) == nil)
+
+        // Only members get links.
+        #expect(throws: (any Error).self) { try fixture.signInLink("stranger@example.com") }
+        // The database holds hashes only: neither the link's token nor the cookie is in it.
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: fixture.db)) + ((try? Data(contentsOf: URL(fileURLWithPath: fixture.db + "-wal"))) ?? Data())
+        let token = String(path.split(separator: "=").last!)
+        #expect(bytes.range(of: Data(token.utf8)) == nil && bytes.range(of: Data(cookie.utf8)) == nil)
+    }
+
+    @Test func formsWithoutTheCSRFTokenOrFromAnotherOriginChangeNothing() throws {
+        let fixture = try ConsoleFixture()
+        defer { fixture.stop() }
+        let cookie = try fixture.signIn()
+        let fields = [("name", "Made by an attacker"), ("team_id", "ABCDE12345"), ("bundle_ids", "com.example.evil"), ("env_production", "on")]
+        let headers = [("Cookie", "attestd_console=\(cookie)"), ("Origin", fixture.origin)]
+
+        let noToken = try fixture.request("POST", "/console/integrations", headers: headers, form: fields)
+        #expect(noToken.status == 403)
+        let wrongToken = try fixture.post("/console/integrations", cookie: cookie, fields, csrf: String(repeating: "A", count: 43))
+        #expect(wrongToken.status == 403)
+        // Another session's token is not this one's.
+        let otherCookie = try fixture.signIn()
+        #expect(try fixture.post("/console/integrations", cookie: cookie, fields, csrf: try fixture.csrf(otherCookie)).status == 403)
+        let crossSite = try fixture.post("/console/integrations", cookie: cookie, fields, origin: "http://evil.example")
+        #expect(crossSite.status == 403 && crossSite.text.contains("Origin"))
+        let noOrigin = try fixture.request("POST", "/console/integrations", headers: [("Cookie", "attestd_console=\(cookie)")],
+                                           form: [("csrf", try fixture.csrf(cookie))] + fields)
+        #expect(noOrigin.status == 403)
+        #expect(try fixture.integrations().isEmpty)
+
+        // The same form, done right, creates it: the refusals above were about the checks alone.
+        let created = try fixture.post("/console/integrations", cookie: cookie, fields)
+        #expect(created.status == 303 && created.headers["location"]?.hasPrefix("/console/integrations/clid_") == true)
+        #expect(try fixture.integrations().count == 1)
+        // Signing out ends the session on the server: the old cookie opens nothing.
+        #expect(try fixture.post("/console/sign-out", cookie: cookie, []).status == 200)
+        #expect(try fixture.request("GET", "/console/", headers: [("Cookie", "attestd_console=\(cookie)")]).status == 401)
+    }
+
+    @Test func aReadOnlyMemberSeesNoControlsAndTheServerRefusesTheirActions() throws {
+        let fixture = try ConsoleFixture()
+        defer { fixture.stop() }
+        let clientID = try fixture.createIntegration(name: "Shipping app")
+        try fixture.ctl(["members", "add", "--actor", ConsoleFixture.owner, "--email", "dev@example.com", "--role", "developer"])
+        let cookie = try fixture.signIn("dev@example.com")
+        let headers = [("Cookie", "attestd_console=\(cookie)")]
+
+        let list = try fixture.request("GET", "/console/", headers: headers)
+        #expect(list.status == 200 && list.text.contains("Shipping app") && !list.text.contains("Create app integration"))
+        let overview = try fixture.request("GET", "/console/integrations/\(clientID)", headers: headers)
+        #expect(overview.status == 200 && overview.text.contains(clientID) && !overview.text.contains(">Revoke<"))
+        let policy = try fixture.request("GET", "/console/integrations/\(clientID)/policy", headers: headers)
+        #expect(policy.status == 200 && !policy.text.contains("Save policy") && !policy.text.contains("<form method=\"post\" action=\"/console/integrations/"))
+
+        // Direct requests, with a valid session, CSRF token and Origin: refused all the same.
+        let csrf = try fixture.csrf(cookie)
+        let revoke = try fixture.post("/console/integrations/\(clientID)/revoke", cookie: cookie, [("confirm_name", "Shipping app")], csrf: csrf)
+        #expect(revoke.status == 403)
+        #expect(try fixture.post("/console/integrations/\(clientID)/policy", cookie: cookie, [("models", "x"), ("max_tokens", "1"),
+            ("device_requests_per_minute", "1"), ("monthly_token_budget", "1"), ("risk_limit", "0"), ("platform_ios", "on"),
+            ("distribution_production_app-store", "on"), ("distribution_development_development", "on")], csrf: csrf).status == 403)
+        #expect(try fixture.post("/console/integrations", cookie: cookie, [("name", "X"), ("team_id", "ABCDE12345"), ("bundle_ids", "a.b")],
+                                 csrf: csrf).status == 403)
+        #expect(try fixture.request("GET", "/console/integrations/new", headers: headers).status == 403)
+        #expect(try fixture.post("/console/settings/upstream-key", cookie: cookie, [("upstream_key", "sk-not-allowed-123")], csrf: csrf).status == 403)
+        let record = try #require(try fixture.integrations().first)
+        #expect(record["revoked_at"] is NSNull)
+        #expect((record["policy"] as? [String: Any])?["max_tokens"] as? Int == 0)
+
+        // Removing the member ends their session at once.
+        try fixture.ctl(["members", "remove", "--actor", ConsoleFixture.owner, "--email", "dev@example.com"])
+        #expect(try fixture.request("GET", "/console/", headers: headers).status == 401)
+    }
+
+    @Test func everyConsoleResponseCarriesItsHeadersAndTheConsoleIsNotOnThePublicListener() throws {
+        let fixture = try ConsoleFixture()
+        defer { fixture.stop() }
+        let cookie = try fixture.signIn()
+        for path in ["/console/", "/console/settings", "/console/integrations/new", "/console/no-such-page", "/console/static/console.js"] {
+            let response = try fixture.request("GET", path, headers: [("Cookie", "attestd_console=\(cookie)")])
+            let policy = response.headers["content-security-policy"] ?? ""
+            #expect(policy.contains("script-src 'self'") && policy.contains("frame-ancestors 'none'") && !policy.contains("unsafe-inline"), "\(path)")
+            #expect(response.headers["x-content-type-options"] == "nosniff" && response.headers["referrer-policy"] == "same-origin", "\(path)")
+        }
+        let page = try fixture.request("GET", "/console/", headers: [("Cookie", "attestd_console=\(cookie)")]).text
+        // No inline script and nothing from another origin.
+        #expect(!page.contains("<script>") && !page.contains("http://") && !page.contains("https://"))
+        #expect(page.contains(#"<script src="/console/static/console.js" defer></script>"#))
+        #expect(try fixture.request("GET", "/console/").status == 401)
+
+        let publicListener = try RawConnection(port: fixture.server.port, timeout: 5)
+        defer { publicListener.disconnect() }
+        _ = publicListener.sendAll("GET /console/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        #expect(publicListener.readFramedResponse()?.status == 404)
+    }
+
+    @Test func behindATrustedTLSProxyTheCookieIsSecureAndTheOriginIsHTTPS() throws {
+        let fixture = try ConsoleFixture(extraArguments: ["--trusted-proxy", "127.0.0.1/32"])
+        defer { fixture.stop() }
+        let link = try fixture.signInLink()
+        let viaTLS = try fixture.request("GET", String(link.dropFirst(fixture.adminBase.count)),
+                                         headers: [("X-Forwarded-Proto", "https"), ("X-Forwarded-Host", "console.example.com")])
+        #expect(viaTLS.headers["set-cookie"]?.contains("; Secure") == true)
+        let cookie = try #require(ConsoleFixture.sessionCookie(viaTLS))
+        let csrf = try fixture.csrf(cookie)
+        let fields = [("name", "Via proxy"), ("team_id", "ABCDE12345"), ("bundle_ids", "com.example.proxy"), ("env_production", "on")]
+        let proxied = [("Cookie", "attestd_console=\(cookie)"), ("X-Forwarded-Proto", "https"), ("X-Forwarded-Host", "console.example.com")]
+        // The browser's origin is the proxy's https one, not the listener's.
+        #expect(try fixture.request("POST", "/console/integrations", headers: proxied + [("Origin", fixture.origin)],
+                                    form: [("csrf", csrf)] + fields).status == 403)
+        #expect(try fixture.request("POST", "/console/integrations", headers: proxied + [("Origin", "https://console.example.com")],
+                                    form: [("csrf", csrf)] + fields).status == 303)
+    }
+}
