@@ -13,14 +13,14 @@ extension PostgresTokenStore {
         }
     }
 
-    public func removeMember(email: String, workspaceID: Int64) throws -> Bool {
+    public func removeMember(email: String, workspaceID: Int64, at time: Date) throws -> Bool {
         try run { db in
             try db.transaction {
                 let removed = try db.query("DELETE FROM members WHERE workspace_id = $1 AND email = $2 AND role <> 'primary_owner' RETURNING email",
                                            [.int(workspaceID), .text(email)]).count > 0
                 // Their sessions would fail the membership check anyway; this ends them for good.
-                try db.query("UPDATE console_sessions SET ended_at = extract(epoch FROM now()) WHERE workspace_id = $1 AND email = $2 AND ended_at IS NULL",
-                             [.int(workspaceID), .text(email)])
+                try db.query("UPDATE console_sessions SET ended_at = $3 WHERE workspace_id = $1 AND email = $2 AND ended_at IS NULL",
+                             [.int(workspaceID), .text(email), Self.seconds(time)])
                 return removed
             }
         }

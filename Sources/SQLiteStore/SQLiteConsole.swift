@@ -15,14 +15,14 @@ extension SQLiteTokenStore {
         }
     }
 
-    public func removeMember(email: String, workspaceID: Int64) throws -> Bool {
+    public func removeMember(email: String, workspaceID: Int64, at time: Date) throws -> Bool {
         try write { db in
             try db.transaction {
                 let removed = try db.run("DELETE FROM members WHERE workspace_id = ? AND email = ? AND role <> 'primary_owner'",
                                          [.int(workspaceID), .text(email)])
                 // Their sessions would fail the membership check anyway; this ends them for good.
-                _ = try db.run("UPDATE console_sessions SET ended_at = CAST(strftime('%s', 'now') AS REAL) WHERE workspace_id = ? AND email = ? AND ended_at IS NULL",
-                               [.int(workspaceID), .text(email)])
+                _ = try db.run("UPDATE console_sessions SET ended_at = ? WHERE workspace_id = ? AND email = ? AND ended_at IS NULL",
+                               [.real(time.timeIntervalSince1970), .int(workspaceID), .text(email)])
                 return removed > 0
             }
         }

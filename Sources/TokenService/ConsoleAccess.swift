@@ -44,7 +44,7 @@ public enum SignInLinkState: Sendable, Equatable {
 public protocol ConsoleStore: AnyObject, Sendable {
     func members(workspaceID: Int64) throws -> [Member]
     /// Removes the membership (and so every console session of it); false when there was none.
-    func removeMember(email: String, workspaceID: Int64) throws -> Bool
+    func removeMember(email: String, workspaceID: Int64, at: Date) throws -> Bool
 
     func insertSignInLink(hash: [UInt8], email: String, workspaceID: Int64, at: Date, expiresAt: Date) throws
     /// Uses the link up if it is unused and unexpired at `at`; otherwise says why not.
@@ -100,7 +100,7 @@ extension AdminService {
         if actorRole == .admin && (role == .owner || role == .admin) {
             throw AdminError("\(actor) is an admin of \(workspace.name) and may remove only developers and users", kind: .forbidden)
         }
-        guard try store.removeMember(email: email, workspaceID: workspace.id) else {
+        guard try store.removeMember(email: email, workspaceID: workspace.id, at: now()) else {
             throw AdminError("\(email) is not a member of \(workspace.name)", kind: .notFound)
         }
         try audit(actor: actor, "member.removed", detail: "\(email) (\(role.rawValue)) from \(workspace.name)")
