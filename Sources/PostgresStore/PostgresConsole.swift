@@ -29,7 +29,7 @@ extension PostgresTokenStore {
     // MARK: Console sign-in links and sessions
 
     public func insertSignInLink(hash: [UInt8], email: String, workspaceID: Int64, at time: Date, expiresAt: Date) throws {
-        try run { db in
+        _ = try run { db in
             try db.query("INSERT INTO console_sign_in_links (token_hash, workspace_id, email, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)",
                          [.bytes(hash), .int(workspaceID), .text(email), Self.seconds(time), Self.seconds(expiresAt)])
         }
@@ -50,7 +50,7 @@ extension PostgresTokenStore {
     }
 
     public func insertSession(hash: [UInt8], email: String, workspaceID: Int64, at time: Date, expiresAt: Date) throws {
-        try run { db in
+        _ = try run { db in
             try db.query("""
                 INSERT INTO console_sessions (token_hash, workspace_id, email, created_at, last_seen_at, expires_at) VALUES ($1, $2, $3, $4, $4, $5)
                 """, [.bytes(hash), .int(workspaceID), .text(email), Self.seconds(time), Self.seconds(expiresAt)])
@@ -75,7 +75,7 @@ extension PostgresTokenStore {
     }
 
     public func endSession(hash: [UInt8], at time: Date) throws {
-        try run { db in
+        _ = try run { db in
             try db.query("UPDATE console_sessions SET ended_at = $2 WHERE token_hash = $1 AND ended_at IS NULL", [.bytes(hash), Self.seconds(time)])
         }
     }
