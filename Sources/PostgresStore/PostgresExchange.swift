@@ -65,6 +65,23 @@ extension PostgresTokenStore {
 
     // MARK: Devices and tokens
 
+    /// The integration, the pending challenge and the device in one round trip instead of three.
+    static let exchangeContextSQL = StoreColumns.exchangeContext(integrationColumns) + """
+
+            LEFT JOIN challenges c ON c.client_id = i.client_id AND c.key_id = $2 AND NOT c.used AND c.expires_at > $3
+            LEFT JOIN devices d ON d.key_id = $2 AND d.client_id = i.client_id
+            WHERE i.client_id = $1
+            """
+
+    public func exchangeContext(clientID: String, keyID: [UInt8], at time: Date) throws -> ExchangeContext {
+        try run { db in
+            try db.query(Self.exchangeContextSQL, [.text(clientID), .bytes(keyID), Self.seconds(time)]).first { row in
+                ExchangeContext(integration: try Integration(row: row), challenge: try row.isNull("challenge") ? nil : try row.bytes("challenge"),
+                                device: try row.isNull("key_id") ? nil : try Device(row: row))
+            } ?? ExchangeContext(integration: nil, challenge: nil, device: nil)
+        }
+    }
+
     public func device(clientID: String, keyID: [UInt8]) throws -> Device? {
         try run { db in
             try db.query("""

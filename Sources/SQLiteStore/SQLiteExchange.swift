@@ -65,6 +65,24 @@ extension SQLiteTokenStore {
 
     // MARK: Devices and tokens
 
+    /// The integration, the pending challenge and the device in one statement (one read
+    /// transaction, one consistent snapshot) instead of three.
+    static let exchangeContextSQL = StoreColumns.exchangeContext(integrationColumns) + """
+
+            LEFT JOIN challenges c ON c.client_id = i.client_id AND c.key_id = ? AND c.used = 0 AND c.expires_at > ?
+            LEFT JOIN devices d ON d.key_id = ? AND d.client_id = i.client_id
+            WHERE i.client_id = ?
+            """
+
+    public func exchangeContext(clientID: String, keyID: [UInt8], at time: Date) throws -> ExchangeContext {
+        try read { db in
+            try db.first(Self.exchangeContextSQL, [.blob(keyID), .real(time.timeIntervalSince1970), .blob(keyID), .text(clientID)]) { row in
+                ExchangeContext(integration: try Integration(row: row), challenge: try row.isNull("challenge") ? nil : try row.bytes("challenge"),
+                                device: try row.isNull("key_id") ? nil : try Device(row: row))
+            } ?? ExchangeContext(integration: nil, challenge: nil, device: nil)
+        }
+    }
+
     static func optional(_ text: String?) -> SQLValue { text.map { .text($0) } ?? .null }
     static func optional(_ date: Date?) -> SQLValue { date.map { .real($0.timeIntervalSince1970) } ?? .null }
 
@@ -100,10 +118,10 @@ extension SQLiteTokenStore {
     public func registerDevice(_ device: Device, receipt: DeviceReceipt, firstToken: TokenRecord, redeeming challenge: [UInt8]?,
                                nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
                                commitTime: @Sendable () -> Date) throws -> CommitResult {
-        try write { db in
-            // IMMEDIATE: the write lock is held from here, so this time is the commit's and the
-            // quota's count cannot change before the insert.
-            try db.transaction {
+        // In a transaction that holds the write lock from its start (the group's IMMEDIATE one),
+        // so this time is the commit's and the quota's count cannot change before the insert.
+        try writeInGroup { db in
+            do {
                 let committing = commitTime()
                 if let challenge, try Self.redeem(db, clientID: device.clientID, keyID: device.keyID, challenge: challenge, at: committing) == nil {
                     return .challengeGone
@@ -140,8 +158,8 @@ extension SQLiteTokenStore {
     public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, refresh: DeviceRefresh?, token: TokenRecord,
                                redeeming challenge: [UInt8]?, nextChallenge: IssuedChallenge, at time: Date,
                                commitTime: @Sendable () -> Date) throws -> CommitResult {
-        try write { db in
-            try db.transaction {
+        try writeInGroup { db in
+            do {
                 if let challenge, try Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, at: commitTime()) == nil {
                     return .challengeGone
                 }

@@ -22,6 +22,8 @@ public final class SQLiteTokenStore: TokenStore {
     let background: LockedSQLiteConnection
     let readers: [LockedSQLiteConnection]
     let nextReader = Atomic<Int>(0)
+    /// The exchange's commits, batched (see `GroupCommit`).
+    let groupCommit: GroupCommit
 
     /// Opens (creating if needed) and migrates the database.
     /// - Parameter synchronous: `FULL` (default) makes every acknowledged commit survive power loss,
@@ -32,6 +34,7 @@ public final class SQLiteTokenStore: TokenStore {
         let connection = try SQLiteConnection(path: path, synchronous: synchronous, busyTimeoutMilliseconds: busyTimeoutMilliseconds)
         try Migrator.migrate(connection, migrations, mode: mode)
         writer = LockedSQLiteConnection(connection)
+        groupCommit = GroupCommit(writer: writer)
         identity = Self.fileIdentity(path)
         background = LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous, busyTimeoutMilliseconds: busyTimeoutMilliseconds))
         readers = try (0..<max(1, readerCount)).map { _ in LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous, busyTimeoutMilliseconds: busyTimeoutMilliseconds)) }
@@ -45,6 +48,14 @@ public final class SQLiteTokenStore: TokenStore {
     func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         try refuseIfFaulted()
         return try writer.withConnection(body)
+    }
+
+    /// `body` as one transaction, committed with whichever other exchanges are waiting (see
+    /// `GroupCommit`); it returns once committed. `body` opens no transaction of its own.
+    func writeInGroup<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+        try refuseIfFaulted()
+        // `run` returns only after the body has run (on this thread or the batch's), so it does not escape.
+        return try withoutActuallyEscaping(body) { body in try groupCommit.run(body) }
     }
 
     /// Readers in turn; each is locked only for the duration of one read.

@@ -94,9 +94,11 @@ public final class DeviceTokenService: Sendable {
         try rejecting(clientID: clientID, keyID: keyID, action: "register") {
             let time = now()
             try requireKeyIDShape(keyID)
-            let integration = try liveIntegration(clientID)
-            return try redeeming(clientID: clientID, keyID: keyID, at: time) { challenge in
-                if try store.device(clientID: clientID, keyID: keyID) != nil {
+            // The integration, the pending challenge and the device: one read.
+            let context = try exchangeContext(clientID: clientID, keyID: keyID, at: time)
+            let integration = try liveIntegration(context.integration)
+            return try redeeming(clientID: clientID, keyID: keyID, pending: context.challenge, at: time) { challenge in
+                if context.device != nil {
                     throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID is already registered")
                 }
                 if configuration.registrationQuotaPerHour > 0,
@@ -164,9 +166,10 @@ public final class DeviceTokenService: Sendable {
         try rejecting(clientID: clientID, keyID: keyID, action: "token") {
             let time = now()
             try requireKeyIDShape(keyID)
-            let integration = try liveIntegration(clientID)
-            return try redeeming(clientID: clientID, keyID: keyID, at: time) { challenge in
-                guard let device = try store.device(clientID: clientID, keyID: keyID) else {
+            let context = try exchangeContext(clientID: clientID, keyID: keyID, at: time)
+            let integration = try liveIntegration(context.integration)
+            return try redeeming(clientID: clientID, keyID: keyID, pending: context.challenge, at: time) { challenge in
+                guard let device = context.device else {
                     throw Rejection(.invalidGrant, .unknownKey, "key ID is not registered for this client")
                 }
                 if configuration.mintLimitPerMinute > 0,
@@ -206,8 +209,8 @@ public final class DeviceTokenService: Sendable {
     /// Runs `body` with the pending challenge for the pair. The success path redeems it in the
     /// same transaction that stores the result (one commit per exchange); any rejection uses it
     /// up here, conditioned on its bytes so that a newer challenge is never touched.
-    private func redeeming<T>(clientID: String, keyID: [UInt8], at time: Date, _ body: ([UInt8]) throws -> T) throws -> T {
-        guard let challenge = try store.pendingChallenge(clientID: clientID, keyID: keyID, at: time) else {
+    private func redeeming<T>(clientID: String, keyID: [UInt8], pending: [UInt8]?, at time: Date, _ body: ([UInt8]) throws -> T) throws -> T {
+        guard let challenge = pending else {
             throw Rejection(.invalidGrant, .noPendingChallenge, "no pending challenge for this key (expired, used, or never issued)")
         }
         do {
@@ -268,12 +271,21 @@ public final class DeviceTokenService: Sendable {
     }
 
     private func liveIntegration(_ clientID: String) throws -> Integration {
-        guard Self.isWellFormedClientID(clientID),
-              let integration = try store.integration(clientID: clientID) else {
-            throw Rejection(.invalidClient, .unknownClient, "no integration with this client ID")
-        }
+        guard Self.isWellFormedClientID(clientID) else { throw Rejection(.invalidClient, .unknownClient, "no integration with this client ID") }
+        return try liveIntegration(try store.integration(clientID: clientID))
+    }
+
+    private func liveIntegration(_ found: Integration?) throws -> Integration {
+        guard let integration = found else { throw Rejection(.invalidClient, .unknownClient, "no integration with this client ID") }
         guard !integration.isRevoked else { throw Rejection(.invalidClient, .clientRevoked, "integration was revoked") }
         return integration
+    }
+
+    /// What an exchange starts from, for a well-formed client ID (anything else names no integration
+    /// and is refused before it reaches SQL).
+    private func exchangeContext(clientID: String, keyID: [UInt8], at time: Date) throws -> ExchangeContext {
+        guard Self.isWellFormedClientID(clientID) else { throw Rejection(.invalidClient, .unknownClient, "no integration with this client ID") }
+        return try store.exchangeContext(clientID: clientID, keyID: keyID, at: time)
     }
 
     private func mintToken(integration: Integration, keyID: [UInt8], at time: Date) -> (String, TokenRecord) {

@@ -56,6 +56,10 @@ public protocol ExchangeStore: AnyObject, Sendable {
     /// it; nil when there is none. This is how a failed attempt uses the challenge up.
     func consumeChallenge(clientID: String, keyID: [UInt8], challenge: [UInt8]?, at: Date) throws -> [UInt8]?
 
+    /// What an exchange reads before it verifies, in one read (one round trip on PostgreSQL,
+    /// one read transaction on SQLite): the integration, the pair's pending challenge, its device.
+    func exchangeContext(clientID: String, keyID: [UInt8], at: Date) throws -> ExchangeContext
+
     // Devices and tokens
     func device(clientID: String, keyID: [UInt8]) throws -> Device?
     /// In one transaction: uses up `challenge` (when given; `.challengeGone` if it is no longer
@@ -125,6 +129,18 @@ public protocol TokenStore: OrganisationStore, IntegrationStore, ExchangeStore, 
     /// What the store runs in the background while the service runs (a watch on its file).
     var backgroundServices: [any Service] { get }
 
+}
+
+/// The integration, the pending challenge and the device an exchange starts from (each nil when absent).
+public struct ExchangeContext: Sendable {
+    public var integration: Integration?
+    public var challenge: [UInt8]?
+    public var device: Device?
+    public init(integration: Integration?, challenge: [UInt8]?, device: Device?) {
+        self.integration = integration
+        self.challenge = challenge
+        self.device = device
+    }
 }
 
 /// Events in a rolling window: how many, and when the oldest happened (for `Retry-After`).

@@ -66,6 +66,16 @@ public enum StoreColumns {
     public static let audit = ["at", "actor", "action", "client_id", "key_id", "reason", "detail"]
 
     /// `a, b, c` (each name qualified by `table.` when given).
+    /// An integration's SELECT (`… FROM integrations i …`) widened by the exchange's context: the
+    /// challenge (`c`) and the device (`d`), whose joins the dialect appends.
+    public static func exchangeContext(_ integrationSelect: String) -> String {
+        let split = integrationSelect.components(separatedBy: "FROM integrations i")
+        precondition(split.count == 2, "an integration SELECT reads FROM integrations i once")
+        return split[0] + ", c.challenge AS challenge, "
+            + device.map { "d.\($0) AS \($0 == "client_id" ? "device_client_id" : $0)" }.joined(separator: ", ")
+            + "\nFROM integrations i" + split[1]
+    }
+
     public static func list(_ names: [String], table: String? = nil) -> String {
         names.map { name in table.map { "\($0).\(name)" } ?? name }.joined(separator: ", ")
     }
