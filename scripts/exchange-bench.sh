@@ -8,7 +8,9 @@
 # failed: such a run is reported as FAILED and makes this script exit non-zero.
 #
 # usage: scripts/exchange-bench.sh [BASELINE_COMMIT=bb2ce7c]
-# environment: SECONDS_PER_RUN (default 6), ROUNDS (default 3), DEVICES ("8 64 256"), PG=0 to skip PostgreSQL
+# environment: SECONDS_PER_RUN (default 6), ROUNDS (default 3), DEVICES ("8 64 256"), PG=0 to skip PostgreSQL,
+#   CURRENT_ARGS (extra attestd options for the current build, such as "--exchange-threads 8").
+# Each run also prints attestd's context switches per exchange (all its threads, from /proc).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 baseline=${1:-bb2ce7c}
@@ -43,6 +45,13 @@ failed=0
 secrets() {  # the secrets-key option, for builds that have one (the baseline predates it)
   [ "$1" = "$current" ] && echo "--secrets-key-file $work/attestd.key"
 }
+supports() {  # supports BIN OPTION: whether that attestd knows the option (help read whole: grep -q
+  local help; help=$("$1/attestd" serve --help 2>&1)   # in a pipe would SIGPIPE it, and pipefail then says no)
+  grep -q -- "$2" <<< "$help"
+}
+switches() {  # context switches of a process so far, all threads
+  cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {print s + 0}'
+}
 setup() {  # setup BIN DB → client ID
   "$1/attestctl" init --db "$2" $(secrets "$1") --owner bench@example.com >/dev/null
   "$1/attestctl" integrations create --db "$2" --actor bench@example.com --name Bench --team-id ABCDE12345 \
@@ -51,7 +60,7 @@ setup() {  # setup BIN DB → client ID
 start() {  # start BIN DB [EXTRA…]: sets $port; the process is tracked for cleanup
   local bin=$1 db=$2; shift 2
   port=$(free_port)
-  local admin=(); [ "$bin" = "$current" ] && admin=(--admin-listen 127.0.0.1:0)
+  local admin=(); supports "$bin" --admin-listen && admin=(--admin-listen 127.0.0.1:0)
   "$bin/attestd" serve --db "$db" --listen "127.0.0.1:$port" --trust-anchor Fixtures/test-authority/root.pem \
     $(secrets "$bin") "${admin[@]}" --mint-limit 0 --challenge-limit 0 --registration-quota 0 "$@" 2>>"$work/attestd.log" &
   pids+=($!)
@@ -61,15 +70,24 @@ start() {  # start BIN DB [EXTRA…]: sets $port; the process is tracked for cle
 load() {  # load LABEL KEY CLID DEVICES URL…: one line of figures; KEY and the rate go to $work/rates
   local label=$1 key=$2 clid=$3 n=$4; shift 4
   local urls; urls=$(IFS=,; echo "$*")
+  local before=0; for pid in $WATCH; do before=$((before + $(switches "$pid"))); done
   local out; out=$($current/attest-sim load --base-url "$urls" --client-id "$clid" --devices "$n" --seconds "$seconds" 2>&1)
   local status=$?
+  local after=0; for pid in $WATCH; do after=$((after + $(switches "$pid"))); done
+  local exchanges; exchanges=$(awk '$1 == "token_exchanges:" {print $2}' <<< "$out")
+  local cs; cs=$(python3 -c "print(round(($after - $before) / max(1, ${exchanges:-0}), 1))")
   local rate p50 p99 failures
   rate=$(awk '$1 == "token_exchanges_per_second:" {print $2}' <<< "$out")
   p50=$(awk '$1 == "latency_ms_p50:" {print $2}' <<< "$out")
   p99=$(awk '$1 == "latency_ms_p99:" {print $2}' <<< "$out")
   failures=$(awk '$1 ~ /^(failed_exchanges|registration_failures|transport_errors|other_errors):$/ {s += $2} END {print s + 0}' <<< "$out")
-  if [ $status -ne 0 ]; then failed=1; echo "  $label: FAILED ($failures failures; rate ${rate:-?}/s not a figure)"; return; fi
-  echo "  $label: ${rate}/s p50 ${p50} ms p99 ${p99} ms failures 0"
+  if [ $status -ne 0 ]; then
+    failed=1
+    echo "  $label: FAILED ($failures failures; rate ${rate:-?}/s not a figure)"
+    grep -E "fail|error|status|FAILED" <<< "$out" | sed 's/^/    /' | head -8
+    return
+  fi
+  echo "  $label: ${rate}/s p50 ${p50} ms p99 ${p99} ms failures 0, $cs context switches per exchange"
   echo "$key $rate" >> "$work/rates"
 }
 
@@ -79,11 +97,12 @@ for round in $(seq "$rounds"); do
     order=(base current); [ $((round % 2)) -eq 0 ] && order=(current base)
     for side in "${order[@]}"; do
       bin=$current extra=(); [ "$side" = base ] && bin=$base
-      [ "$side" = current ] && [ "$n" -gt 64 ] && extra=(--max-connections-per-ip 0)
+      [ "$side" = current ] && read -r -a extra <<< "${CURRENT_ARGS:-}"
+      [ "$n" -gt 64 ] && supports "$bin" --max-connections-per-ip && extra+=(--max-connections-per-ip 0)
       db=$work/$side-$n-$round.sqlite
       clid=$(setup "$bin" "$db") || { failed=1; continue; }
       start "$bin" "$db" "${extra[@]}" || { failed=1; continue; }
-      load "round $round, $n devices, $side" "$n $side" "$clid" "$n" "http://127.0.0.1:$port"
+      WATCH=${pids[-1]} load "round $round, $n devices, $side" "$n $side" "$clid" "$n" "http://127.0.0.1:$port"
       kill "${pids[-1]}" 2>/dev/null; wait "${pids[-1]}" 2>/dev/null
     done
   done
@@ -107,13 +126,35 @@ EOF
 done
 
 if [ "${PG:-1}" != 0 ]; then
-  echo "== PostgreSQL: two current attestd on one database, 256 devices"
+  echo "== PostgreSQL: two attestd on one database, 256 devices (the baseline too when it has PostgreSQL)"
   mkdir -p "$work/pg"
   scripts/pg-test-cluster.sh start "$work/pg" >/dev/null || exit 1
-  pg_url="postgresql://attest:attest-test-password@127.0.0.1:$(cat "$work/pg/port")/attest"
-  clid=$(setup $current "$pg_url")
-  start $current "$pg_url" --max-connections-per-ip 0; first=$port
-  start $current "$pg_url" --max-connections-per-ip 0; second=$port
-  load "postgresql, 256 devices, two instances" "pg current" "$clid" 256 "http://127.0.0.1:$first" "http://127.0.0.1:$second"
+  sides=(current); supports "$base" postgresql && sides=(base current)
+  for round in $(seq "$rounds"); do
+    for side in "${sides[@]}"; do
+      bin=$current extra=(); [ "$side" = base ] && bin=$base
+      [ "$side" = current ] && read -r -a extra <<< "${CURRENT_ARGS:-}"
+      supports "$bin" --max-connections-per-ip && extra+=(--max-connections-per-ip 0)
+      db=pg$round$side
+      psql -X -q -h "$work/pg" -p "$(cat "$work/pg/port")" -U postgres -d postgres -c "CREATE DATABASE $db OWNER attest" >/dev/null || { failed=1; continue; }
+      pg_url="postgresql://attest:attest-test-password@127.0.0.1:$(cat "$work/pg/port")/$db"
+      clid=$(setup "$bin" "$pg_url") || { failed=1; continue; }
+      start "$bin" "$pg_url" "${extra[@]}" || { failed=1; continue; }; first=$port; p1=${pids[-1]}
+      start "$bin" "$pg_url" "${extra[@]}" || { failed=1; continue; }; second=$port; p2=${pids[-1]}
+      WATCH="$p1 $p2" load "round $round, postgresql, 256 devices, two instances, $side" "pg $side" "$clid" 256 "http://127.0.0.1:$first" "http://127.0.0.1:$second"
+      kill "$p1" "$p2" 2>/dev/null; wait "$p1" "$p2" 2>/dev/null
+    done
+  done
+  python3 - "$work/rates" <<'EOF'
+import statistics, sys
+rates = {}
+for line in open(sys.argv[1]):
+    n, side, rate = line.split()
+    if n == "pg": rates.setdefault(side, []).append(float(rate))
+if "current" in rates:
+    line = f"  PostgreSQL medians: current {statistics.median(rates['current']):.1f}/s"
+    if "base" in rates: line += f", baseline {statistics.median(rates['base']):.1f}/s, ratio {statistics.median(rates['current']) / statistics.median(rates['base']):.2f}"
+    print(line)
+EOF
 fi
 exit $failed

@@ -23,8 +23,9 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
           and ~/.pgpass work), default $ATTESTD_DB, else ./attestd.sqlite; --no-migrate only checks the schema
           (apply it with attestctl migrate)
 defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
-          --registration-quota 1000 --challenge-limit 600 --threads and --exchange-threads: one per core,
-          at least 2 (PostgreSQL: two per core, at least 4) --synchronous full (0 disables a limit)
+          --registration-quota 1000 --challenge-limit 600 --threads: one per core, at least 2 (PostgreSQL: two
+          per core, at least 4) --exchange-threads: four per core, at least 8 (PostgreSQL: as --threads)
+          --synchronous full (0 disables a limit)
           --upstream-url https://api.anthropic.com --secrets-key-file $ATTESTD_SECRETS_KEY_FILE, else attestd.key
           beside the database
 --upstream-url: where POST /v1/messages and /v1/messages/count_tokens are relayed, with the
@@ -40,7 +41,9 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
 --write-timeout (default 30): a client that stops reading its response for that long is cut.
 --threads: event loops, each taking connections and relaying the Messages API. --exchange-threads:
           workers for the device exchange and introspection (attestation checks, registrations that
-          wait for the database), so that those never hold up a loop.
+          wait for the database), so that those never hold up a loop. On SQLite the exchanges that
+          wait for the database at the same time commit together (one fsync), so more workers than
+          cores pay there.
 --trusted-proxy CIDR (repeatable): only when the peer is in one of these networks is the caller's
           address taken from X-Forwarded-For or Forwarded (the right-most hop that is not a trusted
           proxy); from anyone else those headers are ignored. Rate limits per caller use that address.
@@ -104,6 +107,13 @@ public struct ServeOptions: Sendable {
     public static func defaultThreads(for database: String) -> Int {
         let cores = ProcessInfo.processInfo.activeProcessorCount
         return Stores.isPostgres(database) ? max(4, 2 * cores) : max(2, cores)
+    }
+
+    /// On SQLite, workers waiting for the writer together commit together (group commit), so the
+    /// more wait, the fewer fsyncs: 8 workers against 2 on 2 cores, in three interleaved A/B runs,
+    /// 1.12 to 1.38 times the exchanges a second and 0.36 fdatasync per exchange against 1.16.
+    public static func defaultExchangeThreads(for database: String) -> Int {
+        Stores.isPostgres(database) ? defaultThreads(for: database) : max(8, 4 * ProcessInfo.processInfo.activeProcessorCount)
     }
     public var synchronous = "FULL"
     public var upstreamURL = "https://api.anthropic.com"
@@ -196,7 +206,7 @@ public struct ServeOptions: Sendable {
             i += 1
         }
         if threads == 0 { threads = Self.defaultThreads(for: db) }
-        if exchangeThreads == 0 { exchangeThreads = Self.defaultThreads(for: db) }
+        if exchangeThreads == 0 { exchangeThreads = Self.defaultExchangeThreads(for: db) }
     }
 }
 

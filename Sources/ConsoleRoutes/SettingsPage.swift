@@ -22,7 +22,7 @@ enum SettingsPage {
             + notice
 
         // The upstream key.
-        var keySection = HTML.element("h2", [], "Upstream API key")
+        var keySection = HTML.element("h2", [("id", "key-heading")], "Upstream API key")
             + HTML.element("p", [], "The workspace's key for the Messages API. The relay uses it for every app of this workspace; apps never see it.")
         if let key {
             keySection += ConsolePages.facts([("Status", "Set"), ("Ends in", HTML.element("code", [("id", "key-last4")], HTML.text(key.last4))),
@@ -54,7 +54,7 @@ enum SettingsPage {
             }
             return row
         }
-        var membersSection = HTML.element("h2", [], "Members")
+        var membersSection = HTML.element("h2", [("id", "members-heading")], "Members")
         if let error = errors["members"] { membersSection += ConsolePages.notice(error, kind: "error") }
         membersSection += ConsolePages.table(caption: "Members of \(workspace.name)", id: "members",
                                              headers: ["Email", "Role", "Added"] + (request.canManage ? ["Actions"] : []), rows: rows, empty: "No members.")
@@ -72,7 +72,7 @@ enum SettingsPage {
         } else {
             membersSection += HTML.element("p", [("class", "hint")], "Managing members needs the admin, owner or primary owner role.")
         }
-        content += HTML.element("section", [], membersSection)
+        content += HTML.element("section", [("aria-labelledby", "members-heading")], membersSection)
         let html = ConsolePages.layout(title: "Workspace settings", request: request, nav: .settings, content)
         return RouteOutcome(ConsoleRoutes.finish(html, status: status), reason: errors.isEmpty ? nil : "console_invalid_form")
     }

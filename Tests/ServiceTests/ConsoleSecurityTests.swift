@@ -113,6 +113,28 @@ import TokenService
         #expect(try fixture.request("GET", "/console/", headers: headers).status == 401)
     }
 
+    @Test func membersAreManagedInWorkspaceSettingsAsAttestctlAllows() throws {
+        let fixture = try ConsoleFixture()
+        defer { fixture.stop() }
+        let owner = try fixture.signIn()
+        #expect(try fixture.post("/console/settings/members", cookie: owner, [("email", "Admin@Example.com"), ("role", "admin")]).status == 303)
+        let members = try fixture.ctl(["members", "list", "--json"])
+        #expect(members.contains(#""email":"admin@example.com""#) && members.contains(#""role":"admin""#))
+        // An admin adds developers and users only, and removes only those.
+        let admin = try fixture.signIn("admin@example.com")
+        #expect(try fixture.post("/console/settings/members", cookie: admin, [("email", "boss@example.com"), ("role", "owner")]).status == 403)
+        #expect(try fixture.post("/console/settings/members", cookie: admin, [("email", "dev@example.com"), ("role", "developer")]).status == 303)
+        let invalid = try fixture.post("/console/settings/members", cookie: admin, [("email", "not an address"), ("role", "user")])
+        #expect(invalid.status == 422 && invalid.text.contains("not an email address"))
+        #expect(try fixture.post("/console/settings/members/remove", cookie: admin, [("email", ConsoleFixture.owner)]).status == 403)
+        let dev = try fixture.signIn("dev@example.com")
+        #expect(try fixture.post("/console/settings/members/remove", cookie: admin, [("email", "dev@example.com")]).status == 303)
+        #expect(try fixture.request("GET", "/console/", headers: [("Cookie", "attestd_console=\(dev)")]).status == 401)
+        #expect(!(try fixture.ctl(["members", "list"])).contains("dev@example.com"))
+        let audit = try fixture.ctl(["audit", "--limit", "20"])
+        #expect(audit.contains("member.added") && audit.contains("member.removed"))
+    }
+
     @Test func everyConsoleResponseCarriesItsHeadersAndTheConsoleIsNotOnThePublicListener() throws {
         let fixture = try ConsoleFixture()
         defer { fixture.stop() }
