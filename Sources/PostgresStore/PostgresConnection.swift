@@ -43,9 +43,13 @@ public struct PostgresDeadline: Sendable {
 public final class PostgresCounters: Sendable {
     let roundTripCount = Atomic<Int>(0)
     let connectCount = Atomic<Int>(0)
+    let preparationCount = Atomic<Int>(0)
     public init() {}
-    /// Request/response cycles with the server (a statement, or a `BEGIN`/`COMMIT`).
+    /// Request/response cycles with the server (a statement, or a `BEGIN`/`COMMIT`); a statement's
+    /// preparation, once per connection, is counted in `preparations` instead.
     public var roundTrips: Int { roundTripCount.load(ordering: .relaxed) }
+    /// Statements prepared (each once per connection; a round trip of its own).
+    public var preparations: Int { preparationCount.load(ordering: .relaxed) }
     /// Connections opened (each costs a few round trips of its own, not counted above).
     public var connects: Int { connectCount.load(ordering: .relaxed) }
 }
@@ -202,13 +206,40 @@ public final class PostgresConnection: @unchecked Sendable {
         }
         storage.append(0)   // never empty, so an empty value still has a non-NULL pointer
         let formats = [Int32](repeating: 1, count: values.count)
+        let name = try preparedName(sql, types)
         let sent = storage.withUnsafeBufferPointer { buffer -> Int32 in
             let base = UnsafeRawPointer(buffer.baseAddress!)
             let pointers: [UnsafePointer<CChar>?] = offsets.map { $0.map { (base + $0).assumingMemoryBound(to: CChar.self) } }
+            if let name { return PQsendQueryPrepared(conn, name, Int32(values.count), pointers, lengths, formats, 1) }
             return PQsendQueryParams(conn, sql, Int32(values.count), types, pointers, lengths, formats, 1)
         }
         guard sent == 1 else { throw closing(.connectionLost) }
         return try collect()
+    }
+
+    /// Statements this connection has prepared, by SQL and parameter types: the server parses
+    /// and plans each once per connection instead of on every call. Bounded: SQL made per call
+    /// (a multi-row INSERT of N rows) beyond it runs unprepared, as before.
+    private var prepared: [PreparedKey: String] = [:]
+    static let maxPrepared = 128
+    private struct PreparedKey: Hashable {
+        let sql: String
+        let types: [UInt32]
+    }
+
+    /// The name of the prepared statement for `sql` (preparing it now, one round trip of its own,
+    /// counted apart), or nil to run it unprepared.
+    private func preparedName(_ sql: String, _ types: [UInt32]) throws -> String? {
+        guard let conn else { throw PostgresError(.connectionLost, message: "connection closed", target: target) }
+        let key = PreparedKey(sql: sql, types: types)
+        if let name = prepared[key] { return name }
+        guard prepared.count < Self.maxPrepared else { return nil }
+        let name = "attestd_\(prepared.count)"
+        guard PQsendPrepare(conn, name, sql, Int32(types.count), types) == 1 else { throw closing(.connectionLost) }
+        counters.preparationCount.add(1, ordering: .relaxed)
+        _ = try collect(countingRoundTrip: false)
+        prepared[key] = name
+        return name
     }
 
     /// Runs SQL text that may hold several statements (simple protocol, text results discarded):
@@ -234,9 +265,9 @@ public final class PostgresConnection: @unchecked Sendable {
 
     /// Sends what is buffered, then reads results until the server is done with this query.
     /// Keeps the first result (or the first error) and discards the rest.
-    private func collect() throws -> PostgresResult {
+    private func collect(countingRoundTrip: Bool = true) throws -> PostgresResult {
         guard let conn else { throw PostgresError(.connectionLost, message: "connection closed", target: target) }
-        counters.roundTripCount.add(1, ordering: .relaxed)
+        if countingRoundTrip { counters.roundTripCount.add(1, ordering: .relaxed) }
         while true {
             let flushed = PQflush(conn)
             if flushed == 0 { break }

@@ -29,6 +29,8 @@ public final class PostgresTokenStore: TokenStore {
 
     /// Round trips to the server so far (for measurement: one per exchange).
     public var roundTrips: Int { pool.counters.roundTrips }
+    /// Statements prepared so far (each once per pooled connection).
+    public var preparations: Int { pool.counters.preparations }
 
     /// Opens the pool's connections now (a server, before it listens).
     public func warm(timeout: Double = 10) { pool.warm(timeout: timeout) }

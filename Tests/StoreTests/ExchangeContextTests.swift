@@ -52,8 +52,10 @@ struct ExchangeContextTests {
         let store = try #require(f.store as? PostgresTokenStore)
         let app = try f.integration()
         _ = try store.exchangeContext(clientID: app.clientID, keyID: F.bytes(), at: F.t0)   // the connection is open
-        let before = store.roundTrips
-        _ = try store.exchangeContext(clientID: app.clientID, keyID: F.bytes(), at: F.t0)
-        #expect(store.roundTrips - before == 1)
+        let before = store.roundTrips, prepared = store.preparations
+        let context = try store.exchangeContext(clientID: app.clientID, keyID: F.bytes(), at: F.t0)
+        #expect(store.roundTrips - before == 1 && context.integration?.clientID == app.clientID)
+        // Prepared once on this connection: not parsed and planned again.
+        #expect(store.preparations == prepared && prepared > 0)
     }
 }
