@@ -39,6 +39,14 @@ extension PostgresTokenStore {
         }
     }
 
+    public func auditEvents(clientID: String, actions: [String]) throws -> [AuditEvent] {
+        try run { db in
+            let sql = "SELECT \(StoreColumns.list(StoreColumns.audit)) FROM audit_log WHERE client_id = $1 AND action = ANY(ARRAY["
+                + actions.indices.map { "$\($0 + 2)" }.joined(separator: ", ") + "]::text[]) ORDER BY id DESC"
+            return try db.query(sql, [.text(clientID)] + actions.map { .text($0) }).rows.map(AuditEvent.init(row:))
+        }
+    }
+
     /// The newest audit events, newest first, after the `offset` newest (the CLI, the console, tests).
     public func auditEvents(limit: Int, offset: Int, clientID: String?) throws -> [AuditEvent] {
         try run { db in

@@ -73,6 +73,9 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `con
         do {
             return try writer.withConnection { db in
                 try db.execute("BEGIN IMMEDIATE")
+                // Whatever way this ends, the writer is left outside a transaction: a SAVEPOINT or
+                // RELEASE that throws must not leave it holding the write lock.
+                defer { if db.inTransaction { try? db.execute("ROLLBACK") } }
                 // One transaction alone needs no savepoint: if it throws, the whole is rolled back.
                 guard batch.count > 1 else {
                     do {
@@ -80,7 +83,6 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `con
                         try db.execute("COMMIT")
                         return [.success(value)]
                     } catch {
-                        if db.inTransaction { try? db.execute("ROLLBACK") }
                         return [.failure(error)]
                     }
                 }
@@ -103,7 +105,6 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `con
                 do {
                     try db.execute("COMMIT")
                 } catch {
-                    if db.inTransaction { try? db.execute("ROLLBACK") }
                     return batch.map { _ in .failure(error) }
                 }
                 return results

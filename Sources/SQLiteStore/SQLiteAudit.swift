@@ -21,6 +21,16 @@ extension SQLiteTokenStore {
         }
     }
 
+    public func auditEvents(clientID: String, actions: [String]) throws -> [AuditEvent] {
+        try read { db in
+            var events: [AuditEvent] = []
+            let sql = "SELECT \(StoreColumns.list(StoreColumns.audit)) FROM audit_log WHERE client_id = ? AND action IN ("
+                + actions.map { _ in "?" }.joined(separator: ", ") + ") ORDER BY id DESC"
+            try db.query(sql, [.text(clientID)] + actions.map { .text($0) }) { row in events.append(try AuditEvent(row: row)) }
+            return events
+        }
+    }
+
     /// The newest audit events, newest first, after the `offset` newest (the CLI, the console, tests).
     public func auditEvents(limit: Int, offset: Int, clientID: String?) throws -> [AuditEvent] {
         try read { db in

@@ -162,7 +162,7 @@ extension AdminService {
 
     /// Who created the integration and who revoked it, and when, from its audit trail.
     public func history(_ clientID: String) throws -> (created: AuditEvent?, revoked: AuditEvent?) {
-        let events = try store.auditEvents(limit: 10_000, offset: 0, clientID: clientID)
+        let events = try store.auditEvents(clientID: clientID, actions: ["integration.created", "integration.revoked"])
         return (events.last { $0.action == "integration.created" }, events.first { $0.action == "integration.revoked" })
     }
 

@@ -113,6 +113,9 @@ public protocol AuditStore: AnyObject, Sendable {
     func appendAudit(_ events: [AuditEvent]) throws
     /// The newest audit events, newest first, skipping the `offset` newest (the CLI, the console's pages, tests).
     func auditEvents(limit: Int, offset: Int, clientID: String?) throws -> [AuditEvent]
+    /// The integration's events with these actions, newest first (a few rows, however many
+    /// events the integration's devices wrote).
+    func auditEvents(clientID: String, actions: [String]) throws -> [AuditEvent]
 }
 
 extension AuditStore {

@@ -83,6 +83,19 @@ struct ConsoleAccessTests {
     }
 
     @Test(arguments: Backend.allCases)
+    func anIntegrationsHistoryIsFoundAmongAllItsDevicesEvents(_ backend: Backend) throws {
+        let (admin, _, f) = try service(backend)
+        let app = try admin.createIntegration(actor: "owner@example.com", name: "App", teamID: "ABCDE12345", bundleIDs: ["com.example.app"])
+        #expect(try admin.history(app.clientID).revoked == nil)
+        try f.store.appendAudit((0..<600).map { _ in AuditEvent(at: StoreFixture.t0, action: "device.registered", clientID: app.clientID) })
+        try admin.revokeIntegration(actor: "owner@example.com", clientID: app.clientID)
+        let (created, revoked) = try admin.history(app.clientID)
+        #expect(created?.actor == "owner@example.com" && created?.action == "integration.created")
+        #expect(revoked?.actor == "owner@example.com" && revoked?.action == "integration.revoked")
+        #expect(try admin.auditPage(app.clientID, page: 1, perPage: 50).count == 50)
+    }
+
+    @Test(arguments: Backend.allCases)
     func signingOutAndRemovingTheMemberEndTheirSessionsAndARoleChangeShowsAtOnce(_ backend: Backend) throws {
         let (admin, _, f) = try service(backend)
         let first = try signIn(admin, "dev@example.com"), second = try signIn(admin, "dev@example.com")
