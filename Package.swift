@@ -43,6 +43,7 @@ let package = Package(
         // Event loops (one thread, one epoll set each) that the HTTP server and the upstream
         // client share, so that a relayed request never changes threads.
         .target(name: "CEventLoop"),
+        .target(name: "CMalloc"),
         .target(name: "EventLoops", dependencies: ["CEventLoop"]),
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD", "CEventLoop", "EventLoops"]),
         // Client for the upstream Messages API: a libcurl multi handle on each event loop.
@@ -82,7 +83,7 @@ let package = Package(
         // The daemon's wiring, as a library: a test starts the whole of attestd in process.
         .target(name: "AttestDaemon", dependencies: ["ServiceRoutes", "ConsoleRoutes", "HTTPRouting", "RelayRoutes", "TokenService", "Stores", "HTTPServer", "AppAttest",
                                                      "AttestCrypto", "EventLoops", "AttestWire", "UpstreamClient", "Lifecycle", "ReceiptRefresh"]),
-        .executableTarget(name: "attestd", dependencies: ["AttestDaemon", "HTTPRouting"]),
+        .executableTarget(name: "attestd", dependencies: ["AttestDaemon", "CMalloc", "HTTPRouting"]),
         // The operator's tool: administration and offline verification. No test authority.
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CBOR", "CommandLineSupport"]),
         // The developer's tool: simulated devices, load generation, verification benchmarks.

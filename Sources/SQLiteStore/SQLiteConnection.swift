@@ -80,10 +80,10 @@ final class SQLiteConnection {
         try execute("PRAGMA journal_mode = WAL")
         try execute("PRAGMA foreign_keys = ON")
         try execute("PRAGMA synchronous = \(synchronous)")
-        // Pages of the database file read through a shared mapping rather than copied by pread
-        // (about 20 reads per exchange otherwise); the WAL is still read and written with pread
-        // and pwrite, and fsync'd as before.
-        try execute("PRAGMA mmap_size = 268435456")
+        // No mmap (mmap_size stays 0): in WAL mode SQLite drops a connection's mapping at the
+        // start of every read transaction that follows another connection's commit, so under
+        // writes each read cost a munmap and an mmap of the whole file and a TLB shootdown on
+        // every core, dearer than the preads it saved.
     }
 
     deinit {

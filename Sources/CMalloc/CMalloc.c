@@ -1,0 +1,1 @@
+/* Header-only: see include/CMalloc.h. */
