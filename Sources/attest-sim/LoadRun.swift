@@ -75,6 +75,7 @@ final class LoadRun: Sendable {
         }
         self.devices = devices
         workerCount = workers
+        slots = (0..<workers).map { Slot(HTTPConnection(target: targets[$0 % targets.count], timeout: socketTimeout)) }
         self.seconds = seconds
         self.socketTimeout = socketTimeout
     }
@@ -116,6 +117,8 @@ final class LoadRun: Sendable {
             }
         }
         let refreshSeconds = registered && ready > 0 ? monotonicNow() - refreshStart : 0
+        // A worker still running (a stalled socket) keeps its connection; the process ends soon.
+        if finished { for slot in slots { slot.connection.close() } }
         let cpu = processCPUSeconds() - cpuAtStart
         return statistics.withLock {
             $0.report(devices: devices.count, workers: workerCount, refreshSeconds: refreshSeconds,
@@ -123,18 +126,25 @@ final class LoadRun: Sendable {
         }
     }
 
-    /// `count` threads, each with its own connection (to the targets in turn); waits until they all
-    /// return or `deadline` plus a grace period (a stalled socket times out within it).
+    /// A worker's keep-alive connection (to the targets in turn), kept from registration to
+    /// refresh: reconnecting all at once between the phases briefly doubled the connections from
+    /// this address, and at 64 devices the server's per-address limit (64) reset a few of them.
+    // @unchecked: one thread at a time uses it (a phase's worker, then the next phase's, after the wait).
+    private final class Slot: @unchecked Sendable {
+        let connection: HTTPConnection
+        init(_ connection: HTTPConnection) { self.connection = connection }
+    }
+    private let slots: [Slot]
+
+    /// `count` threads, worker i on connection i; waits until they all return or `deadline` plus
+    /// a grace period (a stalled socket times out within it).
     private func runWorkers(_ count: Int, until deadline: TimeInterval, _ body: @escaping @Sendable (HTTPConnection) -> Void) -> Bool {
         let group = DispatchGroup()
         for worker in 0..<count {
             group.enter()
-            let target = targets[worker % targets.count]
-            let timeout = socketTimeout
+            let slot = slots[worker]
             let thread = Thread {
-                let connection = HTTPConnection(target: target, timeout: timeout)
-                body(connection)
-                connection.close()
+                body(slot.connection)
                 group.leave()
             }
             thread.stackSize = 1 << 20
