@@ -10,31 +10,42 @@ import Foundation
 /// an acknowledged token still survives a crash or a power cut (`synchronous=FULL` unchanged).
 /// Within a batch the transactions run one after another on one connection, so they see each
 /// other's writes exactly as if each had committed alone.
-final class GroupCommit: @unchecked Sendable {   // the state is guarded by `condition`
+///
+/// Waiting is per transaction: a finished batch wakes its own transactions and the next leader
+/// only (one broadcast used to wake every thread queued for the next batch too, which went back
+/// to sleep at once: about one context switch per exchange for nothing).
+final class GroupCommit: @unchecked Sendable {   // the state is guarded by `lock`
     private final class Job {
-        let body: (SQLiteConnection) throws -> Any
+        /// Dropped once it has run: the caller's closure must not outlive its `run` call (it is
+        /// only "escaping" so that another thread may run it), and the leader still holds the job.
+        var body: ((SQLiteConnection) throws -> Any)?
         var result: Result<Any, any Error>?
+        /// Set (under `lock`) when this job's thread is to commit the next batch.
+        var leads = false
+        /// Signalled once: when the result is set, or when the job is made the next leader.
+        let woken = DispatchSemaphore(value: 0)
         init(_ body: @escaping (SQLiteConnection) throws -> Any) { self.body = body }
     }
 
     private let writer: LockedSQLiteConnection
-    private let condition = NSCondition()
+    private let lock = NSLock()
     private var queue: [Job] = []
+    /// Whether some thread is committing a batch (or has been made the next leader).
     private var committing = false
     /// A batch's transactions hold the write lock together; a bound keeps one batch short.
     static let maxBatch = 32
     /// Batches committed and the transactions in them (a measure of how much is shared).
     private var batchCount = 0, jobCount = 0
     var counts: (batches: Int, jobs: Int) {
-        condition.lock()
-        defer { condition.unlock() }
+        lock.lock()
+        defer { lock.unlock() }
         return (batchCount, jobCount)
     }
 
     /// Transactions waiting for a batch (tests).
     var waiting: Int {
-        condition.lock()
-        defer { condition.unlock() }
+        lock.lock()
+        defer { lock.unlock() }
         return queue.count
     }
 
@@ -44,29 +55,41 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `con
     /// transaction has committed.
     func run<T>(_ body: @escaping (SQLiteConnection) throws -> T) throws -> T {
         let job = Job { try body($0) }
-        condition.lock()
+        lock.lock()
         queue.append(job)
-        while job.result == nil {
-            if committing {
-                condition.wait()
-                continue
-            }
-            // Nobody is committing: this thread commits what is queued (its own job among them).
+        if committing {
+            lock.unlock()
+            job.woken.wait()
+            lock.lock()
+        } else {
             committing = true
+            job.leads = true
+        }
+        // Woken with a result, or to lead: a leader's own job is first in the queue, so the
+        // batch it takes holds it.
+        if job.result == nil {
+            precondition(job.leads, "a group-commit job woke with neither a result nor the lead")
             let batch = Array(queue.prefix(Self.maxBatch))
             queue.removeFirst(batch.count)
-            condition.unlock()
+            lock.unlock()
             let results = commit(batch)
-            condition.lock()
-            for (job, result) in zip(batch, results) { job.result = result }
+            lock.lock()
+            for (done, result) in zip(batch, results) {
+                done.result = result
+                done.body = nil
+            }
             batchCount += 1
             jobCount += batch.count
-            committing = false
-            condition.broadcast()
+            // The next batch's leader is the longest waiting; committing stays true until then.
+            let next = queue.first
+            if let next { next.leads = true } else { committing = false }
+            lock.unlock()
+            for done in batch where done !== job { done.woken.signal() }
+            next?.woken.signal()
+        } else {
+            lock.unlock()
         }
-        let result = job.result!
-        condition.unlock()
-        return try result.get() as! T
+        return try job.result!.get() as! T
     }
 
     private func commit(_ batch: [Job]) -> [Result<Any, any Error>] {
@@ -79,7 +102,7 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `con
                 // One transaction alone needs no savepoint: if it throws, the whole is rolled back.
                 guard batch.count > 1 else {
                     do {
-                        let value = try batch[0].body(db)
+                        let value = try batch[0].body!(db)
                         try db.execute("COMMIT")
                         return [.success(value)]
                     } catch {
@@ -90,7 +113,7 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `con
                 for job in batch {
                     try db.run("SAVEPOINT exchange")
                     do {
-                        let value = try job.body(db)
+                        let value = try job.body!(db)
                         try db.run("RELEASE exchange")
                         results.append(.success(value))
                     } catch {

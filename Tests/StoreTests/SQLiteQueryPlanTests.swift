@@ -41,3 +41,102 @@ struct SQLiteQueryPlanTests {
         #expect(try f.store.counts(clientID: app.clientID, at: StoreFixture.t0 + 3000).liveTokens == 2)
     }
 }
+
+/// Migration 0011 rebuilt `devices` with the receipt last, so that an exchange reads and writes
+/// the row's leaf page only: every column the exchange reads or writes comes before the receipt,
+/// and a database migrated from 0010 keeps every value of every row.
+struct SQLiteDeviceLayoutTests {
+    /// The column names of `table`, in their stored order.
+    static func columns(_ path: String, _ table: String) throws -> [String] {
+        var db: OpaquePointer?
+        guard sqlite3_open(path, &db) == SQLITE_OK else { throw FixtureError("cannot open \(path)") }
+        defer { sqlite3_close(db) }
+        var statement: OpaquePointer?
+        guard sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info('\(table)') ORDER BY cid", -1, &statement, nil) == SQLITE_OK else {
+            throw FixtureError("prepare: \(String(cString: sqlite3_errmsg(db)))")
+        }
+        defer { sqlite3_finalize(statement) }
+        var names: [String] = []
+        while sqlite3_step(statement) == SQLITE_ROW { names.append(String(cString: sqlite3_column_text(statement, 0))) }
+        return names
+    }
+
+    @Test func theColumnsAnExchangeTouchesComeBeforeTheReceipt() throws {
+        let f = try StoreFixture(.sqlite)
+        let names = try Self.columns(try #require(f.sqlitePath), "devices")
+        #expect(Array(names.suffix(2)) == ["receipt", "credential_certificate"], "\(names)")
+        let receipt = try #require(names.firstIndex(of: "receipt"))
+        for column in StoreColumns.device + ["risk_refresh_due_at", "risk_claimed_until", "risk_claim"] {
+            let index = try #require(names.firstIndex(of: column), "devices has no \(column)")
+            #expect(index < receipt, "\(column) is stored after the receipt")
+        }
+    }
+
+    @Test func aDatabaseMigratedFrom0010KeepsEveryDevice() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("layout-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("s.sqlite").path
+        let before = try #require(Migration.sqlite.firstIndex { $0.name.hasPrefix("0011_") })
+        _ = try SQLiteTokenStore(path: path, readers: 1, migrations: Array(Migration.sqlite.prefix(before)))
+        // Rows as 0010 stored them: one with every column set, one with the optional ones NULL.
+        let receipt = (0..<3000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        try Self.exec(path, """
+            INSERT INTO workspaces (id, name, created_at) VALUES (7, 'w', 1);
+            INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at)
+              VALUES ('clid_layout', 7, 'App', 'ABCDE12345', 'production', 1);
+            INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at, platform,
+                                 validation_category, bundle_version, os_version, last_refresh_at, credential_certificate,
+                                 receipt_created_at, receipt_not_before, receipt_expires_at, risk_metric, risk_checked_at,
+                                 risk_refresh_due_at, risk_claimed_until, risk_claim, risk_over_limit_at)
+              VALUES (zeroblob(32), 'clid_layout', x'04AB', 41, 'production', 'ABCDE12345.com.example.app', x'\(Self.hex(receipt))', 100.5,
+                      'macos', 3, '27.1', '27.0.1', 200.25, x'C0FFEE', 10, 11, 12, 5, 13, 14, 15, 'claim', 16);
+            INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at)
+              VALUES (randomblob(32), 'clid_layout', x'04CD', 0, 'development', 'ABCDE12345.com.example.app', x'00', 101);
+            """)
+        let query = "SELECT " + Self.allColumns + " FROM devices ORDER BY registered_at"
+        let old = try Self.rows(path, query)
+        _ = try SQLiteTokenStore(path: path, readers: 1)   // applies 0011
+        #expect(try Self.rows(path, query) == old)
+        #expect(old.count == 2 && old[0].contains("41") && old[0].contains("claim"))
+        #expect(try Self.rows(path, "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'devices' ORDER BY name")
+                == [["devices_client"], ["devices_client_registered"], ["devices_risk_due"]])
+    }
+
+    static let allColumns = """
+        hex(key_id), client_id, hex(public_key), sign_counter, environment, app_id, hex(receipt), registered_at, platform,
+        validation_category, bundle_version, os_version, last_refresh_at, hex(credential_certificate), receipt_created_at,
+        receipt_not_before, receipt_expires_at, risk_metric, risk_checked_at, risk_refresh_due_at, risk_claimed_until, risk_claim,
+        risk_over_limit_at
+        """
+
+    static func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+
+    static func exec(_ path: String, _ sql: String) throws {
+        var db: OpaquePointer?
+        guard sqlite3_open(path, &db) == SQLITE_OK else { throw FixtureError("cannot open \(path)") }
+        defer { sqlite3_close(db) }
+        var message: UnsafeMutablePointer<CChar>?
+        guard sqlite3_exec(db, sql, nil, nil, &message) == SQLITE_OK else {
+            defer { sqlite3_free(message) }
+            throw FixtureError("sqlite: \(message.map { String(cString: $0) } ?? "error")")
+        }
+    }
+
+    /// Every row of `sql` as text (NULL as "NULL").
+    static func rows(_ path: String, _ sql: String) throws -> [[String]] {
+        var db: OpaquePointer?
+        guard sqlite3_open(path, &db) == SQLITE_OK else { throw FixtureError("cannot open \(path)") }
+        defer { sqlite3_close(db) }
+        var statement: OpaquePointer?
+        guard sqlite3_prepare_v2(db, sql, -1, &statement, nil) == SQLITE_OK else { throw FixtureError("prepare: \(String(cString: sqlite3_errmsg(db)))") }
+        defer { sqlite3_finalize(statement) }
+        var rows: [[String]] = []
+        while sqlite3_step(statement) == SQLITE_ROW {
+            rows.append((0..<sqlite3_column_count(statement)).map { index in
+                sqlite3_column_type(statement, index) == SQLITE_NULL ? "NULL" : String(cString: sqlite3_column_text(statement, index))
+            })
+        }
+        return rows
+    }
+}
