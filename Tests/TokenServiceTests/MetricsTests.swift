@@ -1,9 +1,37 @@
+import Foundation
 import Testing
 import TokenService
 
 /// /metrics in Prometheus' text format: series kept by their labels as given and rendered only
 /// here, names and series in a stable order, label values escaped, histogram buckets cumulative.
 @Suite struct MetricsTests {
+    /// Counts and histograms are kept per thread stripe and summed for /metrics: observations
+    /// from many threads at once all arrive, once each, in one series.
+    @Test func observationsFromManyThreadsAreSummedOnce() {
+        let metrics = Metrics()
+        let threads = 24, each = 500
+        let done = DispatchGroup()
+        for thread in 0..<threads {
+            done.enter()
+            Thread {
+                for index in 0..<each {
+                    metrics.increment("c_total", labels: [("kind", "x")])
+                    metrics.observe("h_seconds", seconds: index % 2 == 0 ? 0.0002 : 0.2)
+                }
+                metrics.set("g", Double(thread))
+                done.leave()
+            }.start()
+        }
+        #expect(done.wait(timeout: .now() + 60) == .success)
+        let text = metrics.prometheusText()
+        let total = threads * each
+        #expect(text.contains("c_total{kind=\"x\"} \(total)\n"), "\(text)")
+        #expect(text.contains("h_seconds_count \(total)\n"))
+        #expect(text.contains("h_seconds_bucket{le=\"0.00025\"} \(total / 2)\n"))
+        #expect(text.contains("h_seconds_bucket{le=\"+Inf\"} \(total)\n"))
+        #expect(text.components(separatedBy: "\n").filter { $0.hasPrefix("g ") }.count == 1)
+    }
+
     @Test func countersAndHistogramsRenderInPrometheusTextFormat() {
         let metrics = Metrics()
         metrics.describe("b_total", "B things.")
