@@ -59,6 +59,7 @@ final class SQLiteConnection {
             let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
             if fd >= 0 { close(fd) }
         }
+        _ = Self.configured
         var handle: OpaquePointer?
         let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
         let status = sqlite3_open_v2(path, &handle, flags, nil)
@@ -85,6 +86,10 @@ final class SQLiteConnection {
         // writes each read cost a munmap and an mmap of the whole file and a TLB shootdown on
         // every core, dearer than the preads it saved.
     }
+
+    /// Process-wide settings, once, before SQLite initialises: no memory statistics, so that an
+    /// allocation takes no global mutex (every connection allocates pages and cells all the time).
+    private static let configured: Bool = attest_sqlite_disable_memstatus() == SQLITE_OK
 
     deinit {
         for statement in statements.values { sqlite3_finalize(statement) }
