@@ -24,7 +24,7 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
           (apply it with attestctl migrate)
 defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
           --registration-quota 1000 --challenge-limit 600 --threads: one per core, at least 2 (PostgreSQL: two
-          per core, at least 4) --exchange-threads: four per core, at least 8 (PostgreSQL: as --threads)
+          per core, at least 4) --exchange-threads: eight per core, at least 16 (PostgreSQL: as --threads)
           --synchronous full (0 disables a limit)
           --upstream-url https://api.anthropic.com --secrets-key-file $ATTESTD_SECRETS_KEY_FILE, else attestd.key
           beside the database
@@ -113,7 +113,7 @@ public struct ServeOptions: Sendable {
     /// more wait, the fewer fsyncs: 8 workers against 2 on 2 cores, in three interleaved A/B runs,
     /// 1.12 to 1.38 times the exchanges a second and 0.36 fdatasync per exchange against 1.16.
     public static func defaultExchangeThreads(for database: String) -> Int {
-        Stores.isPostgres(database) ? defaultThreads(for: database) : max(8, 4 * ProcessInfo.processInfo.activeProcessorCount)
+        Stores.isPostgres(database) ? defaultThreads(for: database) : min(256, max(16, 8 * ProcessInfo.processInfo.activeProcessorCount))
     }
     public var synchronous = "FULL"
     public var upstreamURL = "https://api.anthropic.com"
