@@ -10,7 +10,8 @@
 # usage: scripts/exchange-bench.sh [BASELINE_COMMIT=bb2ce7c]
 # environment: SECONDS_PER_RUN (default 6), ROUNDS (default 3), DEVICES ("8 64 256"), PG=0 to skip PostgreSQL,
 #   CURRENT_ARGS (extra attestd options for the current build, such as "--exchange-threads 8").
-# Each run also prints attestd's context switches per exchange (all its threads, from /proc).
+# Each run also prints attestd's context switches and CPU time per exchange (all its threads, from
+# /proc; registrations included).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 baseline=${1:-bb2ce7c}
@@ -49,6 +50,9 @@ supports() {  # supports BIN OPTION: whether that attestd knows the option (help
   local help; help=$("$1/attestd" serve --help 2>&1)   # in a pipe would SIGPIPE it, and pipefail then says no)
   grep -q -- "$2" <<< "$help"
 }
+ticks() {  # user + system CPU of a process so far, all threads, in clock ticks
+  awk '{print $14 + $15}' /proc/"$1"/stat 2>/dev/null || echo 0
+}
 switches() {  # context switches of a process so far, all threads
   cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {print s + 0}'
 }
@@ -70,12 +74,13 @@ start() {  # start BIN DB [EXTRA…]: sets $port; the process is tracked for cle
 load() {  # load LABEL KEY CLID DEVICES URL…: one line of figures; KEY and the rate go to $work/rates
   local label=$1 key=$2 clid=$3 n=$4; shift 4
   local urls; urls=$(IFS=,; echo "$*")
-  local before=0; for pid in $WATCH; do before=$((before + $(switches "$pid"))); done
+  local before=0 cpu0=0; for pid in $WATCH; do before=$((before + $(switches "$pid"))); cpu0=$((cpu0 + $(ticks "$pid"))); done
   local out; out=$($current/attest-sim load --base-url "$urls" --client-id "$clid" --devices "$n" --seconds "$seconds" 2>&1)
   local status=$?
-  local after=0; for pid in $WATCH; do after=$((after + $(switches "$pid"))); done
+  local after=0 cpu1=0; for pid in $WATCH; do after=$((after + $(switches "$pid"))); cpu1=$((cpu1 + $(ticks "$pid"))); done
   local exchanges; exchanges=$(awk '$1 == "token_exchanges:" {print $2}' <<< "$out")
   local cs; cs=$(python3 -c "print(round(($after - $before) / max(1, ${exchanges:-0}), 1))")
+  local us; us=$(python3 -c "print(round(($cpu1 - $cpu0) * 1e6 / $(getconf CLK_TCK) / max(1, ${exchanges:-0})))")
   local rate p50 p99 failures
   rate=$(awk '$1 == "token_exchanges_per_second:" {print $2}' <<< "$out")
   p50=$(awk '$1 == "latency_ms_p50:" {print $2}' <<< "$out")
@@ -87,7 +92,7 @@ load() {  # load LABEL KEY CLID DEVICES URL…: one line of figures; KEY and the
     grep -E "fail|error|status|FAILED" <<< "$out" | sed 's/^/    /' | head -8
     return
   fi
-  echo "  $label: ${rate}/s p50 ${p50} ms p99 ${p99} ms failures 0, $cs context switches per exchange"
+  echo "  $label: ${rate}/s p50 ${p50} ms p99 ${p99} ms failures 0, $cs context switches and $us µs of attestd CPU per exchange"
   echo "$key $rate" >> "$work/rates"
 }
 
