@@ -84,8 +84,9 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
             let next = queue.first
             if let next { next.leads = true } else { committing = false }
             lock.unlock()
-            for done in batch where done !== job { done.woken.signal() }
+            // The next leader first: its BEGIN need not wait behind the batch's wake-ups.
             next?.woken.signal()
+            for done in batch where done !== job { done.woken.signal() }
         } else {
             lock.unlock()
         }

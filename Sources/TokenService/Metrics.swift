@@ -63,6 +63,8 @@ public final class Metrics: Sendable {
 
         /// Two stripes' observations of one series (the bounds are a series' first observation's).
         func merged(with other: Histogram) -> Histogram {
+            // Every series has one bucket list (its callers pass a constant); say so if one ever does not.
+            assert(other.bounds == bounds, "one histogram series observed with two bucket lists")
             guard other.bounds == bounds else { return count >= other.count ? self : other }
             var sum = self
             for index in buckets.indices { sum.buckets[index] += other.buckets[index] }
