@@ -46,7 +46,7 @@ public final class Metrics: Sendable {
 
     /// This thread's stripe: its pthread_t (an address) mixed, so neighbouring threads spread.
     private var stripe: StripeBox {
-        let id = UInt64(UInt(bitPattern: Int(bitPattern: UInt(pthread_self()))))
+        let id = UInt64(pthread_self())
         return stripes[Int(truncatingIfNeeded: (id &* 0x9E37_79B9_7F4A_7C15) >> 60)]
     }
 
