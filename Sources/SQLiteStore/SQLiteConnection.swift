@@ -134,6 +134,13 @@ final class SQLiteConnection {
     /// Column positions by name, per prepared statement.
     private var columnIndexes: [OpaquePointer: ColumnIndex] = [:]
 
+    /// Pages this connection has looked for in its cache and had to read from the file, so far.
+    var cacheMisses: Int {
+        var current: Int32 = 0, highest: Int32 = 0
+        sqlite3_db_status(db, SQLITE_DBSTATUS_CACHE_MISS, &current, &highest, 0)
+        return Int(current)
+    }
+
     /// `PRAGMA data_version`: the same number as on this connection's last call means no other
     /// connection, in this process or another, has committed since. Its own statement, so the
     /// per-request check hashes no SQL text.
@@ -241,4 +248,56 @@ final class SQLiteConnection {
 final class ColumnIndex {
     let names: [String: Int32]
     init(_ names: [String: Int32]) { self.names = names }
+}
+
+/// Reader connections, lent most recently returned first. In WAL mode a connection drops its
+/// whole page cache when its next read transaction finds a commit made by another connection,
+/// so reads spread over every connection in turn nearly all start cold (one `pread` per page).
+/// Reusing the connection that read last keeps its cache warm for every read until the next
+/// commit; connections beyond the reads in flight stay idle. A borrower waits only when all are lent.
+// Safe: the connections are only touched under `condition`, or by the one borrower lent each.
+final class SQLiteReaderPool: @unchecked Sendable {
+    private let condition = NSCondition()
+    /// Idle connections; the last is the warmest.
+    private var idle: [SQLiteConnection]
+    private var borrowersWaiting = 0
+    let count: Int
+
+    init(_ connections: [SQLiteConnection]) {
+        precondition(!connections.isEmpty, "a reader pool needs a connection")
+        idle = connections
+        count = connections.count
+    }
+
+    func withConnection<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+        condition.lock()
+        while idle.isEmpty {
+            borrowersWaiting += 1
+            condition.wait()
+            borrowersWaiting -= 1
+        }
+        let connection = idle.removeLast()
+        condition.unlock()
+        defer {
+            condition.lock()
+            idle.append(connection)
+            condition.signal()
+            condition.unlock()
+        }
+        return try body(connection)
+    }
+
+    /// How many borrowers wait for a connection now (tests watch it).
+    var waiting: Int {
+        condition.lock()
+        defer { condition.unlock() }
+        return borrowersWaiting
+    }
+
+    /// The idle connections, warmest last (tests read their statistics while none is lent).
+    func idleConnections<T>(_ body: ([SQLiteConnection]) throws -> T) rethrows -> T {
+        condition.lock()
+        defer { condition.unlock() }
+        return try body(idle)
+    }
 }

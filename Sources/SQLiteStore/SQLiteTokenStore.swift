@@ -20,8 +20,7 @@ public final class SQLiteTokenStore: TokenStore {
     /// Background writes (audit batches, purges) on a connection of their own, so that one waiting
     /// out a lock never holds the request path's writer: a request waits for the file lock once.
     let background: LockedSQLiteConnection
-    let readers: [LockedSQLiteConnection]
-    let nextReader = Atomic<Int>(0)
+    let readers: SQLiteReaderPool
     /// The exchange's commits, batched (see `GroupCommit`).
     let groupCommit: GroupCommit
 
@@ -37,7 +36,7 @@ public final class SQLiteTokenStore: TokenStore {
         groupCommit = GroupCommit(writer: writer)
         identity = Self.fileIdentity(path)
         background = LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous, busyTimeoutMilliseconds: busyTimeoutMilliseconds))
-        readers = try (0..<max(1, readerCount)).map { _ in LockedSQLiteConnection(try SQLiteConnection(path: path, synchronous: synchronous, busyTimeoutMilliseconds: busyTimeoutMilliseconds)) }
+        readers = SQLiteReaderPool(try (0..<max(1, readerCount)).map { _ in try SQLiteConnection(path: path, synchronous: synchronous, busyTimeoutMilliseconds: busyTimeoutMilliseconds) })
     }
 
     func writeInBackground<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
@@ -58,14 +57,13 @@ public final class SQLiteTokenStore: TokenStore {
         return try withoutActuallyEscaping(body) { body in try groupCommit.run(body) }
     }
 
-    /// Readers in turn; each is locked only for the duration of one read.
+    /// A reader, the most recently used idle one (see `SQLiteReaderPool`), for one read.
     func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         try readWithCache { db, _ in try body(db) }
     }
 
     func readWithCache<T>(_ body: (SQLiteConnection, GrantCache) throws -> T) throws -> T {
-        let turn = Int(UInt(bitPattern: nextReader.wrappingAdd(1, ordering: .relaxed).oldValue) % UInt(readers.count))
-        return try readers[turn].withConnection { db in try body(db, db.grantCache) }
+        try readers.withConnection { db in try body(db, db.grantCache) }
     }
 
     static func fileIdentity(_ path: String) -> (device: UInt64, inode: UInt64)? {

@@ -23,7 +23,7 @@ final class StoreFixture: Sendable {
     let directory: URL?
     let database: String?
 
-    init(_ backend: Backend, poolSize: Int = 8, configuration: PostgresConfiguration? = nil) throws {
+    init(_ backend: Backend, poolSize: Int = 8, configuration: PostgresConfiguration? = nil, sqliteReaders: Int = 2) throws {
         self.backend = backend
         switch backend {
         case .sqlite:
@@ -31,7 +31,7 @@ final class StoreFixture: Sendable {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             self.directory = directory
             database = nil
-            store = try SQLiteTokenStore(path: directory.appendingPathComponent("s.sqlite").path, readers: 2)
+            store = try SQLiteTokenStore(path: directory.appendingPathComponent("s.sqlite").path, readers: sqliteReaders)
         case .postgres:
             let cluster = try PostgresCluster.shared.get()
             let database = try cluster.createDatabase()
