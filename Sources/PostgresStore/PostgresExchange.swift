@@ -93,7 +93,9 @@ extension PostgresTokenStore {
     /// The parts every exchange shares, after its own CTE `done` (the device row written):
     /// - `ch` locks the challenge row while it is pending and still `$4`; a concurrent redeemer
     ///   waits for the lock, then re-reads the row and finds it used or replaced;
-    /// - the token and the next challenge are written only when `done` returned a row;
+    /// - the token and the next challenge are written only when `done` returned a row; `done`
+    ///   requires `liveIntegration` (the token's integration, not revoked, in the token's
+    ///   workspace), which stands in for the token's foreign keys (migration 0012);
     /// - otherwise a redeemed challenge is used up all the same (`burn`).
     /// `ch` and the final write touch the challenge row once each (a lock, then one update), as
     /// PostgreSQL requires of one statement. Lock order is challenge row, then device row, in
@@ -130,6 +132,12 @@ extension PostgresTokenStore {
         """
     }
 
+    /// The exchange's integration exists and is not revoked, and the token is for it and for its
+    /// workspace (`$\(p + 1)`, `$\(p + 2)`): otherwise nothing is written at all.
+    static func liveIntegration(firstTokenParameter p: Int) -> String {
+        "$\(p + 1) = $1 AND EXISTS (SELECT 1 FROM integrations WHERE client_id = $1 AND revoked_at IS NULL AND workspace_id = $\(p + 2))"
+    }
+
     /// $18: the quota (NULL: none), $19: the start of its window.
     static let registrationQuotaOK = "($18::bigint IS NULL OR (SELECT count(*) FROM devices WHERE client_id = $1 AND registered_at > $19) < $18)"
 
@@ -139,7 +147,7 @@ extension PostgresTokenStore {
                              credential_certificate, receipt_created_at, receipt_not_before, receipt_expires_at, risk_metric, risk_refresh_due_at)
             SELECT $2, $1, $5, $6, $7, $8, $9, $3, $20, $21, $22, $23, $3, $24, $25, $26, $27, $28, $29
             WHERE ($4::bytea IS NULL OR EXISTS (SELECT 1 FROM ch))
-              AND EXISTS (SELECT 1 FROM integrations WHERE client_id = $1 AND revoked_at IS NULL)
+              AND \(liveIntegration(firstTokenParameter: 10))
               AND \(registrationQuotaOK)
             ON CONFLICT (key_id) DO NOTHING
             RETURNING 1
@@ -150,7 +158,7 @@ extension PostgresTokenStore {
                            bundle_version = coalesce($16, bundle_version), platform = coalesce(platform, $17)
             WHERE key_id = $2 AND client_id = $1 AND sign_counter = $6
               AND ($4::bytea IS NULL OR EXISTS (SELECT 1 FROM ch))
-              AND EXISTS (SELECT 1 FROM integrations WHERE client_id = $1 AND revoked_at IS NULL)
+              AND \(liveIntegration(firstTokenParameter: 7))
             RETURNING 1
         """, firstTokenParameter: 7, grant: "assertion")
 

@@ -261,6 +261,49 @@ struct PostgresStoreTests {
         #expect(trip == 2)   // the default workspace, then the insert
     }
 
+    /// The token table has no foreign keys (each one locked the integration's and workspace's
+    /// rows in every exchange: migration 0012); the exchange's statement and two triggers keep
+    /// what they guaranteed. A token for another integration or for a workspace the integration
+    /// is not in writes nothing at all, and integrations and workspaces cannot be deleted.
+    @Test func tokensKeepTheirIntegrationAndWorkspaceWithoutForeignKeys() throws {
+        let f = try StoreFixture(.postgres)
+        try f.execute("""
+            DO $$ BEGIN
+                IF EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'tokens'::regclass AND contype = 'f') THEN
+                    RAISE EXCEPTION 'tokens has a foreign key';
+                END IF;
+            END $$
+            """)
+        let app = try f.integration()
+        let other = try f.integration("Other", workspace: try f.store.createWorkspace(name: "elsewhere", at: F.t0))
+        #expect(other.workspaceID != app.workspaceID)
+        // Each wrong token on a device of its own: a refused exchange uses up its challenge, as a lost counter race does.
+        for (clientID, workspaceID) in [(app.clientID, other.workspaceID), (other.clientID, other.workspaceID), (app.clientID, 1_000_000)] {
+            let (device, _, challenge) = try f.registered(app)
+            let wrong = TokenRecord(tokenHash: F.bytes(), clientID: clientID, workspaceID: workspaceID, keyID: device.keyID,
+                                    issuedAt: F.t0 + 1, expiresAt: F.t0 + 3600)
+            let outcome = try f.store.advanceCounter(clientID: app.clientID, keyID: device.keyID, from: 0, to: 1, token: wrong,
+                                                     redeeming: challenge.bytes, nextChallenge: F.challenge(), at: F.t0 + 1)
+            #expect(outcome == .conflict)
+            #expect(try f.store.liveToken(hash: wrong.tokenHash, at: F.t0 + 2) == nil)
+            #expect(try f.store.device(clientID: app.clientID, keyID: device.keyID)?.counter == 0)
+            #expect(try f.store.pendingChallenge(clientID: app.clientID, keyID: device.keyID, at: F.t0 + 1) == nil)
+        }
+        let stranger = F.device(app)
+        let outcome = try f.store.registerDevice(stranger, receipt: [1], firstToken: TokenRecord(
+            tokenHash: F.bytes(), clientID: app.clientID, workspaceID: other.workspaceID, keyID: stranger.keyID, issuedAt: F.t0, expiresAt: F.t0 + 3600),
+            redeeming: nil, nextChallenge: F.challenge(), at: F.t0)
+        #expect(outcome == .conflict)
+        #expect(try f.store.device(clientID: app.clientID, keyID: stranger.keyID) == nil)
+
+        for statement in ["DELETE FROM integrations WHERE client_id = '\(other.clientID)'", "DELETE FROM workspaces WHERE name = 'elsewhere'",
+                          "TRUNCATE integrations CASCADE", "TRUNCATE workspaces CASCADE"] {
+            let refused = #expect(throws: PostgresError.self, "\(statement)") { try f.execute(statement) }
+            #expect(refused?.sqlState == "23001", "\(statement): \(String(describing: refused))")
+        }
+        #expect(try f.store.integration(clientID: other.clientID) != nil)
+    }
+
     // MARK: Outages
 
     /// The database stops: calls fail within 2 s with an "unavailable" error; it starts again:
