@@ -261,12 +261,10 @@ final class SQLiteReaderPool: @unchecked Sendable {
     /// Idle connections; the last is the warmest.
     private var idle: [SQLiteConnection]
     private var borrowersWaiting = 0
-    let count: Int
 
     init(_ connections: [SQLiteConnection]) {
         precondition(!connections.isEmpty, "a reader pool needs a connection")
         idle = connections
-        count = connections.count
     }
 
     func withConnection<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
