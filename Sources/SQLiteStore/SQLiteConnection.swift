@@ -49,6 +49,8 @@ final class SQLiteConnection {
     private let db: OpaquePointer
     /// The token check's answers on this connection (readers only use it).
     let grantCache = GrantCache()
+    /// Integrations this connection decoded, by the bytes they were decoded from (readers only).
+    let decodedIntegrations = DecodedIntegrations()
     private var statements: [String: OpaquePointer] = [:]
     private var dataVersionStatement: OpaquePointer?
 
@@ -241,6 +243,58 @@ final class SQLiteConnection {
             guard count > 0, let pointer = sqlite3_column_blob(statement, i) else { return [] }
             return Array(UnsafeRawBufferPointer(start: pointer, count: count))
         }
+
+        /// The first `count` columns' names in order (tests: which columns `rawValues` covers).
+        func names(count: Int32) -> [String] {
+            (0..<count).map { sqlite3_column_name(statement, $0).map { String(cString: $0) } ?? "" }
+        }
+
+        /// The first `count` columns exactly as stored, in one buffer: each column's type, then
+        /// its 8-byte value (integer, real) or its length and bytes (text, blob). Two rows with the
+        /// same buffer hold the same values.
+        func rawValues(count: Int32, into buffer: inout [UInt8]) {
+            buffer.removeAll(keepingCapacity: true)
+            func append(_ value: UInt64) { withUnsafeBytes(of: value.littleEndian) { buffer.append(contentsOf: $0) } }
+            for i in 0..<count {
+                let type = sqlite3_column_type(statement, i)
+                buffer.append(UInt8(truncatingIfNeeded: type))
+                switch type {
+                case SQLITE_INTEGER: append(UInt64(bitPattern: sqlite3_column_int64(statement, i)))
+                case SQLITE_FLOAT: append(sqlite3_column_double(statement, i).bitPattern)
+                case SQLITE_NULL: break
+                default:
+                    // The bytes first, then their length (the length describes the form last asked for).
+                    let pointer = sqlite3_column_blob(statement, i)
+                    let length = Int(sqlite3_column_bytes(statement, i))
+                    append(UInt64(length))
+                    if length > 0, let pointer { buffer.append(contentsOf: UnsafeRawBufferPointer(start: pointer, count: length)) }
+                }
+            }
+        }
+    }
+}
+
+/// Integrations a reader decoded, by the exact column values they were decoded from. Every
+/// exchange reads its integration's row, and decoding it (bundle IDs, environments, both
+/// policies) cost about 4% of the service's CPU at 64 devices; the same values always decode to
+/// the same integration, so a changed row (a revocation, a new policy) is decoded afresh by
+/// construction. Each connection has its own, used by whoever holds the connection.
+final class DecodedIntegrations {
+    static let capacity = 64
+    private var entries: [[UInt8]: Integration] = [:]
+    private var scratch: [UInt8] = []
+    /// Rows decoded rather than found (tests).
+    private(set) var decoded = 0
+
+    /// The integration in `row`'s first `count` columns (`StoreColumns.integration`), decoded once per distinct value.
+    func integration(_ row: SQLiteConnection.Row, columns count: Int32) throws -> Integration {
+        row.rawValues(count: count, into: &scratch)
+        if let found = entries[scratch] { return found }
+        let integration = try Integration(row: row)
+        if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
+        entries[scratch] = integration
+        decoded += 1
+        return integration
     }
 }
 

@@ -74,10 +74,13 @@ extension SQLiteTokenStore {
             WHERE i.client_id = ?
             """
 
+    /// The context's integration is its first columns (`StoreColumns.exchangeContext`).
+    static let integrationColumnCount = Int32(StoreColumns.integration.count)
+
     public func exchangeContext(clientID: String, keyID: [UInt8], at time: Date) throws -> ExchangeContext {
         try read { db in
             try db.first(Self.exchangeContextSQL, [.blob(keyID), .real(time.timeIntervalSince1970), .blob(keyID), .text(clientID)]) { row in
-                ExchangeContext(integration: try Integration(row: row), challenge: try row.isNull("challenge") ? nil : try row.bytes("challenge"),
+                ExchangeContext(integration: try db.decodedIntegrations.integration(row, columns: Self.integrationColumnCount), challenge: try row.isNull("challenge") ? nil : try row.bytes("challenge"),
                                 device: try row.isNull("key_id") ? nil : try Device(row: row))
             } ?? ExchangeContext(integration: nil, challenge: nil, device: nil)
         }
