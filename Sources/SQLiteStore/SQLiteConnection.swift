@@ -136,6 +136,10 @@ final class SQLiteConnection {
     /// Column positions by name, per prepared statement.
     private var columnIndexes: [OpaquePointer: ColumnIndex] = [:]
 
+    /// Prepared statements run on this connection so far (not `execute`'s BEGIN and COMMIT): what
+    /// an exchange costs the writer, whose batches run one at a time.
+    private(set) var statementsRun = 0
+
     /// Pages this connection has looked for in its cache and had to read from the file, so far.
     var cacheMisses: Int {
         var current: Int32 = 0, highest: Int32 = 0
@@ -163,6 +167,7 @@ final class SQLiteConnection {
     /// Runs `sql` with `values` bound and hands each result row to `row`.
     func query(_ sql: String, _ values: [SQLValue] = [], row: (Row) throws -> Void = { _ in }) throws {
         let (statement, columns) = try prepared(sql)
+        statementsRun &+= 1
         defer {
             sqlite3_reset(statement)
             sqlite3_clear_bindings(statement)

@@ -54,6 +54,23 @@ extension SQLiteTokenStore {
             """, [.text(clientID), .blob(keyID), .real(time.timeIntervalSince1970)]) { try $0.bytes("challenge") }
     }
 
+    /// Redeems `challenge` and stores `next` in its place, in one statement: of two concurrent
+    /// requests exactly one finds the row pending. An exchange that then fails writes nothing
+    /// else and calls `burn`, so the row is left used, as a redeemed challenge is.
+    static func redeem(_ db: SQLiteConnection, clientID: String, keyID: [UInt8], challenge: [UInt8], replacingWith next: IssuedChallenge,
+                       at time: Date) throws -> Bool {
+        try db.first("""
+            UPDATE challenges SET challenge = ?, expires_at = ?, used = 0
+            WHERE client_id = ? AND key_id = ? AND used = 0 AND expires_at > ? AND challenge = ? RETURNING 1
+            """, [.blob(next.bytes), .real(next.expiresAt.timeIntervalSince1970), .text(clientID), .blob(keyID), .real(time.timeIntervalSince1970),
+                  .blob(challenge)]) { $0.int(0) } != nil
+    }
+
+    /// After `redeem(…replacingWith:)`, when the exchange does not go through: no challenge stays pending.
+    static func burn(_ db: SQLiteConnection, clientID: String, keyID: [UInt8]) throws {
+        try db.run("UPDATE challenges SET used = 1 WHERE client_id = ? AND key_id = ?", [.text(clientID), .blob(keyID)])
+    }
+
     public func purgeChallenges(before time: Date) throws -> Int {
         try writeInBackground { db in
             let challenges = try db.run("DELETE FROM challenges WHERE used = 1 OR expires_at <= ?", [.real(time.timeIntervalSince1970)])
@@ -126,13 +143,19 @@ extension SQLiteTokenStore {
         try writeInGroup { db in
             do {
                 let committing = commitTime()
-                if let challenge, try Self.redeem(db, clientID: device.clientID, keyID: device.keyID, challenge: challenge, at: committing) == nil {
+                if let challenge, try !Self.redeem(db, clientID: device.clientID, keyID: device.keyID, challenge: challenge,
+                                                  replacingWith: nextChallenge, at: committing) {
                     return .challengeGone
+                }
+                // Committed all the same when refused: the challenge stays used.
+                func refused(_ result: CommitResult) throws -> CommitResult {
+                    if challenge != nil { try Self.burn(db, clientID: device.clientID, keyID: device.keyID) }
+                    return result
                 }
                 if let quota, try db.first("SELECT count(*) AS count FROM devices WHERE client_id = ? AND registered_at > ?",
                                            [.text(device.clientID), .real((committing - quota.window).timeIntervalSince1970)], { try $0.int("count") }) ?? 0
                     >= Int64(quota.limit) {
-                    return .quotaExceeded   // committed all the same: the challenge stays used
+                    return try refused(.quotaExceeded)
                 }
                 let inserted = try db.run("""
                     INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at,
@@ -150,9 +173,9 @@ extension SQLiteTokenStore {
                           Self.optional(receipt.risk?.receiptNotBefore), Self.optional(receipt.risk?.receiptExpiresAt),
                           receipt.risk?.metric.map { .int(Int64($0)) } ?? .null, Self.optional(receipt.refreshDueAt),
                           .text(device.clientID)])
-                guard inserted == 1 else { return .conflict }   // committed all the same: the challenge stays used
+                guard inserted == 1 else { return try refused(.conflict) }
                 try Self.insertToken(db, firstToken, grant: "registration")
-                try Self.storeChallenge(db, clientID: device.clientID, keyID: device.keyID, nextChallenge)
+                if challenge == nil { try Self.storeChallenge(db, clientID: device.clientID, keyID: device.keyID, nextChallenge) }
                 return .committed
             }
         }
@@ -163,7 +186,7 @@ extension SQLiteTokenStore {
                                commitTime: @Sendable () -> Date) throws -> CommitResult {
         try writeInGroup { db in
             do {
-                if let challenge, try Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, at: commitTime()) == nil {
+                if let challenge, try !Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, replacingWith: nextChallenge, at: commitTime()) {
                     return .challengeGone
                 }
                 // Compare-and-set on the counter, and only while the integration is live.
@@ -175,9 +198,12 @@ extension SQLiteTokenStore {
                     """, [.int(Int64(to)), .real(time.timeIntervalSince1970), refresh?.validationCategory.map { .int(Int64($0)) } ?? .null,
                           Self.optional(refresh?.bundleVersion), Self.optional(refresh?.platform?.rawValue),
                           .blob(keyID), .text(clientID), .int(Int64(from)), .text(clientID)])
-                guard changed == 1 else { return .conflict }   // committed all the same: the challenge stays used
+                guard changed == 1 else {   // committed all the same: the challenge stays used
+                    if challenge != nil { try Self.burn(db, clientID: clientID, keyID: keyID) }
+                    return .conflict
+                }
                 try Self.insertToken(db, token, grant: "assertion")
-                try Self.storeChallenge(db, clientID: clientID, keyID: keyID, nextChallenge)
+                if challenge == nil { try Self.storeChallenge(db, clientID: clientID, keyID: keyID, nextChallenge) }
                 return .committed
             }
         }

@@ -12,6 +12,30 @@ import TokenService
 struct SQLiteGroupCommitTests {
     typealias F = StoreFixture
 
+    /// The writer's batches run one at a time, so each statement of an exchange is paid in series:
+    /// redeeming the challenge and storing the next one is one statement, as is each of the rest.
+    @Test func aRefreshIsFourStatementsOnTheWriter() throws {
+        let f = try StoreFixture(.sqlite)
+        let store = try #require(f.store as? SQLiteTokenStore)
+        let app = try f.integration()
+        let (device, _, challenge) = try f.registered(app)
+        func statements() throws -> Int { try store.writer.withConnection { $0.statementsRun } }
+
+        let before = try statements(), next = F.challenge()
+        #expect(try store.advanceCounter(clientID: app.clientID, keyID: device.keyID, from: 0, to: 1, token: F.token(app, keyID: device.keyID, at: F.t0 + 1),
+                                         redeeming: challenge.bytes, nextChallenge: next, at: F.t0 + 1) == .committed)
+        // The challenge redeemed and the next stored, the counter, the token, the device's older tokens.
+        #expect(try statements() - before == 4)
+        #expect(try store.pendingChallenge(clientID: app.clientID, keyID: device.keyID, at: F.t0 + 1) == next.bytes)
+
+        // A registration without a quota: the challenge, the device, the token, the older tokens.
+        let fresh = F.device(app), issued = try store.pendingOrNewChallenge(clientID: app.clientID, keyID: fresh.keyID, fresh: F.challenge(), at: F.t0)
+        let registering = try statements()
+        #expect(try store.registerDevice(fresh, receipt: [1], firstToken: F.token(app, keyID: fresh.keyID), redeeming: issued.bytes,
+                                         nextChallenge: F.challenge(), at: F.t0) == .committed)
+        #expect(try statements() - registering == 4)
+    }
+
     @Test func exchangesThatWaitTogetherCommitTogetherAndEachAsIfAlone() throws {
         let f = try StoreFixture(.sqlite)
         let store = try #require(f.store as? SQLiteTokenStore)
