@@ -2,7 +2,8 @@
 # scripts/exchange-ab.sh DEVICES ROUNDS LABEL=BIN_DIR:ATTESTD_ARGS …
 # Option sets (or builds) side by side: fresh SQLite databases, the limits lifted, 6-s runs of
 # attest-sim load in rotating order; prints each run and the medians (rate, p99, context switches
-# per exchange, attestd's CPU per exchange), the first variant as the baseline. A failed run is reported FAILED, never a figure.
+# per exchange, attestd's CPU per exchange), the first variant as the baseline. Above 64 devices each
+# variant gets --max-connections-per-ip 0 unless its arguments set that option. A failed run is reported FAILED, never a figure.
 # Example: scripts/exchange-ab.sh 64 4 "two=.build/release:--exchange-threads 2" "eight=.build/release:--exchange-threads 8"
 root=$(cd "$(dirname "$0")/.." && pwd)
 n=$1; rounds=$2; shift 2
@@ -12,6 +13,8 @@ trap 'kill $pid 2>/dev/null; rm -rf "$w"' EXIT
 run() {
   local label=${1%%=*} spec=${1#*=}; local B=${spec%%:*} args=${spec#*:}
   case $B in /*) ;; *) B=$root/$B ;; esac
+  # More devices than the per-address limit (64) from one address: lift it, as exchange-bench.sh does.
+  [ "$n" -gt 64 ] && [[ $args != *--max-connections-per-ip* ]] && args="$args --max-connections-per-ip 0"
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   rm -rf $w/d; mkdir $w/d
   $B/attestctl init --db $w/d/db.sqlite --owner b@example.com >/dev/null
