@@ -66,8 +66,10 @@ extension SQLiteTokenStore {
                   .blob(challenge)]) { $0.int(0) } != nil
     }
 
-    /// After `redeem(…replacingWith:)`, when the exchange does not go through: no challenge stays pending.
-    static func burn(_ db: SQLiteConnection, clientID: String, keyID: [UInt8]) throws {
+    /// After `redeem(…replacingWith:)`, when the exchange does not go through: no challenge stays
+    /// pending. Nothing to do when the exchange redeemed none (`redeemed` nil).
+    static func burn(_ db: SQLiteConnection, clientID: String, keyID: [UInt8], redeemed: [UInt8]?) throws {
+        guard redeemed != nil else { return }
         try db.run("UPDATE challenges SET used = 1 WHERE client_id = ? AND key_id = ?", [.text(clientID), .blob(keyID)])
     }
 
@@ -97,7 +99,8 @@ extension SQLiteTokenStore {
     public func exchangeContext(clientID: String, keyID: [UInt8], at time: Date) throws -> ExchangeContext {
         try read { db in
             try db.first(Self.exchangeContextSQL, [.blob(keyID), .real(time.timeIntervalSince1970), .blob(keyID), .text(clientID)]) { row in
-                ExchangeContext(integration: try db.decodedIntegrations.integration(row, columns: Self.integrationColumnCount), challenge: try row.isNull("challenge") ? nil : try row.bytes("challenge"),
+                ExchangeContext(integration: try db.decodedIntegrations.integration(row, columns: Self.integrationColumnCount),
+                                challenge: try row.isNull("challenge") ? nil : try row.bytes("challenge"),
                                 device: try row.isNull("key_id") ? nil : try Device(row: row))
             } ?? ExchangeContext(integration: nil, challenge: nil, device: nil)
         }
@@ -149,7 +152,7 @@ extension SQLiteTokenStore {
                 }
                 // Committed all the same when refused: the challenge stays used.
                 func refused(_ result: CommitResult) throws -> CommitResult {
-                    if challenge != nil { try Self.burn(db, clientID: device.clientID, keyID: device.keyID) }
+                    try Self.burn(db, clientID: device.clientID, keyID: device.keyID, redeemed: challenge)
                     return result
                 }
                 if let quota, try db.first("SELECT count(*) AS count FROM devices WHERE client_id = ? AND registered_at > ?",
@@ -199,7 +202,7 @@ extension SQLiteTokenStore {
                           Self.optional(refresh?.bundleVersion), Self.optional(refresh?.platform?.rawValue),
                           .blob(keyID), .text(clientID), .int(Int64(from)), .text(clientID)])
                 guard changed == 1 else {   // committed all the same: the challenge stays used
-                    if challenge != nil { try Self.burn(db, clientID: clientID, keyID: keyID) }
+                    try Self.burn(db, clientID: clientID, keyID: keyID, redeemed: challenge)
                     return .conflict
                 }
                 try Self.insertToken(db, token, grant: "assertion")
