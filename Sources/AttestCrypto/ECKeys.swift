@@ -87,12 +87,21 @@ public final class ECPublicKey: @unchecked Sendable {
 }
 
 /// An EC private key (P-256 device keys and the test authority's P-384 CA keys).
-// Safe: the EVP_PKEY is never mutated after init; each signature gets its own EVP_PKEY_CTX.
+// Safe: the EVP_PKEY is never mutated after init; a signing context is used by one thread at a
+// time (taken from `idleSigners` under `signersLock`, given back after the signature).
 public final class ECPrivateKey: @unchecked Sendable {
     let pkey: OpaquePointer
+    /// Signing contexts initialised once and reused: OpenSSL allows EVP_PKEY_sign again on a
+    /// context with the same parameters, and a fresh one (algorithm fetch, init) cost the load
+    /// generator a fifth of each signature.
+    private var idleSigners: [OpaquePointer] = []
+    private let signersLock = NSLock()
 
     init(owning pkey: OpaquePointer) { self.pkey = pkey }
-    deinit { EVP_PKEY_free(pkey) }
+    deinit {
+        idleSigners.forEach { EVP_PKEY_CTX_free($0) }
+        EVP_PKEY_free(pkey)
+    }
 
     /// A fresh key on "P-256" or "P-384".
     public static func generate(curve: String = "P-256") throws -> ECPrivateKey {
@@ -104,10 +113,10 @@ public final class ECPrivateKey: @unchecked Sendable {
         return ECPrivateKey(owning: pkey)
     }
 
-    public init(pem: String) throws {
+    public convenience init(pem: String) throws {
         let bio = try MemoryBIO(pem)
         guard let pkey = PEM_read_bio_PrivateKey(bio.bio, nil, nil, nil) else { throw CryptoError.openSSL("cannot read PEM private key") }
-        self.pkey = pkey
+        self.init(owning: pkey)
     }
 
     /// PKCS#8 PEM, unencrypted (test authority and simulated devices only).
@@ -125,16 +134,35 @@ public final class ECPrivateKey: @unchecked Sendable {
 
     /// DER ECDSA signature of SHA-256(message).
     public func signSHA256(_ message: [UInt8]) throws -> [UInt8] {
-        guard let ctx = EVP_MD_CTX_new() else { throw CryptoError.openSSL("EVP_MD_CTX_new") }
-        defer { EVP_MD_CTX_free(ctx) }
-        guard EVP_DigestSignInit(ctx, nil, EVP_sha256(), nil, pkey) == 1 else { throw CryptoError.openSSL("EVP_DigestSignInit") }
+        try sign(digest: sha256(message))
+    }
+
+    /// DER ECDSA signature of a precomputed digest.
+    public func sign(digest: [UInt8]) throws -> [UInt8] {
+        let ctx = try signersLock.withLock { idleSigners.popLast() } ?? newSigner()
         var length = 0
-        return try message.withUnsafeBufferPointer { msg in
-            guard EVP_DigestSign(ctx, nil, &length, msg.baseAddress, msg.count) == 1 else { throw CryptoError.openSSL("EVP_DigestSign") }
+        let signature = digest.withUnsafeBufferPointer { dig -> [UInt8]? in
+            guard EVP_PKEY_sign(ctx, nil, &length, dig.baseAddress, dig.count) == 1 else { return nil }
             var signature = [UInt8](repeating: 0, count: length)
-            guard EVP_DigestSign(ctx, &signature, &length, msg.baseAddress, msg.count) == 1 else { throw CryptoError.openSSL("EVP_DigestSign") }
+            guard EVP_PKEY_sign(ctx, &signature, &length, dig.baseAddress, dig.count) == 1 else { return nil }
             return Array(signature.prefix(length))
         }
+        guard let signature else {
+            // A context that failed is not given back: its state is unknown.
+            EVP_PKEY_CTX_free(ctx)
+            throw CryptoError.openSSL("EVP_PKEY_sign")
+        }
+        signersLock.withLock { idleSigners.append(ctx) }
+        return signature
+    }
+
+    private func newSigner() throws -> OpaquePointer {
+        guard let ctx = EVP_PKEY_CTX_new(pkey, nil) else { throw CryptoError.openSSL("EVP_PKEY_CTX_new") }
+        guard EVP_PKEY_sign_init(ctx) == 1 else {
+            EVP_PKEY_CTX_free(ctx)
+            throw CryptoError.openSSL("EVP_PKEY_sign_init")
+        }
+        return ctx
     }
 }
 

@@ -26,6 +26,30 @@ import Testing
         #expect(try !key.publicKey().isValidSignature([0x30, 0x00], sha256Of: Array("message".utf8)))
     }
 
+    /// Signing contexts are kept and reused: from many threads at once every signature is still
+    /// over its own message (a context shared by two signers at a time would mix them up), and
+    /// ECDSA's random nonce makes no two alike.
+    @Test(arguments: ["P-256", "P-384"])
+    func reusedSigningContextsSignEachMessageFromManyThreads(curve: String) async throws {
+        let key = try ECPrivateKey.generate(curve: curve)
+        let publicKey = try key.publicKey()
+        let signatures = try await withThrowingTaskGroup(of: (Int, [UInt8]).self) { group in
+            for index in 0..<64 {
+                group.addTask { (index, try key.signSHA256(Array("message \(index)".utf8))) }
+            }
+            return try await group.reduce(into: [Int: [UInt8]]()) { $0[$1.0] = $1.1 }
+        }
+        #expect(signatures.count == 64)
+        for (index, signature) in signatures {
+            #expect(publicKey.isValidSignature(signature, sha256Of: Array("message \(index)".utf8)))
+            #expect(!publicKey.isValidSignature(signature, sha256Of: Array("message \(index + 1)".utf8)))
+        }
+        #expect(Set(signatures.values).count == 64)
+        // Over a digest directly: the same as over the message it is the hash of.
+        let digest = sha256(Array("abc".utf8))
+        #expect(publicKey.isValidSignature(try key.sign(digest: digest), digest: digest))
+    }
+
     @Test func sha256KnownAnswerAndConstantTimeCompare() {
         #expect(hexString(sha256(Array("abc".utf8))) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
         #expect(sha256(Array("ab".utf8), Array("c".utf8)) == sha256(Array("abc".utf8)))
