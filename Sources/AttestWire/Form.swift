@@ -1,29 +1,48 @@
 /// `application/x-www-form-urlencoded`, as the token request uses it.
 public enum FormEncoding {
     /// `name=value` pairs sorted by name (as the published client sends them), both percent-encoded.
-    public static func encode(_ fields: [String: String]) -> String {
-        fields.sorted { $0.key < $1.key }
-            .map { percentEncode($0.key) + "=" + percentEncode($0.value) }
-            .joined(separator: "&")
+    public static func encode(_ fields: [String: String]) -> String { encode(pairs: fields.map { ($0.key, $0.value) }) }
+
+    /// The same from pairs with distinct names, in any order: the token request builds no
+    /// dictionary for its four fields, and the body is written into one buffer (the load
+    /// generator spent 8% of its CPU on the pieces and their joins).
+    public static func encode(pairs: [(name: String, value: String)]) -> String {
+        var out = [UInt8]()
+        out.reserveCapacity(pairs.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count + 2 } + 16)
+        for (index, pair) in pairs.sorted(by: { $0.name < $1.name }).enumerated() {
+            if index > 0 { out.append(UInt8(ascii: "&")) }
+            appendPercentEncoded(pair.name, to: &out)
+            out.append(UInt8(ascii: "="))
+            appendPercentEncoded(pair.value, to: &out)
+        }
+        return String(decoding: out, as: UTF8.self)
     }
 
     /// Percent-encodes everything but RFC 3986 unreserved characters, so base64's `+ / =` and the
     /// grant type's `:` are escaped.
     public static func percentEncode(_ text: String) -> String {
-        let digits: [UInt8] = Array("0123456789ABCDEF".utf8)
         var out = [UInt8]()
         out.reserveCapacity(text.utf8.count)
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
-                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."),
-                 UInt8(ascii: "_"), UInt8(ascii: "~"):
-                out.append(byte)
-            default:
-                out += [UInt8(ascii: "%"), digits[Int(byte >> 4)], digits[Int(byte & 0x0f)]]
+        appendPercentEncoded(text, to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    private static func appendPercentEncoded(_ text: String, to out: inout [UInt8]) {
+        let digits: StaticString = "0123456789ABCDEF"
+        digits.withUTF8Buffer { hex in
+            for byte in text.utf8 {
+                switch byte {
+                case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+                     UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."),
+                     UInt8(ascii: "_"), UInt8(ascii: "~"):
+                    out.append(byte)
+                default:
+                    out.append(UInt8(ascii: "%"))
+                    out.append(hex[Int(byte >> 4)])
+                    out.append(hex[Int(byte & 0x0f)])
+                }
             }
         }
-        return String(decoding: out, as: UTF8.self)
     }
 
     /// Fields of a form body, percent-decoded (`+` is a space), in any order, each at most once.

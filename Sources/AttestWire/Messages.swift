@@ -35,6 +35,15 @@ public struct ChallengeResponse: Codable, Sendable, Equatable {
     }
 
     public var json: String { JSONText.object([("challenge", challenge as Any), ("expires_in", expiresIn as Any)]) }
+
+    /// From a response body without Foundation's decoder; nil where JSONDecoder would throw (not
+    /// an object, or a member of the wrong type). Absent and null members are nil.
+    public init?(json bytes: [UInt8]) {
+        guard let members = JSONObjectReader.members(bytes),
+              let challenge = members.optionalString("challenge"), let expiresIn = members.optionalNumber("expires_in") else { return nil }
+        self.challenge = challenge
+        self.expiresIn = expiresIn
+    }
 }
 
 /// `POST /v1/oauth/app-attest/register`.
@@ -76,7 +85,7 @@ public struct TokenRequest: Sendable, Equatable {
 
     /// The form body, fields sorted by name and percent-encoded.
     public var formBody: String {
-        FormEncoding.encode(["grant_type": grantType, "client_id": clientID, "key_id": keyID, "assertion": assertion])
+        FormEncoding.encode(pairs: [("grant_type", grantType), ("client_id", clientID), ("key_id", keyID), ("assertion", assertion)])
     }
 }
 
@@ -108,6 +117,38 @@ public struct TokenResponse: Codable, Sendable, Equatable {
         if let nextChallenge { fields.append(("next_challenge", nextChallenge)) }
         if let nextChallengeExpiresIn { fields.append(("next_challenge_expires_in", nextChallengeExpiresIn)) }
         return JSONText.object(fields)
+    }
+
+    /// From a response body without Foundation's decoder, as `ChallengeResponse(json:)`.
+    public init?(json bytes: [UInt8]) {
+        guard let members = JSONObjectReader.members(bytes),
+              let accessToken = members.optionalString("access_token"), let tokenType = members.optionalString("token_type"),
+              let expiresIn = members.optionalNumber("expires_in"), let nextChallenge = members.optionalString("next_challenge"),
+              let nextChallengeExpiresIn = members.optionalNumber("next_challenge_expires_in") else { return nil }
+        self.accessToken = accessToken
+        self.tokenType = tokenType
+        self.expiresIn = expiresIn
+        self.nextChallenge = nextChallenge
+        self.nextChallengeExpiresIn = nextChallengeExpiresIn
+    }
+}
+
+extension [String: JSONObjectReader.Value] {
+    /// `.some(nil)` when absent or null, nil when present with another type.
+    func optionalString(_ name: String) -> String?? {
+        switch self[name] {
+        case nil, .null?: return .some(nil)
+        case .string(let text)?: return .some(text)
+        default: return nil
+        }
+    }
+
+    func optionalNumber(_ name: String) -> Double?? {
+        switch self[name] {
+        case nil, .null?: return .some(nil)
+        case .number(let value)?: return .some(value)
+        default: return nil
+        }
     }
 }
 

@@ -223,7 +223,7 @@ final class LoadRun: Sendable {
         let body = ChallengeRequest(clientID: clientID, keyID: device.keyID).json
         guard let response = post(WireProtocol.challengePath, "application/json", Array(body.utf8), over: connection),
               response.status == 200 else { return nil }
-        guard let decoded = try? JSONDecoder().decode(ChallengeResponse.self, from: Data(response.body)),
+        guard let decoded = ChallengeResponse(json: response.body),
               let text = decoded.challenge, let bytes = Base64.decode(text), bytes.count == WireProtocol.challengeLength else {
             statistics.withLock { $0.otherErrors += 1; $0.lastError = "challenge response without a 32-byte challenge" }
             return nil
@@ -246,7 +246,7 @@ final class LoadRun: Sendable {
     }
 
     private static func nextChallenge(in body: [UInt8], receivedAt: TimeInterval) -> (bytes: [UInt8], expiresAt: TimeInterval)? {
-        guard let decoded = try? JSONDecoder().decode(TokenResponse.self, from: Data(body)),
+        guard let decoded = TokenResponse(json: body),
               let text = decoded.nextChallenge, let bytes = Base64.decode(text), bytes.count == WireProtocol.challengeLength,
               let ttl = WireProtocol.serverDuration(decoded.nextChallengeExpiresIn), ttl > 0 else { return nil }
         return (bytes, receivedAt + ttl)

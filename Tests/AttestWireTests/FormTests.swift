@@ -28,3 +28,16 @@ import Testing
         #expect(throws: WireFormatError.self) { try FormEncoding.decode(Array("a=1&a=1".utf8)) }
     }
 }
+
+extension FormTests {
+    /// The token request's body, built from pairs, is the same as from the dictionary: sorted by
+    /// name, everything but the unreserved characters escaped.
+    @Test func tokenRequestBodyIsTheSortedEncodedForm() throws {
+        let request = TokenRequest(clientID: "clid_ab", keyID: "k+/=", assertion: "o2Nm~._-")
+        let expected = "assertion=o2Nm~._-&client_id=clid_ab&grant_type=urn%3Aanthropic%3Aparams%3Aoauth%3Agrant-type%3Aapp-attest&key_id=k%2B%2F%3D"
+        #expect(request.formBody == expected)
+        #expect(request.formBody == FormEncoding.encode(["grant_type": request.grantType, "client_id": request.clientID,
+                                                         "key_id": request.keyID, "assertion": request.assertion]))
+        #expect(try FormEncoding.decode(Array(request.formBody.utf8))["key_id"] == "k+/=")
+    }
+}
