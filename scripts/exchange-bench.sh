@@ -11,7 +11,9 @@
 # environment: SECONDS_PER_RUN (default 6), ROUNDS (default 3), DEVICES ("8 64 256"), PG=0 to skip PostgreSQL,
 #   CURRENT_ARGS (extra attestd options for the current build, such as "--exchange-threads 8").
 # Each run also prints attestd's context switches and CPU time per exchange (all its threads, from
-# /proc; registrations included).
+# /proc; registrations included), and the machine's over the refresh phase alone (attest-sim --cpu-of):
+# attestd, the load generator and the PostgreSQL server together, with the rate two cores could
+# reach at that cost.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 baseline=${1:-bb2ce7c}
@@ -56,6 +58,9 @@ ticks() {  # user + system CPU of a process so far, all threads, in clock ticks
 switches() {  # context switches of a process so far, all threads
   cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {print s + 0}'
 }
+postmaster() {  # the PostgreSQL cluster's postmaster PID, when one runs
+  head -1 "$work/pg/data/postmaster.pid" 2>/dev/null || true
+}
 setup() {  # setup BIN DB → client ID
   "$1/attestctl" init --db "$2" $(secrets "$1") --owner bench@example.com >/dev/null
   "$1/attestctl" integrations create --db "$2" --actor bench@example.com --name Bench --team-id ABCDE12345 \
@@ -75,7 +80,9 @@ load() {  # load LABEL KEY CLID DEVICES URL…: one line of figures; KEY and the
   local label=$1 key=$2 clid=$3 n=$4; shift 4
   local urls; urls=$(IFS=,; echo "$*")
   local before=0 cpu0=0; for pid in $WATCH; do before=$((before + $(switches "$pid"))); cpu0=$((cpu0 + $(ticks "$pid"))); done
-  local out; out=$($current/attest-sim load --base-url "$urls" --client-id "$clid" --devices "$n" --seconds "$seconds" 2>&1)
+  local pm; pm=$(postmaster)
+  local watch=(); for pid in $WATCH $pm; do watch+=(--cpu-of "$pid"); done
+  local out; out=$($current/attest-sim load --base-url "$urls" --client-id "$clid" --devices "$n" --seconds "$seconds" "${watch[@]}" 2>&1)
   local status=$?
   local after=0 cpu1=0; for pid in $WATCH; do after=$((after + $(switches "$pid"))); cpu1=$((cpu1 + $(ticks "$pid"))); done
   local exchanges; exchanges=$(awk '$1 == "token_exchanges:" {print $2}' <<< "$out")
@@ -92,7 +99,21 @@ load() {  # load LABEL KEY CLID DEVICES URL…: one line of figures; KEY and the
     grep -E "fail|error|status|FAILED" <<< "$out" | sed 's/^/    /' | head -8
     return
   fi
-  echo "  $label: ${rate}/s p50 ${p50} ms p99 ${p99} ms failures 0, $cs context switches and $us µs of attestd CPU per exchange"
+  # The whole machine's CPU per exchange over the refresh phase alone (attestd, the load generator,
+  # the database server with its backends), as attest-sim measured it, and the rate two cores could
+  # give at that cost with nothing idle: how far the run is from its ceiling.
+  local budget; budget=$(WATCH="$WATCH" PM="$pm" EXCHANGES="${exchanges:-0}" python3 -c '
+import os, sys
+f = dict(l.split(": ", 1) for l in sys.stdin.read().splitlines() if ": " in l)
+ex = max(1, int(os.environ["EXCHANGES"]))
+per = lambda s: round(float(s) * 1e6 / ex)
+a = sum(per(f.get(f"watched_refresh_cpu_seconds_pid_{p}", "0")) for p in os.environ["WATCH"].split())
+g = per(f.get("loadgen_refresh_cpu_seconds", "0"))
+d = per(f.get(f"watched_refresh_cpu_seconds_pid_{os.environ["PM"]}", "0")) if os.environ["PM"] else 0
+t = max(1, a + g + d)
+print(f"refresh phase: machine {t} µs per exchange (attestd {a}, load generator {g}" + (f", postgres {d}" if d else "") + f"): two cores allow {2e6 / t:.0f}/s")
+' <<< "$out")
+  echo "  $label: ${rate}/s p50 ${p50} ms p99 ${p99} ms failures 0, $cs context switches and $us µs of attestd CPU per exchange; $budget"
   echo "$key $rate" >> "$work/rates"
 }
 

@@ -13,18 +13,21 @@ import Darwin
 /// client of `HTTPClient`, so that the generator's own CPU stays small and is reported apart.
 enum LoadCommand {
     static let usage = """
-        usage: attest-sim load --base-url URL[,URL…] --client-id CLID --devices N --seconds S [--concurrency C] [--app-id TEAMID.bundle]
+        usage: attest-sim load --base-url URL[,URL…] --client-id CLID --devices N --seconds S [--concurrency C] [--app-id TEAMID.bundle] [--cpu-of PID]…
           Registers N simulated devices (test authority: the server must trust Fixtures/test-authority/root.pem),
           then refreshes their tokens by assertion for S seconds with at most C requests in flight (default N).
           Several base URLs (comma-separated) are used round-robin by the workers, as behind a load balancer.
           Default --app-id: \(defaultAppID). http only.
+          --cpu-of PID (repeatable, Linux): also report that process's CPU, with its children's, over the refresh
+          phase alone (watched_refresh_cpu_seconds, and watched_refresh_cpu_seconds_pid_PID for each), beside the
+          generator's own (loadgen_refresh_cpu_seconds).
         """
     static let defaultAppID = "ABCDE12345.com.example.app"
     /// A stalled request gives up after this long, so the run always ends by itself.
     static let socketTimeout: TimeInterval = 5
 
     static func run(_ argv: [String]) throws -> Int32 {
-        let arguments = try Arguments(argv, options: ["base-url", "client-id", "devices", "seconds", "concurrency", "app-id"],
+        let arguments = try Arguments(argv, options: ["base-url", "client-id", "devices", "seconds", "concurrency", "app-id", "cpu-of"],
                                       flags: ["help"])
         if arguments.has("help") { print(usage); return 0 }
         guard arguments.positional.isEmpty else { throw UsageError("unexpected argument \(arguments.positional[0])\n\(usage)") }
@@ -43,6 +46,12 @@ enum LoadCommand {
         let concurrency = try arguments.integer("concurrency", default: devices, range: 1...4096)!
         let appText = try arguments.value("app-id") ?? defaultAppID
         guard let appID = AppID(appText) else { throw UsageError("--app-id must be TEAMID.bundle.id, got \(appText)") }
+        var watched: [Int32] = []
+        for text in arguments.all("cpu-of") {
+            guard let pid = Int32(text), pid > 0 else { throw UsageError("--cpu-of takes a process ID, got \(text)") }
+            guard WatchedProcesses.cpuSeconds(of: pid) != nil else { throw UsageError("--cpu-of \(pid): no such process (or no /proc)") }
+            watched.append(pid)
+        }
 
         #if DEBUG
         FileHandle.standardError.write(Data("warning: debug build; the load generator spends more CPU than it would in release (-c release)\n".utf8))
@@ -50,7 +59,8 @@ enum LoadCommand {
         // A peer closing a keep-alive connection must be an error on that request, not the end of the process.
         signal(SIGPIPE, SIG_IGN)
         let run = try LoadRun(targets: targets, clientID: clientID, appID: appID, deviceCount: devices,
-                              workers: min(concurrency, devices), seconds: TimeInterval(seconds), socketTimeout: socketTimeout)
+                              workers: min(concurrency, devices), seconds: TimeInterval(seconds), socketTimeout: socketTimeout,
+                              watched: WatchedProcesses(pids: watched))
         let report = run.execute()
         print(report.text, terminator: "")
         if let lastError = report.lastError {

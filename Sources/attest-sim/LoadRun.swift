@@ -55,11 +55,12 @@ final class LoadRun: Sendable {
     let workerCount: Int
     let seconds: TimeInterval
     let socketTimeout: TimeInterval
+    let watched: WatchedProcesses
     private let queue = Mutex(Queue())
     private let statistics = Mutex(LoadStatistics())
 
     init(targets: [HTTPTarget], clientID: String, appID: AppID, deviceCount: Int, workers: Int, seconds: TimeInterval,
-         socketTimeout: TimeInterval) throws {
+         socketTimeout: TimeInterval, watched: WatchedProcesses = WatchedProcesses(pids: [])) throws {
         precondition(!targets.isEmpty)
         self.targets = targets
         self.clientID = clientID
@@ -78,6 +79,7 @@ final class LoadRun: Sendable {
         slots = (0..<workers).map { Slot(HTTPConnection(target: targets[$0 % targets.count], timeout: socketTimeout)) }
         self.seconds = seconds
         self.socketTimeout = socketTimeout
+        self.watched = watched
     }
 
     func execute() -> LoadReport {
@@ -104,6 +106,8 @@ final class LoadRun: Sendable {
 
         // Phase 2: refresh by assertion for S seconds. Workers still stuck in phase 1 would
         // share devices with phase 2, so it only runs when phase 1 ended cleanly.
+        let refreshCPUAtStart = processCPUSeconds()
+        let watchedAtStart = watched.sample()
         let refreshStart = monotonicNow()
         let refreshDeadline = refreshStart + seconds
         var finished = registered
@@ -117,12 +121,15 @@ final class LoadRun: Sendable {
             }
         }
         let refreshSeconds = registered && ready > 0 ? monotonicNow() - refreshStart : 0
+        let refreshCPU = processCPUSeconds() - refreshCPUAtStart
+        let watchedCPU = watched.spent(from: watchedAtStart, to: watched.sample())
         // A worker still running (a stalled socket) keeps its connection; the process ends soon.
         if finished { for slot in slots { slot.connection.close() } }
         let cpu = processCPUSeconds() - cpuAtStart
         return statistics.withLock {
             $0.report(devices: devices.count, workers: workerCount, refreshSeconds: refreshSeconds,
-                      registrationSeconds: registrationSeconds, cpu: cpu, finished: finished)
+                      registrationSeconds: registrationSeconds, cpu: cpu, refreshCPU: refreshCPU,
+                      watchedRefreshCPU: watchedCPU, finished: finished)
         }
     }
 
@@ -266,7 +273,7 @@ struct LoadStatistics: Sendable {
     var lastError: String?
 
     func report(devices: Int, workers: Int, refreshSeconds: TimeInterval, registrationSeconds: TimeInterval,
-                cpu: TimeInterval, finished: Bool) -> LoadReport {
+                cpu: TimeInterval, refreshCPU: TimeInterval, watchedRefreshCPU: [(pid: Int32, seconds: Double)], finished: Bool) -> LoadReport {
         func fixed(_ value: Double, _ digits: Int = 3) -> String { String(format: "%.\(digits)f", value) }
         let sorted = latencies.sorted()
         func percentile(_ p: Double) -> String {
@@ -292,6 +299,11 @@ struct LoadStatistics: Sendable {
         if registrationFailures > 0 { lines.append("registration_failures: \(registrationFailures)") }
         lines.append("registration_seconds: \(fixed(registrationSeconds))")
         lines.append("loadgen_cpu_seconds: \(fixed(cpu))")
+        lines.append("loadgen_refresh_cpu_seconds: \(fixed(refreshCPU))")
+        if !watchedRefreshCPU.isEmpty {
+            lines.append("watched_refresh_cpu_seconds: \(fixed(watchedRefreshCPU.reduce(0) { $0 + $1.seconds }))")
+            for (pid, seconds) in watchedRefreshCPU { lines.append("watched_refresh_cpu_seconds_pid_\(pid): \(fixed(seconds))") }
+        }
         if !finished { lines.append("unfinished_workers: true") }
         // A rate measured while requests failed is not a figure: say so, and exit non-zero.
         let failures = registrationFailures + failedExchanges + transportErrors + otherErrors

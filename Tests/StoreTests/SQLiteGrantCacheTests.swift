@@ -45,7 +45,7 @@ struct SQLiteGrantCacheTests {
         var batch = UsageBatch()
         batch.monthTokens[MonthKey(clientID: app.clientID, month: UsageClock.month(F.t0))] = 50
         batch.deviceMinutes[DeviceMinuteKey(clientID: app.clientID, keyID: device.keyID, minute: UsageClock.minute(F.t0))] = 2
-        try ctl.recordUsage(batch, purgeDeviceMinutesBefore: 0)
+        _ = try ctl.recordUsage(batch, purgeDeviceMinutesBefore: 0)
         #expect(try server.liveToken(hash: token.tokenHash, at: F.t0)?.recorded
                 == RecordedUsage(monthTokens: 50, deviceRequestsThisMinute: 2, deviceRequestsLastMinute: 0))
         // With nothing written, a new minute still reads the counts for that minute.
