@@ -109,7 +109,8 @@ ex = max(1, int(os.environ["EXCHANGES"]))
 per = lambda s: round(float(s) * 1e6 / ex)
 a = sum(per(f.get(f"watched_refresh_cpu_seconds_pid_{p}", "0")) for p in os.environ["WATCH"].split())
 g = per(f.get("loadgen_refresh_cpu_seconds", "0"))
-d = per(f.get(f"watched_refresh_cpu_seconds_pid_{os.environ["PM"]}", "0")) if os.environ["PM"] else 0
+pm = os.environ["PM"]
+d = per(f.get(f"watched_refresh_cpu_seconds_pid_{pm}", "0")) if pm else 0
 t = max(1, a + g + d)
 print(f"refresh phase: machine {t} µs per exchange (attestd {a}, load generator {g}" + (f", postgres {d}" if d else "") + f"): two cores allow {2e6 / t:.0f}/s")
 ' <<< "$out")
