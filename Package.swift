@@ -91,7 +91,9 @@ let package = Package(
                                                              "SimulatedDevice", "CBOR", "HTTPClient", "CommandLineSupport", "RelayRoutes",
                                                              // bench refresh: the job, a store, a TLS stub of Apple's data service
                                                              "ReceiptRefresh", "AppleDataService", "SQLiteStore", "TokenService", "UpstreamClient",
-                                                             "UpstreamStub"]),
+                                                             "UpstreamStub", "ProcessCPU"]),
+        // attest-sim load --cpu-of: other processes' CPU (with their children) from /proc.
+        .target(name: "ProcessCPU"),
 
         // Test support, never linked into the shipped binaries: a stub of the upstream Messages
         // API on raw sockets, and the same as a stand-alone executable for scripts and benchmarks.
@@ -116,7 +118,7 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "RawHTTP", "EventLoops"]),
         .testTarget(name: "EventLoopsTests", dependencies: ["EventLoops"]),
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer"]),
-        .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService"]),
+        .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService", "ProcessCPU"]),
         .testTarget(name: "UpstreamClientTests", dependencies: ["UpstreamClient", "UpstreamStub"]),
         .testTarget(name: "AppleDataServiceTests", dependencies: ["AppleDataService", "AttestCrypto", "AttestWire", "UpstreamClient", "UpstreamStub"]),
         .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "PostgresTestSupport", "TokenService", "AttestCrypto", "CSQLite",

@@ -4,6 +4,8 @@
 /// exchange (two decodes per refresh), CPU the server under test then did not get.
 /// Strict where JSON is: one object and only whitespace around it, no duplicate names, no bare
 /// control characters or lone surrogates in strings, RFC 8259 numbers, at most 64 levels deep.
+/// Names are compared as Swift strings, so two canonically equivalent spellings ("\u00e9" and
+/// "e\u0301") count as one name and the object is refused: the protocol's names are ASCII.
 public enum JSONObjectReader {
     public enum Value: Equatable, Sendable {
         case string(String)

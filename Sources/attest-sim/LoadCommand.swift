@@ -2,6 +2,7 @@ import AppAttest
 import CommandLineSupport
 import Foundation
 import HTTPClient
+import ProcessCPU
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)

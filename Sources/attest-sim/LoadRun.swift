@@ -3,6 +3,7 @@ import AttestCrypto
 import AttestWire
 import Foundation
 import HTTPClient
+import ProcessCPU
 import SimulatedDevice
 import Synchronization
 #if canImport(Glibc)
