@@ -24,10 +24,14 @@ public struct WatchedProcesses: Sendable {
         var samples: [Int32: Sample] = [:]
         for pid in pids {
             var sample = Sample()
-            for member in [pid] + Self.children(of: pid) {
-                if let cpu = Self.cpuSeconds(of: member) { sample.members[member] = cpu }
+            // The watched process's own times and its reaped children's from one read of its stat.
+            if let fields = Self.statFields(of: pid) {
+                sample.members[pid] = Self.seconds(fields, from: Self.utime)
+                sample.reaped = Self.seconds(fields, from: Self.cutime) ?? 0
             }
-            sample.reaped = Self.reapedChildrenSeconds(of: pid) ?? 0
+            for child in Self.children(of: pid) {
+                if let cpu = Self.cpuSeconds(of: child) { sample.members[child] = cpu }
+            }
             samples[pid] = sample
         }
         return samples
@@ -49,21 +53,28 @@ public struct WatchedProcesses: Sendable {
 
     /// utime + stime of a process (all its threads) from /proc/PID/stat.
     public static func cpuSeconds(of pid: Int32) -> Double? {
-        guard let fields = statFields(of: pid), fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
-        return (user + system) / ticksPerSecond
+        statFields(of: pid).flatMap { seconds($0, from: utime) }
+    }
+
+    /// cutime + cstime: the CPU of the children the process has waited for, over their whole lives.
+    public static func reapedChildrenSeconds(of pid: Int32) -> Double? {
+        statFields(of: pid).flatMap { seconds($0, from: cutime) }
     }
 
     /// The fields of /proc/PID/stat after the command name (which may hold spaces): index 0 is
-    /// field 3 (state), so utime (14) is index 11 and cutime (16) index 13.
+    /// field 3 (state), so utime (field 14) is index 11 and cutime (field 16) index 13, each
+    /// followed by its system-time twin.
+    private static let utime = 11, cutime = 13
+
     private static func statFields(of pid: Int32) -> [Substring]? {
         guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
               let close = text.lastIndex(of: ")") else { return nil }
         return text[text.index(after: close)...].split(separator: " ")
     }
 
-    /// cutime + cstime: the CPU of the children the process has waited for, over their whole lives.
-    public static func reapedChildrenSeconds(of pid: Int32) -> Double? {
-        guard let fields = statFields(of: pid), fields.count > 14, let user = Double(fields[13]), let system = Double(fields[14]) else { return nil }
+    /// A user time and the system time after it, in seconds.
+    private static func seconds(_ fields: [Substring], from index: Int) -> Double? {
+        guard fields.count > index + 1, let user = Double(fields[index]), let system = Double(fields[index + 1]) else { return nil }
         return (user + system) / ticksPerSecond
     }
 
