@@ -66,18 +66,24 @@ extension PostgresTokenStore {
     // MARK: Devices and tokens
 
     /// The integration, the pending challenge and the device in one round trip instead of three.
+    /// The device is found by its primary key alone, and a device of another client is dropped
+    /// below: with `d.client_id = i.client_id` in the join, a plan made while the table was small
+    /// and not yet analysed (every new connection's, in a fresh deployment) scanned the index on
+    /// the client's devices and read each of them: 245 rows per exchange at 256 devices.
     static let exchangeContextSQL = StoreColumns.exchangeContext(integrationColumns) + """
 
             LEFT JOIN challenges c ON c.client_id = i.client_id AND c.key_id = $2 AND NOT c.used AND c.expires_at > $3
-            LEFT JOIN devices d ON d.key_id = $2 AND d.client_id = i.client_id
+            LEFT JOIN devices d ON d.key_id = $2
             WHERE i.client_id = $1
             """
 
     public func exchangeContext(clientID: String, keyID: [UInt8], at time: Date) throws -> ExchangeContext {
         try run { db in
             try db.query(Self.exchangeContextSQL, [.text(clientID), .bytes(keyID), Self.seconds(time)]).first { row in
-                ExchangeContext(integration: try Integration(row: row), challenge: try row.isNull("challenge") ? nil : try row.bytes("challenge"),
-                                device: try row.isNull("key_id") ? nil : try Device(row: row))
+                // `client_id` is the integration's; the device's own is `device_client_id`.
+                let ours = try !row.isNull("key_id") && row.text("device_client_id") == clientID
+                return ExchangeContext(integration: try Integration(row: row), challenge: try row.isNull("challenge") ? nil : try row.bytes("challenge"),
+                                       device: ours ? try Device(row: row) : nil)
             } ?? ExchangeContext(integration: nil, challenge: nil, device: nil)
         }
     }
@@ -156,7 +162,10 @@ extension PostgresTokenStore {
     static let advanceSQL = exchangeSQL(done: """
         UPDATE devices SET sign_counter = $5, last_refresh_at = $3, validation_category = coalesce(validation_category, $15),
                            bundle_version = coalesce($16, bundle_version), platform = coalesce(platform, $17)
-            WHERE key_id = $2 AND client_id = $1 AND sign_counter = $6
+            -- IS NOT DISTINCT FROM (the same as = for this NOT NULL column) is not an index
+            -- condition, so the row is found by its primary key whatever the statistics say
+            -- (see exchangeContextSQL).
+            WHERE key_id = $2 AND client_id IS NOT DISTINCT FROM $1 AND sign_counter = $6
               AND ($4::bytea IS NULL OR EXISTS (SELECT 1 FROM ch))
               AND \(liveIntegration(firstTokenParameter: 7))
             RETURNING 1
@@ -211,24 +220,15 @@ extension PostgresTokenStore {
         }
     }
 
+    /// The token check's statement (`StoreColumns.grantQuery`), in PostgreSQL's placeholders.
+    static let liveTokenSQL = StoreColumns.grantQuery(month: "$3", minute: "$4", previousMinute: "$4 - 1", hash: "$1", now: "$2")
+
     public func liveToken(hash: [UInt8], at time: Date) throws -> TokenGrant? {
         let minute = UsageClock.minute(time)
         return try run { db in
-            try db.query("""
-                SELECT t.client_id AS client_id, w.name AS workspace_name, t.issued_at AS issued_at, t.expires_at AS expires_at,
-                       t.token_hash AS token_hash, w.id AS workspace_id, t.key_id AS key_id,
-                       \(StoreColumns.list(StoreColumns.sealedKey, table: "k")), \(StoreColumns.list(StoreColumns.policy, table: "i")),
-                       coalesce(m.tokens, 0) AS month_tokens, coalesce(d0.requests, 0) AS requests_this_minute,
-                       coalesce(d1.requests, 0) AS requests_last_minute FROM tokens t
-                JOIN integrations i ON i.client_id = t.client_id JOIN workspaces w ON w.id = t.workspace_id
-                LEFT JOIN workspace_upstream_keys k ON k.workspace_id = t.workspace_id
-                LEFT JOIN usage_monthly m ON m.client_id = t.client_id AND m.month = $3
-                LEFT JOIN device_request_minutes d0 ON d0.key_id = t.key_id AND d0.client_id = t.client_id AND d0.minute = $4
-                LEFT JOIN device_request_minutes d1 ON d1.key_id = t.key_id AND d1.client_id = t.client_id AND d1.minute = $4 - 1
-                WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND t.expires_at > $2 AND i.revoked_at IS NULL
-                """, [.bytes(hash), Self.seconds(time), .int(UsageClock.month(time)), .int(minute)]).first {
-                    try TokenGrant(row: $0, hash: hash)
-                } ?? nil
+            try db.query(Self.liveTokenSQL, [.bytes(hash), Self.seconds(time), .int(UsageClock.month(time)), .int(minute)]).first {
+                try TokenGrant(row: $0, hash: hash)
+            } ?? nil
         }
     }
 

@@ -212,6 +212,9 @@ extension SQLiteTokenStore {
         }
     }
 
+    /// The token check's statement (`StoreColumns.grantQuery`), in SQLite's placeholders.
+    static let liveTokenSQL = StoreColumns.grantQuery(month: "?", minute: "?", previousMinute: "?", hash: "?", now: "?")
+
     /// Every relayed request asks this, so a reader keeps its answers while the database stays as it
     /// was: `PRAGMA data_version` (one empty read transaction) tells whether any other connection,
     /// this process's writers or attestctl's, has committed since. A revocation, a policy change
@@ -223,19 +226,7 @@ extension SQLiteTokenStore {
             // Read before the query: a commit in between makes the next call query again.
             let version = try db.dataVersion()
             if let grant = cache.grant(hash: hash, minute: minute, version: version, at: time) { return grant }
-            let grant = try db.first("""
-                SELECT t.client_id AS client_id, w.name AS workspace_name, t.issued_at AS issued_at, t.expires_at AS expires_at,
-                       t.token_hash AS token_hash, w.id AS workspace_id, t.key_id AS key_id,
-                       \(StoreColumns.list(StoreColumns.sealedKey, table: "k")), \(StoreColumns.list(StoreColumns.policy, table: "i")),
-                       coalesce(m.tokens, 0) AS month_tokens, coalesce(d0.requests, 0) AS requests_this_minute,
-                       coalesce(d1.requests, 0) AS requests_last_minute FROM tokens t
-                JOIN integrations i ON i.client_id = t.client_id JOIN workspaces w ON w.id = t.workspace_id
-                LEFT JOIN workspace_upstream_keys k ON k.workspace_id = t.workspace_id
-                LEFT JOIN usage_monthly m ON m.client_id = t.client_id AND m.month = ?
-                LEFT JOIN device_request_minutes d0 ON d0.key_id = t.key_id AND d0.client_id = t.client_id AND d0.minute = ?
-                LEFT JOIN device_request_minutes d1 ON d1.key_id = t.key_id AND d1.client_id = t.client_id AND d1.minute = ?
-                WHERE t.token_hash = ? AND t.revoked_at IS NULL AND t.expires_at > ? AND i.revoked_at IS NULL
-                """, [.int(UsageClock.month(time)), .int(minute), .int(minute - 1), .blob(hash), .real(time.timeIntervalSince1970)]) {
+            let grant = try db.first(Self.liveTokenSQL, [.int(UsageClock.month(time)), .int(minute), .int(minute - 1), .blob(hash), .real(time.timeIntervalSince1970)]) {
                     try TokenGrant(row: $0, hash: hash)
                 } ?? nil
             if let grant { cache.keep(grant, hash: hash, minute: minute) }

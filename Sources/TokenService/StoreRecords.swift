@@ -76,6 +76,24 @@ public enum StoreColumns {
             + "\nFROM integrations i" + split[1]
     }
 
+    /// The token check (every relayed request), with each dialect's placeholders: the token, its
+    /// workspace's key, the integration's policy and the usage recorded so far, each by its key.
+    public static func grantQuery(month: String, minute: String, previousMinute: String, hash: String, now: String) -> String {
+        """
+        SELECT t.client_id AS client_id, w.name AS workspace_name, t.issued_at AS issued_at, t.expires_at AS expires_at,
+               t.token_hash AS token_hash, w.id AS workspace_id, t.key_id AS key_id,
+               \(list(sealedKey, table: "k")), \(list(policy, table: "i")),
+               coalesce(m.tokens, 0) AS month_tokens, coalesce(d0.requests, 0) AS requests_this_minute,
+               coalesce(d1.requests, 0) AS requests_last_minute FROM tokens t
+        JOIN integrations i ON i.client_id = t.client_id JOIN workspaces w ON w.id = t.workspace_id
+        LEFT JOIN workspace_upstream_keys k ON k.workspace_id = t.workspace_id
+        LEFT JOIN usage_monthly m ON m.client_id = t.client_id AND m.month = \(month)
+        LEFT JOIN device_request_minutes d0 ON d0.key_id = t.key_id AND d0.client_id = t.client_id AND d0.minute = \(minute)
+        LEFT JOIN device_request_minutes d1 ON d1.key_id = t.key_id AND d1.client_id = t.client_id AND d1.minute = \(previousMinute)
+        WHERE t.token_hash = \(hash) AND t.revoked_at IS NULL AND t.expires_at > \(now) AND i.revoked_at IS NULL
+        """
+    }
+
     public static func list(_ names: [String], table: String? = nil) -> String {
         names.map { name in table.map { "\($0).\(name)" } ?? name }.joined(separator: ", ")
     }
