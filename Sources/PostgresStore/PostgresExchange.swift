@@ -236,10 +236,13 @@ extension PostgresTokenStore {
 
     static func window(_ row: PostgresRow) throws -> WindowCount { try WindowCount(row: row) }
 
+    /// The mint limit's count: the device's tokens of the window, on tokens_by_device.
+    static let mintsSinceSQL =
+        "SELECT count(*) AS count, min(issued_at) AS oldest FROM tokens WHERE key_id = $1 AND client_id = $2 AND issued_at > $3 AND grant_type = 'assertion'"
+
     public func mintsSince(clientID: String, keyID: [UInt8], since: Date) throws -> WindowCount {
         try run { db in
-            try db.query("SELECT count(*) AS count, min(issued_at) AS oldest FROM tokens WHERE key_id = $1 AND client_id = $2 AND issued_at > $3 AND grant_type = 'assertion'",
-                         [.bytes(keyID), .text(clientID), Self.seconds(since)]).first(Self.window)!
+            try db.query(Self.mintsSinceSQL, [.bytes(keyID), .text(clientID), Self.seconds(since)]).first(Self.window)!
         }
     }
 

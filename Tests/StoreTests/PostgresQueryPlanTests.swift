@@ -51,6 +51,18 @@ struct PostgresQueryPlanTests {
         #expect(!plan.contains("Seq Scan on tokens"), "\(plan)")
     }
 
+    /// The mint limit (on by default) counts one device's tokens of the last minute, not the
+    /// client's.
+    @Test func theMintLimitCountsOneDevicesTokens() throws {
+        let f = try StoreFixture(.postgres)
+        let store = try #require(f.store as? PostgresTokenStore)
+        let app = try f.integration()
+        for _ in 0..<64 { _ = try f.registered(app) }
+        let plan = try Self.genericPlan(store, PostgresTokenStore.mintsSinceSQL)
+        #expect(plan.contains("tokens_by_device"), "\(plan)")
+        #expect(!plan.contains("tokens_client_expiry") && !plan.contains("Seq Scan"), "\(plan)")
+    }
+
     /// An exchange for a key registered under another client finds no device: the read drops a
     /// device row of another client (the statement no longer filters it).
     @Test func aKeyOfAnotherClientIsNotThisClientsDevice() throws {
