@@ -21,14 +21,20 @@ struct PostgresQueryPlanTests {
         }
     }
 
+    /// A fresh database with 64 devices of one client, as a new deployment has (no ANALYZE yet).
+    static func sixtyFourDevices() throws -> PostgresTokenStore {
+        let f = try StoreFixture(.postgres)
+        let store = try requireValue(f.store as? PostgresTokenStore, "the PostgreSQL store")
+        let app = try f.integration()
+        for _ in 0..<64 { _ = try f.registered(app) }
+        return store
+    }
+
     /// With 64 devices of one client, an exchange's read and its counter update find the device by
     /// its primary key. Planned with the client's ID in the device condition, both scanned the
     /// index on the client's devices and read every one of them (245 rows per exchange at 256).
     @Test func exchangeStatementsFindTheDeviceByItsKey() throws {
-        let f = try StoreFixture(.postgres)
-        let store = try #require(f.store as? PostgresTokenStore)
-        let app = try f.integration()
-        for _ in 0..<64 { _ = try f.registered(app) }
+        let store = try Self.sixtyFourDevices()
         for (name, sql) in [("exchange context", PostgresTokenStore.exchangeContextSQL), ("advance", PostgresTokenStore.advanceSQL)] {
             let plan = try Self.genericPlan(store, sql)
             #expect(plan.contains("devices_pkey on devices"), "\(name): \(plan)")
@@ -39,10 +45,7 @@ struct PostgresQueryPlanTests {
     /// Every relayed request's token check reads one token, and one row of each per-device and
     /// per-month usage table, by their primary keys.
     @Test func theTokenCheckReadsByPrimaryKeys() throws {
-        let f = try StoreFixture(.postgres)
-        let store = try #require(f.store as? PostgresTokenStore)
-        let app = try f.integration()
-        for _ in 0..<64 { _ = try f.registered(app) }
+        let store = try Self.sixtyFourDevices()
         let plan = try Self.genericPlan(store, PostgresTokenStore.liveTokenSQL)
         for index in ["tokens_pkey", "device_request_minutes_pkey", "usage_monthly_pkey"] {
             #expect(plan.contains(index), "\(index): \(plan)")
@@ -54,10 +57,7 @@ struct PostgresQueryPlanTests {
     /// The mint limit (on by default) counts one device's tokens of the last minute, not the
     /// client's.
     @Test func theMintLimitCountsOneDevicesTokens() throws {
-        let f = try StoreFixture(.postgres)
-        let store = try #require(f.store as? PostgresTokenStore)
-        let app = try f.integration()
-        for _ in 0..<64 { _ = try f.registered(app) }
+        let store = try Self.sixtyFourDevices()
         let plan = try Self.genericPlan(store, PostgresTokenStore.mintsSinceSQL)
         #expect(plan.contains("tokens_by_device"), "\(plan)")
         #expect(!plan.contains("tokens_client_expiry") && !plan.contains("Seq Scan"), "\(plan)")
