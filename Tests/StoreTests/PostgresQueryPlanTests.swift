@@ -11,10 +11,14 @@ private typealias F = StoreFixture
 struct PostgresQueryPlanTests {
     /// The generic plan of `sql`, each of its parameters NULL (the plan does not depend on them).
     static func genericPlan(_ store: PostgresTokenStore, _ sql: String) throws -> String {
-        let parameters = Set(sql.matches(of: /\$([0-9]+)/).map { Int($0.output.1)! }).max() ?? 0
+        let parameters = sql.matches(of: /\$([0-9]+)/).map { Int($0.output.1)! }.max() ?? 0
         return try store.pool.withConnection { db in
             try db.execute("SET plan_cache_mode = force_generic_plan")
-            defer { try? db.execute("DEALLOCATE plan_probe; RESET plan_cache_mode") }
+            // Apart: a failed PREPARE makes DEALLOCATE fail, and the pooled session must not keep the mode.
+            defer {
+                try? db.execute("RESET plan_cache_mode")
+                try? db.execute("DEALLOCATE plan_probe")
+            }
             try db.execute("PREPARE plan_probe AS " + sql)
             let arguments = parameters == 0 ? "" : "(" + Array(repeating: "NULL", count: parameters).joined(separator: ", ") + ")"
             return try db.query("EXPLAIN EXECUTE plan_probe" + arguments).rows.map { try $0.text(0) }.joined(separator: "\n")
