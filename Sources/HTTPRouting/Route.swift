@@ -174,6 +174,11 @@ public enum RouteHandler: Sendable {
     /// Later, through the writer, possibly as a stream: return nil and call `context.finish`
     /// once the answer has ended; or return an outcome to answer at once after all.
     case deferred(@Sendable (RequestContext, HTTPResponseWriter) throws -> RouteOutcome?)
+    /// On a worker when the route says so, answered through `answer` once, from any thread: the
+    /// handler may return before it answers (the exchange hands its commit to the database's
+    /// writer and its worker takes the next request meanwhile). A thrown error or a failure given
+    /// to `answer` goes out as the route's 503 or 500.
+    case later(@Sendable (RequestContext, _ answer: @escaping @Sendable (Result<RouteOutcome, any Error>) -> Void) throws -> Void)
 }
 
 /// One route: everything the server, the router, the metrics and the log need to know of it

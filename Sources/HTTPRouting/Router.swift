@@ -175,6 +175,22 @@ public final class Router: Sendable {
                 return .deferred
             }
             return .response(complete(context, route: route, run(answer, context)).response ?? .plainRefusal(500))
+        case .later(let start):
+            let once = Once()
+            let reply: @Sendable (Result<RouteOutcome, any Error>) -> Void = { [self] result in
+                guard once.first() else { return }
+                let outcome = switch result {
+                case .success(let outcome): outcome
+                case .failure(let error): failure(error, context)
+                }
+                writer.respond(complete(context, route: route, outcome).response ?? .plainRefusal(500))
+            }
+            let task: @Sendable () -> Void = {
+                do { try start(context, reply) } catch { reply(.failure(error)) }
+            }
+            if info.executor == .worker, let workers, workers.submit(key: workerKey(request), task) { return .deferred }
+            task()   // the writer takes an answer given before the handler returns .deferred
+            return .deferred
         case .deferred(let start):
             // An answer given at once after all goes out with the epilogue now (the handler
             // does not call `finish` then).
