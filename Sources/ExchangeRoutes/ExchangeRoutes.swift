@@ -22,10 +22,12 @@ public struct ExchangeRoutes: Sendable {
         return [
             Route(["POST"], WireProtocol.challengePath, contentType: json, executor: .worker, shape: .oauth, endpoint: "challenge",
                   handler: .answer { context in try exchange { try challenge(context) } }),
+            // Answered once their commit is in (SQLite's writer answers them), so a worker is not
+            // held while its exchange waits for the batch.
             Route(["POST"], WireProtocol.registerPath, contentType: json, executor: .worker, shape: .oauth, endpoint: "register",
-                  handler: .answer { context in try exchange { try register(context) } }),
+                  handler: .later { context, answer in exchange(answer) { try register(context, $0) } }),
             Route(["POST"], WireProtocol.tokenPath, contentType: form, executor: .worker, shape: .oauth, endpoint: "token",
-                  handler: .answer { context in try exchange { try token(context) } }),
+                  handler: .later { context, answer in exchange(answer) { try token(context, $0) } }),
         ]
     }
 
@@ -33,19 +35,38 @@ public struct ExchangeRoutes: Sendable {
     func exchange(_ body: () throws -> RouteOutcome) throws -> RouteOutcome {
         do {
             return try body()
-        } catch let bad as BadRequest {
-            return RouteOutcome(.json(400, OAuthErrorResponse(.invalidRequest).json), reason: RejectionReason.invalidRequest.rawValue, detail: bad.detail)
-        } catch let rejection as Rejection {
-            let response: HTTPResponse
-            switch rejection.kind {
-            case .invalidRequest: response = .json(400, OAuthErrorResponse(.invalidRequest).json)
-            case .invalidClient: response = .json(401, OAuthErrorResponse(.invalidClient).json)
-            case .invalidGrant: response = .json(401, OAuthErrorResponse(.invalidGrant).json)
-            case .rateLimited(let retryAfter):
-                response = .json(429, OAuthErrorResponse(.rateLimited).json, headers: [("retry-after", String(retryAfter))])
-            }
-            return RouteOutcome(response, reason: rejection.reason.rawValue, detail: rejection.detail)
+        } catch {
+            guard let outcome = Self.refusal(error) else { throw error }
+            return outcome
         }
+    }
+
+    /// As `exchange`, for an endpoint that answers later: `body` decodes and starts the service
+    /// call, which hands its result to the closure `body` is given.
+    func exchange(_ answer: @escaping @Sendable (Result<RouteOutcome, any Error>) -> Void,
+                  _ body: (@escaping @Sendable (Result<RouteOutcome, any Error>) -> Void) throws -> Void) {
+        let refusing: @Sendable (Result<RouteOutcome, any Error>) -> Void = { result in
+            if case .failure(let error) = result, let outcome = Self.refusal(error) { return answer(.success(outcome)) }
+            answer(result)
+        }
+        do { try body(refusing) } catch { refusing(.failure(error)) }
+    }
+
+    /// The answer to malformed input (400) or a service rejection (its opaque shape); nil for any other error.
+    static func refusal(_ error: any Error) -> RouteOutcome? {
+        if let bad = error as? BadRequest {
+            return RouteOutcome(.json(400, OAuthErrorResponse(.invalidRequest).json), reason: RejectionReason.invalidRequest.rawValue, detail: bad.detail)
+        }
+        guard let rejection = error as? Rejection else { return nil }
+        let response: HTTPResponse
+        switch rejection.kind {
+        case .invalidRequest: response = .json(400, OAuthErrorResponse(.invalidRequest).json)
+        case .invalidClient: response = .json(401, OAuthErrorResponse(.invalidClient).json)
+        case .invalidGrant: response = .json(401, OAuthErrorResponse(.invalidGrant).json)
+        case .rateLimited(let retryAfter):
+            response = .json(429, OAuthErrorResponse(.rateLimited).json, headers: [("retry-after", String(retryAfter))])
+        }
+        return RouteOutcome(response, reason: rejection.reason.rawValue, detail: rejection.detail)
     }
 
     func challenge(_ context: RequestContext) throws -> RouteOutcome {
@@ -59,7 +80,7 @@ public struct ExchangeRoutes: Sendable {
         return RouteOutcome(.json(200, body, headers: [("cache-control", "no-store")]), clientID: clientID)
     }
 
-    func register(_ context: RequestContext) throws -> RouteOutcome {
+    func register(_ context: RequestContext, _ answer: @escaping @Sendable (Result<RouteOutcome, any Error>) -> Void) throws {
         let fields = try RequestParsing.jsonFields(context.request.body, [("client_id", FieldLimits.clientID), ("key_id", FieldLimits.keyID),
                                                                           ("attestation_object", FieldLimits.attestationObject)])
         let clientID = fields["client_id"]!
@@ -67,11 +88,12 @@ public struct ExchangeRoutes: Sendable {
         guard let object = RequestParsing.base64(fields["attestation_object"]!) else {
             throw attempt(clientID, keyID, "register", BadRequest("attestation_object is not base64"))
         }
-        let response = try service.register(clientID: clientID, keyID: keyID, attestationObject: object)
-        return RouteOutcome(tokenResponse(response), clientID: clientID)
+        service.register(clientID: clientID, keyID: keyID, attestationObject: object) { result in
+            answer(result.map { RouteOutcome(Self.tokenResponse($0), clientID: clientID) })
+        }
     }
 
-    func token(_ context: RequestContext) throws -> RouteOutcome {
+    func token(_ context: RequestContext, _ answer: @escaping @Sendable (Result<RouteOutcome, any Error>) -> Void) throws {
         let fields = try RequestParsing.formFields(context.request.body)
         guard let clientID = fields["client_id"], clientID.utf8.count <= FieldLimits.clientID else { throw BadRequest("missing or long client_id") }
         guard let keyText = fields["key_id"], keyText.utf8.count <= FieldLimits.keyID else { throw BadRequest("missing or long key_id") }
@@ -84,8 +106,9 @@ public struct ExchangeRoutes: Sendable {
               let assertion = RequestParsing.base64(assertionText) else {
             throw attempt(clientID, keyID, "token", BadRequest("assertion is missing, too long or not base64"))
         }
-        let response = try service.refresh(clientID: clientID, keyID: keyID, assertion: assertion)
-        return RouteOutcome(tokenResponse(response), clientID: clientID)
+        service.refresh(clientID: clientID, keyID: keyID, assertion: assertion) { result in
+            answer(result.map { RouteOutcome(Self.tokenResponse($0), clientID: clientID) })
+        }
     }
 
     /// Records a malformed attempt against its challenge and returns the error to throw.
@@ -94,7 +117,7 @@ public struct ExchangeRoutes: Sendable {
         return error
     }
 
-    func tokenResponse(_ response: IssuedToken) -> HTTPResponse {
+    static func tokenResponse(_ response: IssuedToken) -> HTTPResponse {
         let body = JSONText.object([
             ("access_token", response.accessToken), ("token_type", "Bearer"), ("expires_in", response.expiresIn),
             ("next_challenge", Base64.encode(response.nextChallenge)),

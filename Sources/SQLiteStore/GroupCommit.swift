@@ -11,27 +11,29 @@ import Foundation
 /// Within a batch the transactions run one after another on one connection, so they see each
 /// other's writes exactly as if each had committed alone.
 ///
-/// Waiting is per transaction: a finished batch wakes its own transactions and the next leader
-/// only (one broadcast used to wake every thread queued for the next batch too, which went back
-/// to sleep at once: about one context switch per exchange for nothing).
+/// Nobody waits for a batch: a transaction is handed over with what to do once it has committed
+/// (`submit`), and whichever thread finds no batch being committed commits the queue, batch after
+/// batch, until it is empty, calling each transaction's completion after its COMMIT. A caller
+/// that must wait (`run`) waits on its own completion alone. The exchange workers used to stay
+/// blocked until their batch committed, so with 16 of them the batch committing and the one
+/// queued behind it (8.4 exchanges each at 64 devices) held every worker while requests waited on
+/// the loops and both cores idled.
 final class GroupCommit: @unchecked Sendable {   // the state is guarded by `lock`
     private final class Job {
-        /// Dropped once it has run: the caller's closure must not outlive its `run` call (it is
-        /// only "escaping" so that another thread may run it), and the leader still holds the job.
+        /// Dropped once it has run, with whatever the caller's closure holds.
         var body: ((SQLiteConnection) throws -> Any)?
-        var result: Result<Any, any Error>?
-        /// Set (under `lock`) when this job's thread is to commit the next batch.
-        var leads = false
-        /// Signalled once: when the result is set, or when the job is made the next leader.
-        let woken = DispatchSemaphore(value: 0)
-        init(_ body: @escaping (SQLiteConnection) throws -> Any) { self.body = body }
+        let completion: (Result<Any, any Error>) -> Void
+        init(_ body: @escaping (SQLiteConnection) throws -> Any, _ completion: @escaping (Result<Any, any Error>) -> Void) {
+            self.body = body
+            self.completion = completion
+        }
     }
 
     private let writer: LockedSQLiteConnection
     private let lock = NSLock()
     private var queue: [Job] = []
-    /// Whether some thread is committing a batch (or has been made the next leader).
-    private var committing = false
+    /// The thread committing the queue now, if any.
+    private var leader: pthread_t?
     /// A batch's transactions hold the write lock together; a bound keeps one batch short.
     static let maxBatch = 32
     /// Batches committed and the transactions in them (a measure of how much is shared).
@@ -49,48 +51,76 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
         return queue.count
     }
 
+    /// Whether some thread is committing the queue (tests).
+    var isCommitting: Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        return leader != nil
+    }
+
     init(writer: LockedSQLiteConnection) { self.writer = writer }
 
-    /// Runs `body` in a transaction (its own, or a savepoint in a batch's) and returns once that
-    /// transaction has committed.
-    func run<T>(_ body: @escaping (SQLiteConnection) throws -> T) throws -> T {
-        let job = Job { try body($0) }
+    /// Runs `body` in a transaction (its own, or a savepoint in a batch's) and calls `completion`
+    /// once that transaction has committed or failed: on this thread before `submit` returns when
+    /// no batch was being committed (this thread then commits whatever queues meanwhile too), else
+    /// on the thread committing. A completion runs outside the writer's lock, so it may write
+    /// again: a transaction submitted from a completion on the committing thread commits at once.
+    func submit<T>(_ body: @escaping (SQLiteConnection) throws -> T, completion: @escaping (Result<T, any Error>) -> Void) {
+        let job = Job({ try body($0) }) { result in completion(result.map { $0 as! T }) }
+        let me = pthread_self()
         lock.lock()
-        queue.append(job)
-        if committing {
+        if let leader, pthread_equal(leader, me) != 0 {
+            // From a completion this thread is calling between two batches: the writer is free.
             lock.unlock()
-            job.woken.wait()
+            let result = commit([job])
             lock.lock()
-        } else {
-            committing = true
-            job.leads = true
+            batchCount += 1
+            jobCount += 1
+            lock.unlock()
+            finish([job], result)
+            return
         }
-        // Woken with a result, or to lead: a leader's own job is first in the queue, so the
-        // batch it takes holds it.
-        if job.result == nil {
-            precondition(job.leads, "a group-commit job woke with neither a result nor the lead")
+        queue.append(job)
+        guard leader == nil else {
+            lock.unlock()
+            return
+        }
+        leader = me
+        lock.unlock()
+        lead()
+    }
+
+    /// `submit`, waiting for the commit.
+    func run<T>(_ body: @escaping (SQLiteConnection) throws -> T) throws -> T {
+        let outcome = ResultBox<T>()
+        submit(body) { outcome.set($0) }
+        return try outcome.wait()
+    }
+
+    /// Commits batches until the queue is empty (`leader` is this thread).
+    private func lead() {
+        while true {
+            lock.lock()
             let batch = Array(queue.prefix(Self.maxBatch))
             queue.removeFirst(batch.count)
             lock.unlock()
             let results = commit(batch)
             lock.lock()
-            for (done, result) in zip(batch, results) {
-                done.result = result
-                done.body = nil
-            }
             batchCount += 1
             jobCount += batch.count
-            // The next batch's leader is the longest waiting; committing stays true until then.
-            let next = queue.first
-            if let next { next.leads = true } else { committing = false }
+            let more = !queue.isEmpty
+            if !more { leader = nil }
             lock.unlock()
-            // The next leader first: its BEGIN need not wait behind the batch's wake-ups.
-            next?.woken.signal()
-            for done in batch where done !== job { done.woken.signal() }
-        } else {
-            lock.unlock()
+            finish(batch, results)
+            guard more else { return }
         }
-        return try job.result!.get() as! T
+    }
+
+    private func finish(_ batch: [Job], _ results: [Result<Any, any Error>]) {
+        for (job, result) in zip(batch, results) {
+            job.body = nil
+            job.completion(result)
+        }
     }
 
     private func commit(_ batch: [Job]) -> [Result<Any, any Error>] {
@@ -136,5 +166,21 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
         } catch {
             return batch.map { _ in .failure(error) }
         }
+    }
+}
+
+/// One result, set once on some thread and waited for on another.
+final class ResultBox<T>: @unchecked Sendable {   // `result` is written before `ready` is signalled and read after
+    private var result: Result<T, any Error>?
+    private let ready = DispatchSemaphore(value: 0)
+
+    func set(_ value: Result<T, any Error>) {
+        result = value
+        ready.signal()
+    }
+
+    func wait() throws -> T {
+        ready.wait()
+        return try result!.get()
     }
 }

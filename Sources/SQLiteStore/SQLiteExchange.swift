@@ -141,75 +141,107 @@ extension SQLiteTokenStore {
     public func registerDevice(_ device: Device, receipt: DeviceReceipt, firstToken: TokenRecord, redeeming challenge: [UInt8]?,
                                nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
                                commitTime: @Sendable () -> Date) throws -> CommitResult {
-        // In a transaction that holds the write lock from its start (the group's IMMEDIATE one),
-        // so this time is the commit's and the quota's count cannot change before the insert.
         try writeInGroup { db in
-            do {
-                let committing = commitTime()
-                if let challenge, try !Self.redeem(db, clientID: device.clientID, keyID: device.keyID, challenge: challenge,
-                                                  replacingWith: nextChallenge, at: committing) {
-                    return .challengeGone
-                }
-                // Committed all the same when refused: the challenge stays used.
-                func refused(_ result: CommitResult) throws -> CommitResult {
-                    try Self.burn(db, clientID: device.clientID, keyID: device.keyID, redeemed: challenge)
-                    return result
-                }
-                if let quota, try db.first("SELECT count(*) AS count FROM devices WHERE client_id = ? AND registered_at > ?",
-                                           [.text(device.clientID), .real((committing - quota.window).timeIntervalSince1970)], { try $0.int("count") }) ?? 0
-                    >= Int64(quota.limit) {
-                    return try refused(.quotaExceeded)
-                }
-                let inserted = try db.run("""
-                    INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at,
-                                         platform, validation_category, bundle_version, os_version, last_refresh_at,
-                                         credential_certificate, receipt_created_at, receipt_not_before, receipt_expires_at, risk_metric,
-                                         risk_refresh_due_at)
-                    SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
-                    WHERE EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
-                    ON CONFLICT (key_id) DO NOTHING
-                    """, [.blob(device.keyID), .text(device.clientID), .blob(device.publicKey), .int(Int64(device.counter)),
-                          .text(device.environment.rawValue), .text(device.appID), .blob(receipt.der), .real(time.timeIntervalSince1970),
-                          Self.optional(device.platform?.rawValue), device.validationCategory.map { .int(Int64($0)) } ?? .null,
-                          Self.optional(device.bundleVersion), Self.optional(device.osVersion), .real(time.timeIntervalSince1970),
-                          receipt.credentialCertificate.map { .blob($0) } ?? .null, Self.optional(receipt.risk?.receiptCreatedAt),
-                          Self.optional(receipt.risk?.receiptNotBefore), Self.optional(receipt.risk?.receiptExpiresAt),
-                          receipt.risk?.metric.map { .int(Int64($0)) } ?? .null, Self.optional(receipt.refreshDueAt),
-                          .text(device.clientID)])
-                guard inserted == 1 else { return try refused(.conflict) }
-                try Self.insertToken(db, firstToken, grant: "registration")
-                if challenge == nil { try Self.storeChallenge(db, clientID: device.clientID, keyID: device.keyID, nextChallenge) }
-                return .committed
-            }
+            try Self.register(db, device, receipt: receipt, firstToken: firstToken, redeeming: challenge, nextChallenge: nextChallenge,
+                              quota: quota, at: time, commitTime: commitTime)
         }
+    }
+
+    public func registerDevice(_ device: Device, receipt: DeviceReceipt, firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+                               nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
+                               commitTime: @escaping @Sendable () -> Date,
+                               completion: @escaping @Sendable (Result<CommitResult, any Error>) -> Void) {
+        submitInGroup({ db in
+            try Self.register(db, device, receipt: receipt, firstToken: firstToken, redeeming: challenge, nextChallenge: nextChallenge,
+                              quota: quota, at: time, commitTime: commitTime)
+        }, completion: completion)
+    }
+
+    /// A registration's statements, in a transaction that holds the write lock from its start (the
+    /// group's IMMEDIATE one), so the commit time is the commit's and the quota's count cannot
+    /// change before the insert.
+    static func register(_ db: SQLiteConnection, _ device: Device, receipt: DeviceReceipt, firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+                         nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date,
+                         commitTime: @Sendable () -> Date) throws -> CommitResult {
+        let committing = commitTime()
+        if let challenge, try !Self.redeem(db, clientID: device.clientID, keyID: device.keyID, challenge: challenge,
+                                          replacingWith: nextChallenge, at: committing) {
+            return .challengeGone
+        }
+        // Committed all the same when refused: the challenge stays used.
+        func refused(_ result: CommitResult) throws -> CommitResult {
+            try Self.burn(db, clientID: device.clientID, keyID: device.keyID, redeemed: challenge)
+            return result
+        }
+        if let quota, try db.first("SELECT count(*) AS count FROM devices WHERE client_id = ? AND registered_at > ?",
+                                   [.text(device.clientID), .real((committing - quota.window).timeIntervalSince1970)], { try $0.int("count") }) ?? 0
+            >= Int64(quota.limit) {
+            return try refused(.quotaExceeded)
+        }
+        let inserted = try db.run("""
+            INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at,
+                                 platform, validation_category, bundle_version, os_version, last_refresh_at,
+                                 credential_certificate, receipt_created_at, receipt_not_before, receipt_expires_at, risk_metric,
+                                 risk_refresh_due_at)
+            SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+            WHERE EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
+            ON CONFLICT (key_id) DO NOTHING
+            """, [.blob(device.keyID), .text(device.clientID), .blob(device.publicKey), .int(Int64(device.counter)),
+                  .text(device.environment.rawValue), .text(device.appID), .blob(receipt.der), .real(time.timeIntervalSince1970),
+                  Self.optional(device.platform?.rawValue), device.validationCategory.map { .int(Int64($0)) } ?? .null,
+                  Self.optional(device.bundleVersion), Self.optional(device.osVersion), .real(time.timeIntervalSince1970),
+                  receipt.credentialCertificate.map { .blob($0) } ?? .null, Self.optional(receipt.risk?.receiptCreatedAt),
+                  Self.optional(receipt.risk?.receiptNotBefore), Self.optional(receipt.risk?.receiptExpiresAt),
+                  receipt.risk?.metric.map { .int(Int64($0)) } ?? .null, Self.optional(receipt.refreshDueAt),
+                  .text(device.clientID)])
+        guard inserted == 1 else { return try refused(.conflict) }
+        try Self.insertToken(db, firstToken, grant: "registration")
+        if challenge == nil { try Self.storeChallenge(db, clientID: device.clientID, keyID: device.keyID, nextChallenge) }
+        return .committed
     }
 
     public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, refresh: DeviceRefresh?, token: TokenRecord,
                                redeeming challenge: [UInt8]?, nextChallenge: IssuedChallenge, at time: Date,
                                commitTime: @Sendable () -> Date) throws -> CommitResult {
         try writeInGroup { db in
-            do {
-                if let challenge, try !Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, replacingWith: nextChallenge, at: commitTime()) {
-                    return .challengeGone
-                }
-                // Compare-and-set on the counter, and only while the integration is live.
-                let changed = try db.run("""
-                    UPDATE devices SET sign_counter = ?, last_refresh_at = ?, validation_category = coalesce(validation_category, ?),
-                                       bundle_version = coalesce(?, bundle_version), platform = coalesce(platform, ?)
-                    WHERE key_id = ? AND client_id = ? AND sign_counter = ?
-                      AND EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
-                    """, [.int(Int64(to)), .real(time.timeIntervalSince1970), refresh?.validationCategory.map { .int(Int64($0)) } ?? .null,
-                          Self.optional(refresh?.bundleVersion), Self.optional(refresh?.platform?.rawValue),
-                          .blob(keyID), .text(clientID), .int(Int64(from)), .text(clientID)])
-                guard changed == 1 else {   // committed all the same: the challenge stays used
-                    try Self.burn(db, clientID: clientID, keyID: keyID, redeemed: challenge)
-                    return .conflict
-                }
-                try Self.insertToken(db, token, grant: "assertion")
-                if challenge == nil { try Self.storeChallenge(db, clientID: clientID, keyID: keyID, nextChallenge) }
-                return .committed
-            }
+            try Self.advance(db, clientID: clientID, keyID: keyID, from: from, to: to, refresh: refresh, token: token, redeeming: challenge,
+                             nextChallenge: nextChallenge, at: time, commitTime: commitTime)
         }
+    }
+
+    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, refresh: DeviceRefresh?, token: TokenRecord,
+                               redeeming challenge: [UInt8]?, nextChallenge: IssuedChallenge, at time: Date,
+                               commitTime: @escaping @Sendable () -> Date,
+                               completion: @escaping @Sendable (Result<CommitResult, any Error>) -> Void) {
+        submitInGroup({ db in
+            try Self.advance(db, clientID: clientID, keyID: keyID, from: from, to: to, refresh: refresh, token: token, redeeming: challenge,
+                             nextChallenge: nextChallenge, at: time, commitTime: commitTime)
+        }, completion: completion)
+    }
+
+    /// A refresh's statements, in the batch's transaction.
+    static func advance(_ db: SQLiteConnection, clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, refresh: DeviceRefresh?,
+                        token: TokenRecord, redeeming challenge: [UInt8]?, nextChallenge: IssuedChallenge, at time: Date,
+                        commitTime: @Sendable () -> Date) throws -> CommitResult {
+        if let challenge, try !Self.redeem(db, clientID: clientID, keyID: keyID, challenge: challenge, replacingWith: nextChallenge, at: commitTime()) {
+            return .challengeGone
+        }
+        // Compare-and-set on the counter, and only while the integration is live.
+        let changed = try db.run("""
+            UPDATE devices SET sign_counter = ?, last_refresh_at = ?, validation_category = coalesce(validation_category, ?),
+                               bundle_version = coalesce(?, bundle_version), platform = coalesce(platform, ?)
+            WHERE key_id = ? AND client_id = ? AND sign_counter = ?
+              AND EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
+            """, [.int(Int64(to)), .real(time.timeIntervalSince1970), refresh?.validationCategory.map { .int(Int64($0)) } ?? .null,
+                  Self.optional(refresh?.bundleVersion), Self.optional(refresh?.platform?.rawValue),
+                  .blob(keyID), .text(clientID), .int(Int64(from)), .text(clientID)])
+        guard changed == 1 else {   // committed all the same: the challenge stays used
+            try Self.burn(db, clientID: clientID, keyID: keyID, redeemed: challenge)
+            return .conflict
+        }
+        try Self.insertToken(db, token, grant: "assertion")
+        if challenge == nil { try Self.storeChallenge(db, clientID: clientID, keyID: keyID, nextChallenge) }
+        return .committed
     }
 
     /// The token check's statement (`StoreColumns.grantQuery`), in SQLite's placeholders.

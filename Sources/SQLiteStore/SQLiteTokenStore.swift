@@ -57,6 +57,13 @@ public final class SQLiteTokenStore: TokenStore {
         return try withoutActuallyEscaping(body) { body in try groupCommit.run(body) }
     }
 
+    /// `writeInGroup` without waiting: `completion` gets the result once the batch holding `body`
+    /// has committed, on the thread that committed it (see `GroupCommit.submit`).
+    func submitInGroup<T>(_ body: @escaping (SQLiteConnection) throws -> T, completion: @escaping (Result<T, any Error>) -> Void) {
+        do { try refuseIfFaulted() } catch { return completion(.failure(error)) }
+        groupCommit.submit(body, completion: completion)
+    }
+
     /// A reader, the most recently used idle one (see `SQLiteReaderPool`), for one read.
     func read<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
         try readWithCache { db, _ in try body(db) }

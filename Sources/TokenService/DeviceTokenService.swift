@@ -90,62 +90,64 @@ public final class DeviceTokenService: Sendable {
 
     // MARK: Register
 
-    public func register(clientID: String, keyID: [UInt8], attestationObject: [UInt8]) throws -> IssuedToken {
-        try rejecting(clientID: clientID, keyID: keyID, action: "register") {
-            let time = now()
-            try requireKeyIDShape(keyID)
-            // The integration, the pending challenge and the device: one read.
-            let context = try exchangeContext(clientID: clientID, keyID: keyID, at: time)
-            let integration = try liveIntegration(context.integration)
-            return try redeeming(clientID: clientID, keyID: keyID, pending: context.challenge, at: time) { challenge in
-                if context.device != nil {
-                    throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID is already registered")
-                }
-                if configuration.registrationQuotaPerHour > 0,
-                   let retry = Self.atLimit(try store.registrationsSince(clientID: integration.clientID, since: time - 3600),
-                                            limit: configuration.registrationQuotaPerHour, seconds: 3600, at: time) {
-                    throw Rejection(.rateLimited(retryAfter: retry), .registrationQuota,
-                                    "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
-                }
-                let verified = try timed("attestation") {
-                    try verifier.verifyAttestation(attestationObject, keyID: keyID, clientDataHash: WireProtocol.registrationClientDataHash(challenge: challenge, sha256: sha256),
-                                                   allowedAppIDs: integration.appIDs, allowedEnvironments: integration.environments, at: time)
-                }
-                try admitting(verified.app) {
-                    try integration.devicePolicy.checkRegistration(verified.app, platform: verified.platform, environment: verified.environment)
-                }
-                let device = Device(keyID: keyID, clientID: clientID, publicKey: verified.publicKey, counter: 0,
-                                    environment: verified.environment, appID: verified.appID.description,
-                                    platform: verified.platform, validationCategory: verified.app.validationCategory,
-                                    bundleVersion: verified.app.bundleVersion, osVersion: verified.osInformation?.version)
-                // Build (and so validate) the device key now: the point must be on the curve, and the
-                // first refresh then finds the key parsed.
-                _ = try keyCache.key(for: device)
-                let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
-                let next = nextChallenge(at: time)
-                let quota = configuration.registrationQuotaPerHour > 0
-                    ? RegistrationQuota(limit: configuration.registrationQuotaPerHour, window: 3600) : nil
-                switch try store.registerDevice(device, receipt: storedReceipt(verified, at: time), firstToken: record, redeeming: challenge, nextChallenge: next,
-                                                quota: quota, at: time, commitTime: now) {
-                case .committed: break
-                case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge expired or was redeemed concurrently")
-                case .quotaExceeded:
-                    // Concurrent registrations filled the quota while this one was verified.
-                    let retry = Self.atLimit(try store.registrationsSince(clientID: clientID, since: now() - 3600),
-                                             limit: configuration.registrationQuotaPerHour, seconds: 3600, at: now()) ?? 1
-                    throw Rejection(.rateLimited(retryAfter: retry), .registrationQuota,
-                                    "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
-                case .conflict:
-                    _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
-                    throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID was registered concurrently")
-                }
-                metrics.increment("attestd_registrations_total", labels: [("distribution", Self.label(verified.app))])
-                metrics.increment("attestd_tokens_issued_total", labels: [("grant", "registration")])
-                audit.record(AuditEvent(at: time, action: "device.registered", clientID: clientID, keyID: keyID,
-                                        detail: "\(verified.environment.rawValue) \(verified.appID) \(verified.platform.rawValue) "
-                                            + "\(verified.app.distribution?.rawValue ?? "no-category") bundle \(verified.app.bundleVersion ?? "-")"
-                                            + " os \(verified.osInformation?.version ?? "-")"))
-                return response(token, next, at: time)
+    /// Verifies the attestation and stores the device with its first token; `completion` gets the
+    /// token once that is committed (see `exchanging`).
+    public func register(clientID: String, keyID: [UInt8], attestationObject: [UInt8],
+                         completion: @escaping @Sendable (Result<IssuedToken, any Error>) -> Void) {
+        exchanging(clientID: clientID, keyID: keyID, action: "register", completion: completion) { time, context, integration, challenge, committed in
+            if context.device != nil {
+                throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID is already registered")
+            }
+            if configuration.registrationQuotaPerHour > 0,
+               let retry = Self.atLimit(try store.registrationsSince(clientID: integration.clientID, since: time - 3600),
+                                        limit: configuration.registrationQuotaPerHour, seconds: 3600, at: time) {
+                throw Rejection(.rateLimited(retryAfter: retry), .registrationQuota,
+                                "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
+            }
+            let verified = try timed("attestation") {
+                try verifier.verifyAttestation(attestationObject, keyID: keyID, clientDataHash: WireProtocol.registrationClientDataHash(challenge: challenge, sha256: sha256),
+                                               allowedAppIDs: integration.appIDs, allowedEnvironments: integration.environments, at: time)
+            }
+            try admitting(verified.app) {
+                try integration.devicePolicy.checkRegistration(verified.app, platform: verified.platform, environment: verified.environment)
+            }
+            let device = Device(keyID: keyID, clientID: clientID, publicKey: verified.publicKey, counter: 0,
+                                environment: verified.environment, appID: verified.appID.description,
+                                platform: verified.platform, validationCategory: verified.app.validationCategory,
+                                bundleVersion: verified.app.bundleVersion, osVersion: verified.osInformation?.version)
+            // Build (and so validate) the device key now: the point must be on the curve, and the
+            // first refresh then finds the key parsed.
+            _ = try keyCache.key(for: device)
+            let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
+            let next = nextChallenge(at: time)
+            let quota = configuration.registrationQuotaPerHour > 0
+                ? RegistrationQuota(limit: configuration.registrationQuotaPerHour, window: 3600) : nil
+            let distribution = Self.label(verified.app)
+            let detail = "\(verified.environment.rawValue) \(verified.appID) \(verified.platform.rawValue) "
+                + "\(verified.app.distribution?.rawValue ?? "no-category") bundle \(verified.app.bundleVersion ?? "-")"
+                + " os \(verified.osInformation?.version ?? "-")"
+            // Last: from here the store answers, possibly on another thread.
+            store.registerDevice(device, receipt: storedReceipt(verified, at: time), firstToken: record, redeeming: challenge, nextChallenge: next,
+                                 quota: quota, at: time, commitTime: now) { [self] result in
+                committed(Result {
+                    switch try result.get() {
+                    case .committed: break
+                    case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge expired or was redeemed concurrently")
+                    case .quotaExceeded:
+                        // Concurrent registrations filled the quota while this one was verified.
+                        let retry = Self.atLimit(try store.registrationsSince(clientID: clientID, since: now() - 3600),
+                                                 limit: configuration.registrationQuotaPerHour, seconds: 3600, at: now()) ?? 1
+                        throw Rejection(.rateLimited(retryAfter: retry), .registrationQuota,
+                                        "integration over its quota of \(configuration.registrationQuotaPerHour) registrations an hour")
+                    case .conflict:
+                        _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
+                        throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID was registered concurrently")
+                    }
+                    metrics.increment("attestd_registrations_total", labels: [("distribution", distribution)])
+                    metrics.increment("attestd_tokens_issued_total", labels: [("grant", "registration")])
+                    audit.record(AuditEvent(at: time, action: "device.registered", clientID: clientID, keyID: keyID, detail: detail))
+                    return response(token, next, at: time)
+                })
             }
         }
     }
@@ -162,63 +164,94 @@ public final class DeviceTokenService: Sendable {
 
     // MARK: Token (assertion)
 
-    public func refresh(clientID: String, keyID: [UInt8], assertion: [UInt8]) throws -> IssuedToken {
-        try rejecting(clientID: clientID, keyID: keyID, action: "token") {
-            let time = now()
-            try requireKeyIDShape(keyID)
-            let context = try exchangeContext(clientID: clientID, keyID: keyID, at: time)
-            let integration = try liveIntegration(context.integration)
-            return try redeeming(clientID: clientID, keyID: keyID, pending: context.challenge, at: time) { challenge in
-                guard let device = context.device else {
-                    throw Rejection(.invalidGrant, .unknownKey, "key ID is not registered for this client")
-                }
-                if configuration.mintLimitPerMinute > 0,
-                   let retry = Self.atLimit(try store.mintsSince(clientID: integration.clientID, keyID: keyID, since: time - 60),
-                                            limit: configuration.mintLimitPerMinute, seconds: 60, at: time) {
-                    throw Rejection(.rateLimited(retryAfter: retry), .mintLimit,
-                                    "device over \(configuration.mintLimitPerMinute) tokens a minute")
-                }
-                guard let appID = AppID(device.appID) else {
-                    throw Rejection(.invalidGrant, .unknownKey, "stored app ID \(device.appID) is unreadable")
-                }
-                let publicKey = try keyCache.key(for: device)
-                let hash = WireProtocol.tokenClientDataHash(challenge: challenge, clientID: clientID, keyID: keyID, sha256: sha256)
-                let verified = try timed("assertion") {
-                    try verifier.verifyAssertion(assertion, publicKey: publicKey, clientDataHash: hash, appID: appID, previousCounter: device.counter)
-                }
-                try admitting(verified.app) { try integration.devicePolicy.checkRefresh(verified.app, device: device) }
-                let refresh = DeviceRefresh(validationCategory: verified.app.validationCategory, bundleVersion: verified.app.bundleVersion,
-                                            platform: device.platform == nil ? verified.app.platform : nil)
-                let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
-                let next = nextChallenge(at: time)
-                switch try store.advanceCounter(clientID: clientID, keyID: keyID, from: device.counter, to: verified.counter, refresh: refresh,
-                                                token: record, redeeming: challenge, nextChallenge: next, at: time, commitTime: now) {
-                case .committed: break
-                case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge expired or was redeemed concurrently")
-                case .quotaExceeded: throw Rejection(.invalidGrant, .internalError, "a refresh has no quota")
-                case .conflict:
-                    _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
-                    throw Rejection(.invalidGrant, .counterRaced, "counter moved past \(device.counter) concurrently")
-                }
-                metrics.increment("attestd_tokens_issued_total", labels: [("grant", "assertion")])
-                return response(token, next, at: time)
+    /// Verifies the assertion and advances the device's counter with a new token; `completion`
+    /// gets the token once that is committed (see `exchanging`).
+    public func refresh(clientID: String, keyID: [UInt8], assertion: [UInt8],
+                        completion: @escaping @Sendable (Result<IssuedToken, any Error>) -> Void) {
+        exchanging(clientID: clientID, keyID: keyID, action: "token", completion: completion) { time, context, integration, challenge, committed in
+            guard let device = context.device else {
+                throw Rejection(.invalidGrant, .unknownKey, "key ID is not registered for this client")
+            }
+            if configuration.mintLimitPerMinute > 0,
+               let retry = Self.atLimit(try store.mintsSince(clientID: integration.clientID, keyID: keyID, since: time - 60),
+                                        limit: configuration.mintLimitPerMinute, seconds: 60, at: time) {
+                throw Rejection(.rateLimited(retryAfter: retry), .mintLimit,
+                                "device over \(configuration.mintLimitPerMinute) tokens a minute")
+            }
+            guard let appID = AppID(device.appID) else {
+                throw Rejection(.invalidGrant, .unknownKey, "stored app ID \(device.appID) is unreadable")
+            }
+            let publicKey = try keyCache.key(for: device)
+            let hash = WireProtocol.tokenClientDataHash(challenge: challenge, clientID: clientID, keyID: keyID, sha256: sha256)
+            let verified = try timed("assertion") {
+                try verifier.verifyAssertion(assertion, publicKey: publicKey, clientDataHash: hash, appID: appID, previousCounter: device.counter)
+            }
+            try admitting(verified.app) { try integration.devicePolicy.checkRefresh(verified.app, device: device) }
+            let refresh = DeviceRefresh(validationCategory: verified.app.validationCategory, bundleVersion: verified.app.bundleVersion,
+                                        platform: device.platform == nil ? verified.app.platform : nil)
+            let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
+            let next = nextChallenge(at: time)
+            let counter = device.counter
+            // Last: from here the store answers, possibly on another thread.
+            store.advanceCounter(clientID: clientID, keyID: keyID, from: counter, to: verified.counter, refresh: refresh,
+                                 token: record, redeeming: challenge, nextChallenge: next, at: time, commitTime: now) { [self] result in
+                committed(Result {
+                    switch try result.get() {
+                    case .committed: break
+                    case .challengeGone: throw Rejection(.invalidGrant, .noPendingChallenge, "challenge expired or was redeemed concurrently")
+                    case .quotaExceeded: throw Rejection(.invalidGrant, .internalError, "a refresh has no quota")
+                    case .conflict:
+                        _ = try liveIntegration(clientID)   // revoked meanwhile: invalid_client
+                        throw Rejection(.invalidGrant, .counterRaced, "counter moved past \(counter) concurrently")
+                    }
+                    metrics.increment("attestd_tokens_issued_total", labels: [("grant", "assertion")])
+                    return response(token, next, at: time)
+                })
             }
         }
     }
 
-    /// Runs `body` with the pending challenge for the pair. The success path redeems it in the
-    /// same transaction that stores the result (one commit per exchange); any rejection uses it
-    /// up here, conditioned on its bytes so that a newer challenge is never touched.
-    private func redeeming<T>(clientID: String, keyID: [UInt8], pending: [UInt8]?, at time: Date, _ body: ([UInt8]) throws -> T) throws -> T {
-        guard let challenge = pending else {
-            throw Rejection(.invalidGrant, .noPendingChallenge, "no pending challenge for this key (expired, used, or never issued)")
-        }
+    /// The shape of both exchanges. Everything up to the commit runs here, on the caller's thread:
+    /// the context read, then `prepare` (checks, verification), which ends by starting the store's
+    /// write and hands what the write concluded to the closure it is given. The answer reaches
+    /// `completion` from there, on the thread that committed (SQLite batches commits, and the
+    /// caller's thread is free meanwhile). Either way a rejection is audited, and when the request
+    /// named a pending challenge it is used up (PROTOCOL.md), conditioned on its bytes so that a
+    /// newer challenge is never touched; the success path redeemed it in its own transaction.
+    private func exchanging(clientID: String, keyID: [UInt8], action: String,
+                            completion: @escaping @Sendable (Result<IssuedToken, any Error>) -> Void,
+                            _ prepare: (Date, ExchangeContext, Integration, [UInt8],
+                                        @escaping @Sendable (Result<IssuedToken, any Error>) -> Void) throws -> Void) {
+        let time = now()
+        var redeeming: [UInt8]?
         do {
-            return try body(challenge)
-        } catch let rejection as Rejection {
-            _ = try store.consumeChallenge(clientID: clientID, keyID: keyID, challenge: challenge, at: time)
-            throw rejection
+            try requireKeyIDShape(keyID)
+            // The integration, the pending challenge and the device: one read.
+            let context = try exchangeContext(clientID: clientID, keyID: keyID, at: time)
+            let integration = try liveIntegration(context.integration)
+            guard let challenge = context.challenge else {
+                throw Rejection(.invalidGrant, .noPendingChallenge, "no pending challenge for this key (expired, used, or never issued)")
+            }
+            redeeming = challenge
+            try prepare(time, context, integration, challenge) { [self] result in
+                completion(concluded(result, clientID: clientID, keyID: keyID, action: action, challenge: challenge, at: time))
+            }
+        } catch {
+            completion(concluded(.failure(error), clientID: clientID, keyID: keyID, action: action, challenge: redeeming, at: time))
         }
+    }
+
+    /// An exchange's result as it goes out: a rejection uses up the challenge the request named
+    /// (when it named one) and is written to the audit trail (the router counts it).
+    private func concluded(_ result: Result<IssuedToken, any Error>, clientID: String, keyID: [UInt8], action: String,
+                           challenge: [UInt8]?, at time: Date) -> Result<IssuedToken, any Error> {
+        guard case .failure(let error) = result, let rejection = error as? Rejection else { return result }
+        if let challenge {
+            do { _ = try store.consumeChallenge(clientID: clientID, keyID: keyID, challenge: challenge, at: time) } catch { return .failure(error) }
+        }
+        audit.record(AuditEvent(at: now(), action: "\(action).rejected", clientID: String(clientID.prefix(64)),
+                                keyID: keyID.count == 32 ? keyID : nil, reason: rejection.reason.rawValue, detail: rejection.detail))
+        return result
     }
 
     /// A register or token request whose key ID parsed but whose proof did not: it is an attempt

@@ -78,6 +78,16 @@ public protocol ExchangeStore: AnyObject, Sendable {
     func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, refresh: DeviceRefresh?, token: TokenRecord,
                         redeeming challenge: [UInt8]?, nextChallenge: IssuedChallenge, at: Date,
                         commitTime: @Sendable () -> Date) throws -> CommitResult
+    /// `registerDevice` and `advanceCounter` answering through `completion` once the transaction
+    /// has committed, on whichever thread committed it: a store that commits transactions in
+    /// batches (SQLite's group commit) frees the caller's thread meanwhile. By default they run
+    /// the waiting form and call `completion` before returning.
+    func registerDevice(_ device: Device, receipt: DeviceReceipt, firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+                        nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at: Date, commitTime: @escaping @Sendable () -> Date,
+                        completion: @escaping @Sendable (Result<CommitResult, any Error>) -> Void)
+    func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, refresh: DeviceRefresh?, token: TokenRecord,
+                        redeeming challenge: [UInt8]?, nextChallenge: IssuedChallenge, at: Date, commitTime: @escaping @Sendable () -> Date,
+                        completion: @escaping @Sendable (Result<CommitResult, any Error>) -> Void)
     /// The grant behind a token hash if it is live: unexpired, unrevoked, integration not revoked;
     /// with the workspace's sealed upstream key, in the same query.
     func liveToken(hash: [UInt8], at: Date) throws -> TokenGrant?
@@ -221,6 +231,24 @@ extension DeviceInventoryStore {
 }
 
 extension ExchangeStore {
+    public func registerDevice(_ device: Device, receipt: DeviceReceipt, firstToken: TokenRecord, redeeming challenge: [UInt8]?,
+                               nextChallenge: IssuedChallenge, quota: RegistrationQuota?, at time: Date, commitTime: @escaping @Sendable () -> Date,
+                               completion: @escaping @Sendable (Result<CommitResult, any Error>) -> Void) {
+        completion(Result {
+            try registerDevice(device, receipt: receipt, firstToken: firstToken, redeeming: challenge, nextChallenge: nextChallenge, quota: quota,
+                               at: time, commitTime: commitTime)
+        })
+    }
+
+    public func advanceCounter(clientID: String, keyID: [UInt8], from: UInt32, to: UInt32, refresh: DeviceRefresh?, token: TokenRecord,
+                               redeeming challenge: [UInt8]?, nextChallenge: IssuedChallenge, at time: Date, commitTime: @escaping @Sendable () -> Date,
+                               completion: @escaping @Sendable (Result<CommitResult, any Error>) -> Void) {
+        completion(Result {
+            try advanceCounter(clientID: clientID, keyID: keyID, from: from, to: to, refresh: refresh, token: token, redeeming: challenge,
+                               nextChallenge: nextChallenge, at: time, commitTime: commitTime)
+        })
+    }
+
     public func consumeChallenge(clientID: String, keyID: [UInt8], at time: Date) throws -> [UInt8]? {
         try consumeChallenge(clientID: clientID, keyID: keyID, challenge: nil, at: time)
     }

@@ -115,4 +115,74 @@ struct SQLiteGroupCommitTests {
         let after = store.groupCommit.counts
         #expect(after.batches - before.batches == 2 && after.jobs - before.jobs == 2)
     }
+
+    /// Nobody is held for a batch: while one thread commits (held up here by the writer's lock),
+    /// `submit` from another thread returns at once, and the committing thread answers every
+    /// transaction after the COMMIT that holds it. A completion that writes again through the
+    /// group, on the committing thread between two batches, commits at once instead of waiting
+    /// for itself.
+    @Test func submittersAreNotHeldAndTheCommittingThreadAnswersEach() throws {
+        let f = try StoreFixture(.sqlite)
+        let store = try #require(f.store as? SQLiteTokenStore)
+        let app = try f.integration()
+        let devices = try (0..<9).map { _ in try f.registered(app) }
+        @Sendable func refresh(_ index: Int, completion: @escaping @Sendable (Result<CommitResult, any Error>) -> Void) {
+            let (device, _, challenge) = devices[index]
+            store.advanceCounter(clientID: app.clientID, keyID: device.keyID, from: 0, to: 5, refresh: nil, token: F.token(app, keyID: device.keyID, at: F.t0 + 1),
+                                 redeeming: challenge.bytes, nextChallenge: F.challenge(), at: F.t0 + 1, commitTime: { F.t0 + 1 }, completion: completion)
+        }
+
+        let holding = DispatchSemaphore(value: 0), release = DispatchSemaphore(value: 0)
+        let holder = Thread { _ = try? store.write { _ in holding.signal(); release.wait() } }
+        holder.start()
+        holding.wait()
+        let before = store.groupCommit.counts
+
+        // Each answer: its result and the thread that gave it.
+        let answers = Mutex<[Int: (result: Result<CommitResult, any Error>, thread: pthread_t)]>([:])
+        let nested = Mutex<Result<CommitResult, any Error>?>(nil)
+        let answered = DispatchSemaphore(value: 0)
+        let committer = Mutex<pthread_t?>(nil)
+        let first = Thread {
+            committer.withLock { $0 = pthread_self() }
+            refresh(0) { result in
+                // On the committing thread, with seven more queued: the waiting form commits at once.
+                let (device, _, challenge) = devices[8]
+                nested.withLock {
+                    $0 = Result {
+                        try store.advanceCounter(clientID: app.clientID, keyID: device.keyID, from: 0, to: 5, token: F.token(app, keyID: device.keyID, at: F.t0 + 1),
+                                                 redeeming: challenge.bytes, nextChallenge: F.challenge(), at: F.t0 + 1)
+                    }
+                }
+                answers.withLock { $0[0] = (result, pthread_self()) }
+                answered.signal()
+            }
+        }
+        first.start()
+        let deadline = Date() + 30
+        while !store.groupCommit.isCommitting && Date() < deadline { Thread.sleep(forTimeInterval: 0.005) }
+        // The first is committing now, blocked by the writer's lock; these return without it.
+        for index in 1..<8 {
+            refresh(index) { result in
+                answers.withLock { $0[index] = (result, pthread_self()) }
+                answered.signal()
+            }
+        }
+        #expect(answers.withLock { $0.isEmpty })
+        #expect(store.groupCommit.waiting == 7)
+        release.signal()
+        for _ in 0..<8 { #expect(answered.wait(timeout: .now() + 30) == .success) }
+
+        let thread = try #require(committer.withLock { $0 })
+        for (index, answer) in answers.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
+            #expect(try answer.result.get() == .committed, "\(index)")
+            #expect(pthread_equal(answer.thread, thread) != 0, "\(index) answered on the committing thread")
+            #expect(try store.device(clientID: app.clientID, keyID: devices[index].0.keyID)?.counter == 5)
+        }
+        #expect(try nested.withLock { $0 }?.get() == .committed)
+        #expect(try store.device(clientID: app.clientID, keyID: devices[8].0.keyID)?.counter == 5)
+        // The first alone, the nested one at once, then the seven together.
+        let after = store.groupCommit.counts
+        #expect(after.batches - before.batches == 3 && after.jobs - before.jobs == 9)
+    }
 }
