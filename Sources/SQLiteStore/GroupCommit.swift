@@ -85,9 +85,12 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
             lock.unlock()
             return
         }
+        // The batch is taken under the same lock as the lead: a transaction queued from now on
+        // waits for the next batch (tests count on it).
         leader = me
+        let batch = takeBatch()
         lock.unlock()
-        lead()
+        lead(batch)
     }
 
     /// `submit`, waiting for the commit.
@@ -97,23 +100,28 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
         return try outcome.wait()
     }
 
-    /// Commits batches until the queue is empty (`leader` is this thread).
-    private func lead() {
+    /// Commits `batch`, then the next ones until the queue is empty (`leader` is this thread).
+    private func lead(_ batch: [Job]) {
+        var batch = batch
         while true {
-            lock.lock()
-            let batch = Array(queue.prefix(Self.maxBatch))
-            queue.removeFirst(batch.count)
-            lock.unlock()
             let results = commit(batch)
             lock.lock()
             batchCount += 1
             jobCount += batch.count
-            let more = !queue.isEmpty
-            if !more { leader = nil }
+            let next = takeBatch()
+            if next.isEmpty { leader = nil }
             lock.unlock()
             finish(batch, results)
-            guard more else { return }
+            guard !next.isEmpty else { return }
+            batch = next
         }
+    }
+
+    /// The next batch, out of the queue (`lock` held).
+    private func takeBatch() -> [Job] {
+        let batch = Array(queue.prefix(Self.maxBatch))
+        queue.removeFirst(batch.count)
+        return batch
     }
 
     private func finish(_ batch: [Job], _ results: [Result<Any, any Error>]) {

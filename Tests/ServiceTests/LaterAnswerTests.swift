@@ -2,28 +2,38 @@ import EventLoops
 import Foundation
 import HTTPRouting
 import HTTPServer
+import RawHTTP
 import Synchronization
 import Testing
 
 /// A `.later` route answers from whichever thread calls `answer`, after its handler has returned:
 /// the worker that ran the handler is free for the next request meanwhile (the exchange's commit
-/// is answered by SQLite's writer, not by a worker held until then).
+/// is answered by SQLite's writer, not by a worker held until then). Plain sockets and threads,
+/// so nothing here waits on the test runner's own thread pool.
 @Suite(.timeLimit(.minutes(1)))
 struct LaterAnswerTests {
     /// Answers held until the test releases them, one per request, in arrival order.
     final class Held: Sendable {
         let answers = Mutex<[@Sendable (Result<RouteOutcome, any Error>) -> Void]>([])
         let arrived = DispatchSemaphore(value: 0)
+        /// Once set, nothing is held: a failed test still lets every request end, so the server
+        /// and the worker stop.
+        let releasing = Atomic<Bool>(false)
         func hold(_ answer: @escaping @Sendable (Result<RouteOutcome, any Error>) -> Void) {
+            guard !releasing.load(ordering: .sequentiallyConsistent) else { return answer(.success(RouteOutcome(.json(503, "{}")))) }
             answers.withLock { $0.append(answer) }
             arrived.signal()
         }
         func take() -> [@Sendable (Result<RouteOutcome, any Error>) -> Void] { answers.withLock { $0 } }
+        func release() {
+            releasing.store(true, ordering: .sequentiallyConsistent)
+            for answer in take() { answer(.success(RouteOutcome(.json(503, "{}")))) }
+        }
     }
 
     struct Broken: Error {}
 
-    static func server(_ held: Held, workers: WorkerPool) throws -> (HTTPServer, URL) {
+    static func server(_ held: Held, workers: WorkerPool) throws -> HTTPServer {
         let routes = [
             Route(["POST"], "/held", executor: .worker, shape: .oauth, handler: .later { _, answer in held.hold(answer) }),
             Route(["POST"], "/throws", executor: .worker, shape: .oauth, handler: .later { _, _ in throw Broken() }),
@@ -36,29 +46,30 @@ struct LaterAnswerTests {
         configuration.port = 0
         let server = HTTPServer(configuration: configuration) { router.handle($0, $1, on: .public) }
         try server.start()
-        return (server, URL(string: "http://127.0.0.1:\(server.port)")!)
+        return server
     }
 
-    static func post(_ url: URL, _ path: String) async throws -> (Int, String) {
-        let answer = try await TestHTTP(baseURL: url).send("POST", path, body: Data())
-        return (answer.status, String(decoding: answer.body, as: UTF8.self))
+    /// A connection with `POST path` sent on it.
+    static func post(_ server: HTTPServer, _ path: String) throws -> RawConnection {
+        let connection = try RawConnection(port: UInt16(server.port), timeout: 30)
+        #expect(connection.sendAll("POST \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"))
+        return connection
     }
 
-    @Test func oneWorkerStartsEveryRequestWhileTheirAnswersAreHeldAndEachGetsItsOwn() async throws {
+    @Test func oneWorkerStartsEveryRequestWhileTheirAnswersAreHeldAndEachGetsItsOwn() throws {
         let held = Held()
         let workers = try WorkerPool(threads: 1, name: "later-test")
         defer { workers.shutdown() }
-        let (server, url) = try Self.server(held, workers: workers)
+        let server = try Self.server(held, workers: workers)
         defer { server.stop() }
+        defer { held.release() }   // first: answers anything still held (a no-op once answered)
 
         // Three requests at once on one worker: each handler returns before its answer, so all
         // three arrive although none has been answered (an `.answer` route would hold the worker).
-        async let first = Self.post(url, "/held")
-        async let second = Self.post(url, "/held")
-        async let third = Self.post(url, "/held")
-        for _ in 0..<3 { #expect(held.arrived.wait(timeout: .now() + 20) == .success) }
+        let connections = try (0..<3).map { _ in try Self.post(server, "/held") }
+        for _ in 0..<3 { #expect(held.arrived.wait(timeout: .now() + 10) == .success) }
         let answers = held.take()
-        #expect(answers.count == 3)
+        try #require(answers.count == 3)
         // Answered from another thread, in reverse order; a second answer to one request is ignored.
         let answering = Thread {
             for (index, answer) in answers.enumerated().reversed() {
@@ -67,20 +78,20 @@ struct LaterAnswerTests {
             }
         }
         answering.start()
-        let results = try await [first, second, third]
-        #expect(results.map(\.0) == [200, 200, 200])
-        #expect(Set(results.map(\.1)) == [#"{"answer":0}"#, #"{"answer":1}"#, #"{"answer":2}"#])
+        let responses = connections.map { $0.readResponse() }
+        #expect(responses.map { $0?.status } == [200, 200, 200])
+        #expect(Set(responses.compactMap { $0?.text }) == [#"{"answer":0}"#, #"{"answer":1}"#, #"{"answer":2}"#])
     }
 
-    @Test func aThrowingHandlerAndAFailureGivenLaterAnswerInTheRoutesShape() async throws {
+    @Test func aThrowingHandlerAndAFailureGivenLaterAnswerInTheRoutesShape() throws {
         let workers = try WorkerPool(threads: 1, name: "later-test")
         defer { workers.shutdown() }
-        let (server, url) = try Self.server(Held(), workers: workers)
+        let server = try Self.server(Held(), workers: workers)
         defer { server.stop() }
-        for path in ["throws", "fails-later"] {
-            let (status, body) = try await Self.post(url, "/" + path)
-            #expect(status == 500, "\(path)")
-            #expect(body.contains("server_error"), "\(path): \(body)")
+        for path in ["/throws", "/fails-later"] {
+            let response = try Self.post(server, path).readResponse()
+            #expect(response?.status == 500, "\(path)")
+            #expect(response?.text.contains("server_error") == true, "\(path): \(response?.text ?? "no answer")")
         }
     }
 }
