@@ -100,7 +100,9 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
         return try outcome.wait()
     }
 
-    /// Commits `batch`, then the next ones until the queue is empty (`leader` is this thread).
+    /// Commits `batch`, then the next ones until the queue is empty (`leader` is this thread). The
+    /// next batch is taken after this one's completions have run, so that it holds the
+    /// transactions that arrived meanwhile too (only the leader takes from the queue).
     private func lead(_ batch: [Job]) {
         var batch = batch
         while true {
@@ -108,12 +110,14 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
             lock.lock()
             batchCount += 1
             jobCount += batch.count
-            let next = takeBatch()
-            if next.isEmpty { leader = nil }
+            let more = !queue.isEmpty
+            if !more { leader = nil }
             lock.unlock()
             finish(batch, results)
-            guard !next.isEmpty else { return }
-            batch = next
+            guard more else { return }
+            lock.lock()
+            batch = takeBatch()
+            lock.unlock()
         }
     }
 
