@@ -4,7 +4,8 @@ import TokenService
 extension PostgresTokenStore {
     // MARK: Receipt refresh
 
-    /// The condition for a due device, `$1` the time (the SQLite store's, in PostgreSQL's words).
+    /// The condition for a due device, `$1` the time (the SQLite store's, in PostgreSQL's words; the
+    /// receipt stays in the device row here: PostgreSQL keeps large values out of line by itself).
     static let dueCondition = """
         d.risk_refresh_due_at <= $1 AND i.revoked_at IS NULL AND d.credential_certificate IS NOT NULL
           AND (d.receipt_expires_at IS NULL OR d.receipt_expires_at > $1)

@@ -179,22 +179,24 @@ extension SQLiteTokenStore {
             return try refused(.quotaExceeded)
         }
         let inserted = try db.run("""
-            INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, receipt, registered_at,
+            INSERT INTO devices (key_id, client_id, public_key, sign_counter, environment, app_id, registered_at,
                                  platform, validation_category, bundle_version, os_version, last_refresh_at,
-                                 credential_certificate, receipt_created_at, receipt_not_before, receipt_expires_at, risk_metric,
-                                 risk_refresh_due_at)
-            SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+                                 receipt_created_at, receipt_not_before, receipt_expires_at, risk_metric, risk_refresh_due_at)
+            SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
             WHERE EXISTS (SELECT 1 FROM integrations WHERE client_id = ? AND revoked_at IS NULL)
             ON CONFLICT (key_id) DO NOTHING
             """, [.blob(device.keyID), .text(device.clientID), .blob(device.publicKey), .int(Int64(device.counter)),
-                  .text(device.environment.rawValue), .text(device.appID), .blob(receipt.der), .real(time.timeIntervalSince1970),
+                  .text(device.environment.rawValue), .text(device.appID), .real(time.timeIntervalSince1970),
                   Self.optional(device.platform?.rawValue), device.validationCategory.map { .int(Int64($0)) } ?? .null,
                   Self.optional(device.bundleVersion), Self.optional(device.osVersion), .real(time.timeIntervalSince1970),
-                  receipt.credentialCertificate.map { .blob($0) } ?? .null, Self.optional(receipt.risk?.receiptCreatedAt),
+                  Self.optional(receipt.risk?.receiptCreatedAt),
                   Self.optional(receipt.risk?.receiptNotBefore), Self.optional(receipt.risk?.receiptExpiresAt),
                   receipt.risk?.metric.map { .int(Int64($0)) } ?? .null, Self.optional(receipt.refreshDueAt),
                   .text(device.clientID)])
         guard inserted == 1 else { return try refused(.conflict) }
+        // Beside the device row, never in it (migration 0012): its searches stay off overflow pages.
+        try db.run("INSERT INTO device_receipts (key_id, receipt, credential_certificate) VALUES (?, ?, ?)",
+                   [.blob(device.keyID), .blob(receipt.der), receipt.credentialCertificate.map { .blob($0) } ?? .null])
         try Self.insertToken(db, firstToken, grant: "registration")
         if challenge == nil { try Self.storeChallenge(db, clientID: device.clientID, keyID: device.keyID, nextChallenge) }
         return .committed

@@ -4,9 +4,11 @@ import TokenService
 extension SQLiteTokenStore {
     // MARK: Receipt refresh
 
-    /// The condition for a due device, `?1` the time; the same in both dialects.
+    /// The condition for a due device, `?1` the time (PostgreSQL's, with the credential certificate
+    /// read from `device_receipts`: migration 0012).
     static let dueCondition = """
-        d.risk_refresh_due_at <= ?1 AND i.revoked_at IS NULL AND d.credential_certificate IS NOT NULL
+        d.risk_refresh_due_at <= ?1 AND i.revoked_at IS NULL
+          AND EXISTS (SELECT 1 FROM device_receipts r WHERE r.key_id = d.key_id AND r.credential_certificate IS NOT NULL)
           AND (d.receipt_expires_at IS NULL OR d.receipt_expires_at > ?1)
           AND coalesce(d.last_refresh_at, d.registered_at) > ?1 - \(Int(StoreColumns.activeWindow))
           AND (d.risk_claimed_until IS NULL OR d.risk_claimed_until <= ?1)
@@ -28,9 +30,9 @@ extension SQLiteTokenStore {
                 var due: [DueReceipt] = []
                 try db.query("""
                     SELECT d.key_id AS key_id, d.client_id AS client_id, i.team_id AS team_id, d.environment AS environment,
-                           d.app_id AS app_id, d.receipt AS receipt, d.credential_certificate AS credential_certificate,
+                           d.app_id AS app_id, r.receipt AS receipt, r.credential_certificate AS credential_certificate,
                            i.risk_limit AS risk_limit, ?3 AS risk_claim
-                    FROM devices d JOIN integrations i ON i.client_id = d.client_id
+                    FROM devices d JOIN integrations i ON i.client_id = d.client_id JOIN device_receipts r ON r.key_id = d.key_id
                     WHERE \(Self.dueCondition) ORDER BY d.risk_refresh_due_at LIMIT ?2
                     """, [.real(time.timeIntervalSince1970), .int(Int64(limit)), .text(claim)]) { due.append(try DueReceipt(row: $0)) }
                 for item in due {
@@ -45,15 +47,23 @@ extension SQLiteTokenStore {
     public func finishReceiptRefresh(_ outcome: ReceiptRefreshOutcome) throws -> Bool {
         try writeInBackground { db in
             if let receipt = outcome.receipt {
-                return try db.run("""
-                    UPDATE devices SET receipt = ?, receipt_created_at = ?, receipt_not_before = ?, receipt_expires_at = ?, risk_metric = ?,
-                           risk_checked_at = ?, risk_over_limit_at = CASE WHEN ? THEN coalesce(risk_over_limit_at, ?) ELSE NULL END,
-                           risk_refresh_due_at = ?, risk_claimed_until = NULL, risk_claim = NULL
-                    WHERE key_id = ? AND risk_claim = ?
-                    """, [.blob(receipt.der), .real(receipt.createdAt.timeIntervalSince1970), Self.optional(receipt.notBefore),
-                          Self.optional(receipt.expiresAt), receipt.riskMetric.map { .int(Int64($0)) } ?? .null,
-                          .real(outcome.checkedAt.timeIntervalSince1970), .int(receipt.overLimit ? 1 : 0), .real(outcome.checkedAt.timeIntervalSince1970),
-                          .real(outcome.nextDue.timeIntervalSince1970), .blob(outcome.keyID), .text(outcome.claim)]) == 1
+                // The device's times and the receipt itself (in `device_receipts`) in one transaction,
+                // and only while this job's claim holds.
+                return try db.transaction {
+                    guard try db.run("""
+                        UPDATE devices SET receipt_created_at = ?, receipt_not_before = ?, receipt_expires_at = ?, risk_metric = ?,
+                               risk_checked_at = ?, risk_over_limit_at = CASE WHEN ? THEN coalesce(risk_over_limit_at, ?) ELSE NULL END,
+                               risk_refresh_due_at = ?, risk_claimed_until = NULL, risk_claim = NULL
+                        WHERE key_id = ? AND risk_claim = ?
+                        """, [.real(receipt.createdAt.timeIntervalSince1970), Self.optional(receipt.notBefore),
+                              Self.optional(receipt.expiresAt), receipt.riskMetric.map { .int(Int64($0)) } ?? .null,
+                              .real(outcome.checkedAt.timeIntervalSince1970), .int(receipt.overLimit ? 1 : 0), .real(outcome.checkedAt.timeIntervalSince1970),
+                              .real(outcome.nextDue.timeIntervalSince1970), .blob(outcome.keyID), .text(outcome.claim)]) == 1 else { return false }
+                    try db.run("""
+                        INSERT INTO device_receipts (key_id, receipt) VALUES (?, ?) ON CONFLICT (key_id) DO UPDATE SET receipt = excluded.receipt
+                        """, [.blob(outcome.keyID), .blob(receipt.der)])
+                    return true
+                }
             }
             return try db.run("""
                 UPDATE devices SET risk_refresh_due_at = ?, risk_claimed_until = NULL, risk_claim = NULL WHERE key_id = ? AND risk_claim = ?

@@ -42,9 +42,11 @@ struct SQLiteQueryPlanTests {
     }
 }
 
-/// Migration 0011 rebuilt `devices` with the receipt last, so that an exchange reads and writes
-/// the row's leaf page only: every column the exchange reads or writes comes before the receipt,
-/// and a database migrated from 0010 keeps every value of every row.
+/// Migration 0011 rebuilt `devices` with the receipt last, and 0012 moved the receipt and the
+/// credential certificate to `device_receipts`: `devices` is WITHOUT ROWID, and SQLite compares a
+/// key that spills into overflow pages by reading all of it, so a device row with its receipt made
+/// every search for a device (two per exchange) read the row's overflow pages. A database migrated
+/// from 0010 keeps every value of every row.
 struct SQLiteDeviceLayoutTests {
     /// The column names of `table`, in their stored order.
     static func columns(_ path: String, _ table: String) throws -> [String] {
@@ -61,15 +63,40 @@ struct SQLiteDeviceLayoutTests {
         return names
     }
 
-    @Test func theColumnsAnExchangeTouchesComeBeforeTheReceipt() throws {
+    @Test func aDeviceRowHoldsEveryColumnAnExchangeTouchesAndNoReceipt() throws {
         let f = try StoreFixture(.sqlite)
         let names = try Self.columns(try #require(f.sqlitePath), "devices")
-        #expect(Array(names.suffix(2)) == ["receipt", "credential_certificate"], "\(names)")
-        let receipt = try #require(names.firstIndex(of: "receipt"))
         for column in StoreColumns.device + ["risk_refresh_due_at", "risk_claimed_until", "risk_claim"] {
-            let index = try #require(names.firstIndex(of: column), "devices has no \(column)")
-            #expect(index < receipt, "\(column) is stored after the receipt")
+            #expect(names.contains(column), "devices has no \(column)")
         }
+        #expect(!names.contains("receipt") && !names.contains("credential_certificate"), "\(names)")
+        #expect(try Self.columns(try #require(f.sqlitePath), "device_receipts") == ["key_id", "receipt", "credential_certificate"])
+    }
+
+    /// Devices registered with receipts of a real size: the `devices` b-tree has no overflow page
+    /// (SQLite's dbstat table counts them), the receipts are kept whole beside it, and a device is
+    /// found and advanced as before.
+    @Test func devicesWithThreeKilobyteReceiptsStayOffOverflowPages() throws {
+        let f = try StoreFixture(.sqlite)
+        let path = try #require(f.sqlitePath)
+        let app = try f.integration()
+        let receipt = (0..<3000).map { UInt8(truncatingIfNeeded: $0 &* 13) }
+        let certificate = (0..<700).map { UInt8(truncatingIfNeeded: $0 &* 5) }
+        var devices: [Device] = []
+        for _ in 0..<200 {
+            let device = StoreFixture.device(app)
+            let result = try f.store.registerDevice(device, receipt: DeviceReceipt(der: receipt, credentialCertificate: certificate),
+                                                    firstToken: StoreFixture.token(app, keyID: device.keyID), redeeming: nil,
+                                                    nextChallenge: StoreFixture.challenge(), quota: nil, at: StoreFixture.t0,
+                                                    commitTime: { StoreFixture.t0 })
+            #expect(result == .committed)
+            devices.append(device)
+        }
+        #expect(try Self.rows(path, "SELECT count(*) FROM dbstat WHERE name = 'devices' AND pagetype = 'overflow'") == [["0"]])
+        #expect(try Self.rows(path, "SELECT count(*), sum(length(receipt) = 3000 AND length(credential_certificate) = 700) FROM device_receipts")
+                == [["200", "200"]])
+        let stored = try #require(try f.store.device(clientID: app.clientID, keyID: devices[17].keyID))
+        #expect(stored.publicKey == devices[17].publicKey && stored.counter == 0)
     }
 
     @Test func aDatabaseMigratedFrom0010KeepsEveryDevice() throws {
@@ -96,8 +123,10 @@ struct SQLiteDeviceLayoutTests {
             """)
         let query = "SELECT " + Self.allColumns + " FROM devices ORDER BY registered_at"
         let old = try Self.rows(path, query)
-        _ = try SQLiteTokenStore(path: path, readers: 1)   // applies 0011
-        #expect(try Self.rows(path, query) == old)
+        _ = try SQLiteTokenStore(path: path, readers: 1)   // applies 0011 and 0012
+        // The same values, the receipt and the certificate now read beside the row.
+        let joined = "SELECT " + Self.allColumns + " FROM devices JOIN device_receipts USING (key_id) ORDER BY registered_at"
+        #expect(try Self.rows(path, joined) == old)
         #expect(old.count == 2 && old[0].contains("41") && old[0].contains("claim"))
         #expect(try Self.rows(path, "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'devices' ORDER BY name")
                 == [["devices_client"], ["devices_client_registered"], ["devices_risk_due"]])
