@@ -176,6 +176,10 @@ public final class Router: Sendable {
             }
             return .response(complete(context, route: route, run(answer, context)).response ?? .plainRefusal(500))
         case .later(let start):
+            // The exchange's answer waits for its batch's commit, a bounded wait with nothing to
+            // cancel: the hang-up watch (two epoll_ctl calls and the monitor's lock, paid by every
+            // exchange waiting over 20 ms at 256 devices) would change nothing for it.
+            writer.skipHangUpWatch()
             let once = Once()
             let reply: @Sendable (Result<RouteOutcome, any Error>) -> Void = { [self] result in
                 guard once.first() else { return }

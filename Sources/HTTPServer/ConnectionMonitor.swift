@@ -82,6 +82,9 @@ final class ConnectionMonitor: Sendable {
         }
     }
 
+    /// Connections watched now (tests).
+    var watchedCount: Int { state.withLock { $0.watched.count } }
+
     func unwatch(key: UInt64, fd: Int32) {
         state.withLock { s in
             if fd >= 0 { _ = attest_watch_remove(epollFD, fd) }

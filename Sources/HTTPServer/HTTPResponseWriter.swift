@@ -188,12 +188,22 @@ public final class HTTPResponseWriter: Sendable {
         return true
     }
 
+    /// The answer comes after a bounded wait and nothing is to be cancelled if the client goes
+    /// meanwhile: the connection stays out of the monitor's hang-up watch however long it is
+    /// suspended (the request's deadline still applies). Call before the answer is given.
+    public func skipHangUpWatch() {
+        state.withLock { $0.hangUpWatch = false }
+    }
+
+    /// In the monitor's hang-up watch now (tests).
+    var isHangUpWatched: Bool { state.withLock { $0.watched } }
+
     /// Puts the socket in the monitor's hang-up watch if the connection has been suspended since
     /// `cutoff` or earlier, without a resume in between. Under the writer's lock, so the
     /// connection is still suspended while registered and libmicrohttpd cannot have closed the socket.
     func watchIfLongSuspended(since cutoff: UInt64) {
         state.withLock { s in
-            guard s.suspended, !s.watched, s.suspendedSince <= cutoff else { return }
+            guard s.suspended, s.hangUpWatch, !s.watched, s.suspendedSince <= cutoff else { return }
             s.watched = core.monitor.watch(self, key: monitorKey, fd: s.fd)
         }
     }
@@ -377,6 +387,8 @@ struct WriterState {
     var suspendedSince: UInt64 = 0
     /// The suspended connection's socket is in the monitor's hang-up watch.
     var watched = false
+    /// False: never watched (`skipHangUpWatch`).
+    var hangUpWatch = true
     var fd: Int32 = -1
     /// Stream bytes not yet handed to libmicrohttpd start at `sentOffset`.
     var pending: [UInt8] = []

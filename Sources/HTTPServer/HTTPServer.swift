@@ -57,6 +57,9 @@ public final class HTTPServer: Sendable {
     /// Number of per-request contexts (writers) currently alive (tests check for leaks).
     var liveRequestContexts: Int { counters.liveRequests.load(ordering: .relaxed) }
 
+    /// Suspended connections in the monitor's hang-up watch now (tests).
+    var hangUpWatchCount: Int { running.withLock { $0?.core.monitor.watchedCount } ?? 0 }
+
     /// Request-body bytes currently reserved against `maxBufferedBodyBytes`.
     var bufferedBodyBytes: Int { counters.bufferedBodyBytes.load(ordering: .relaxed) }
 

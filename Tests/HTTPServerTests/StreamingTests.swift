@@ -283,6 +283,39 @@ struct StreamingTests {
         expectNoLeaks(server)
     }
 
+    /// An answer that comes after a bounded wait with nothing to cancel (the exchange's, waiting
+    /// for its batch's commit) skips the hang-up watch: at 256 devices every exchange waited over
+    /// its 20 ms, each paying two epoll_ctl calls and the monitor's lock for nothing. One loop
+    /// looks at its suspensions in the order they began, so once the later request (watched) has
+    /// joined, the earlier one (skipping) has been looked at too.
+    @Test func aRequestThatSkipsTheHangUpWatchNeverJoinsIt() throws {
+        var config = loopbackConfig()
+        config.threads = 1
+        let writers = Shared<[String: HTTPResponseWriter]>([:])
+        let server = try startServer(config) { request, writer in
+            if request.path == "/skip" { writer.skipHangUpWatch() }
+            writers.update { $0[request.path] = writer }
+            return .deferred
+        }
+        defer { server.stop() }
+        let skipping = try RawConnection(port: server.port)
+        #expect(skipping.sendAll("GET /skip HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(waitUntil(timeout: 8) { writers.get["/skip"] != nil })
+        let watched = try RawConnection(port: server.port)
+        #expect(watched.sendAll("GET /watch HTTP/1.1\r\nHost: a\r\n\r\n"))
+        #expect(waitUntil(timeout: 8) { writers.get["/watch"]?.isHangUpWatched == true })
+        #expect(writers.get["/skip"]?.isHangUpWatched == false)
+        #expect(server.hangUpWatchCount == 1)
+        // Both still answer as usual.
+        for (path, connection) in [("/skip", skipping), ("/watch", watched)] {
+            writers.get[path]?.respond(HTTPResponse(status: 200, body: Array(path.utf8)))
+            #expect(connection.readResponse()?.text == path)
+        }
+        #expect(waitUntil(timeout: 8) { server.hangUpWatchCount == 0 })
+        writers.set([:])
+        expectNoLeaks(server)
+    }
+
     @Test func backPressureStopsThenResumesTheProducer() throws {
         var config = loopbackConfig()
         config.streamHighWaterBytes = 64 << 10

@@ -1,7 +1,7 @@
 import EventLoops
 import Foundation
 import HTTPRouting
-import HTTPServer
+@testable import HTTPServer
 import RawHTTP
 import Synchronization
 import Testing
@@ -33,8 +33,8 @@ struct LaterAnswerTests {
 
     struct Broken: Error {}
 
-    static func server(_ held: Held, workers: WorkerPool) throws -> HTTPServer {
-        let routes = [
+    static func server(_ held: Held, workers: WorkerPool, loops: Int? = nil, more: [Route] = []) throws -> HTTPServer {
+        let routes = more + [
             Route(["POST"], "/held", executor: .worker, shape: .oauth, handler: .later { _, answer in held.hold(answer) }),
             Route(["POST"], "/throws", executor: .worker, shape: .oauth, handler: .later { _, _ in throw Broken() }),
             Route(["POST"], "/fails-later", executor: .worker, shape: .oauth, handler: .later { _, answer in
@@ -44,6 +44,7 @@ struct LaterAnswerTests {
         let router = Router(routes: routes, middleware: [RequestIDHeader()], fallbackShape: .oauth, workers: workers)
         var configuration = HTTPServerConfiguration()
         configuration.port = 0
+        if let loops { configuration.threads = loops }
         let server = HTTPServer(configuration: configuration) { router.handle($0, $1, on: .public) }
         try server.start()
         return server
@@ -81,6 +82,42 @@ struct LaterAnswerTests {
         let responses = connections.map { $0.readResponse() }
         #expect(responses.map { $0?.status } == [200, 200, 200])
         #expect(Set(responses.compactMap { $0?.text }) == [#"{"answer":0}"#, #"{"answer":1}"#, #"{"answer":2}"#])
+    }
+
+    /// A `.later` answer (the exchange's) waits for a bounded commit and has nothing to cancel, so
+    /// its connection never joins the hang-up watch, however long it waits; a `.deferred` one that
+    /// waits over the watch's delay does. One loop looks at its suspensions in the order they
+    /// began: once the deferred request (sent second) is watched, the held one has been looked at.
+    @Test func aHeldLaterAnswerStaysOutOfTheHangUpWatch() throws {
+        let held = Held()
+        let waiting = Mutex<HTTPResponseWriter?>(nil)
+        let workers = try WorkerPool(threads: 1, name: "later-test")
+        defer { workers.shutdown() }
+        let deferred = Route(["POST"], "/deferred", shape: .oauth, handler: .deferred { _, writer in
+            waiting.withLock { $0 = writer }
+            return nil
+        })
+        let server = try Self.server(held, workers: workers, loops: 1, more: [deferred])
+        defer { server.stop() }
+        defer { held.release() }
+        defer { waiting.withLock { $0?.respond(HTTPResponse(status: 503, body: [])); $0 = nil } }
+
+        let later = try Self.post(server, "/held")
+        #expect(held.arrived.wait(timeout: .now() + 10) == .success)
+        let other = try Self.post(server, "/deferred")
+        func eventually(_ condition: () -> Bool) -> Bool {
+            let deadline = Date() + 10
+            while !condition() { if Date() > deadline { return false }; usleep(2_000) }
+            return true
+        }
+        #expect(eventually { waiting.withLock { $0?.isHangUpWatched } == true })
+        #expect(server.hangUpWatchCount == 1)
+
+        for answer in held.take() { answer(.success(RouteOutcome(.json(200, #"{"answer":"later"}"#)))) }
+        waiting.withLock { $0?.respond(HTTPResponse(status: 200, body: Array("deferred".utf8))); $0 = nil }
+        #expect(later.readResponse()?.text == #"{"answer":"later"}"#)
+        #expect(other.readResponse()?.text == "deferred")
+        #expect(eventually { server.hangUpWatchCount == 0 })
     }
 
     @Test func aThrowingHandlerAndAFailureGivenLaterAnswerInTheRoutesShape() throws {
