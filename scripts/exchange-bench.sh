@@ -2,7 +2,8 @@
 # Token exchanges per second, today's build against a baseline commit, side by side in one run.
 #   SQLite: rounds of baseline and current, interleaved (the order swaps every round), at 8, 64
 #   and 256 devices, each on a fresh database with the mint, registration and challenge limits off;
-#   at 256 the current build runs with --max-connections-per-ip 0 (the baseline has no such limit).
+#   at 256 the current build runs with --max-connections-per-ip 0; a baseline without that option
+#   is not run there (its limit of 64 connections per address would fail most requests).
 #   PostgreSQL: two current attestd instances on one database, 256 devices spread over both.
 # The load generator is always today's `attest-sim load`, which exits non-zero when any request
 # failed: such a run is reported as FAILED and makes this script exit non-zero.
@@ -126,7 +127,16 @@ for round in $(seq "$rounds"); do
     for side in "${order[@]}"; do
       bin=$current extra=(); [ "$side" = base ] && bin=$base
       [ "$side" = current ] && read -r -a extra <<< "${CURRENT_ARGS:-}"
-      [ "$n" -gt 64 ] && supports "$bin" --max-connections-per-ip && extra+=(--max-connections-per-ip 0)
+      if [ "$n" -gt 64 ]; then
+        if supports "$bin" --max-connections-per-ip; then
+          extra+=(--max-connections-per-ip 0)
+        else
+          # Its per-address limit (64) resets most connections from one address: every such run
+          # fails, which says nothing of its speed. Not run, and not counted as a failure.
+          echo "  round $round, $n devices, $side: not run (this build cannot lift its per-address limit of 64)"
+          continue
+        fi
+      fi
       db=$work/$side-$n-$round.sqlite
       clid=$(setup "$bin" "$db") || { failed=1; continue; }
       start "$bin" "$db" "${extra[@]}" || { failed=1; continue; }
