@@ -75,7 +75,7 @@ struct SQLiteDeviceLayoutTests {
 
     /// Devices registered with receipts of a real size: the `devices` b-tree has no overflow page
     /// (SQLite's dbstat table counts them), the receipts are kept whole beside it, and a device is
-    /// found and advanced as before.
+    /// found and read back as before.
     @Test func devicesWithThreeKilobyteReceiptsStayOffOverflowPages() throws {
         let f = try StoreFixture(.sqlite)
         let path = try #require(f.sqlitePath)
