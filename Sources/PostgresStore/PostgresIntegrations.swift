@@ -17,9 +17,8 @@ extension PostgresTokenStore {
         var sql = """
             WITH i AS (
                 INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at,
-                                          allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget,
-                                          \(StoreColumns.list(StoreColumns.devicePolicy)))
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) RETURNING client_id)
+                                          \(StoreColumns.list(StoreColumns.policy)), \(StoreColumns.list(StoreColumns.devicePolicy)))
+                VALUES (\((1...values.count).map { "$\($0)" }.joined(separator: ", "))) RETURNING client_id)
             """
         if integration.bundleIDs.isEmpty {
             sql += " SELECT count(*) FROM i"
@@ -46,9 +45,14 @@ extension PostgresTokenStore {
         FROM integrations i JOIN workspaces w ON w.id = i.workspace_id
         """
 
+    /// `StoreColumns.policy`, in its order.
     static func policyValues(_ policy: IntegrationPolicy) -> [PostgresValue] {
-        [optional(policy.modelsColumn), .int(Int64(policy.maxTokens)), .int(Int64(policy.deviceRequestsPerMinute)),
-         .int(Int64(policy.monthlyTokenBudget))]
+        policy.columnValues.map { value in
+            switch value {
+            case .int(let n): .int(n)
+            case .text(let text): optional(text)
+            }
+        }
     }
 
     /// `StoreColumns.devicePolicy`, in its order.

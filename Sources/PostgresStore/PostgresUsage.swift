@@ -10,9 +10,10 @@ extension PostgresTokenStore {
 
     public func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool {
         try run { db in
-            try db.query("""
-                WITH u AS (UPDATE integrations SET allowed_models = $1, max_tokens = $2, device_requests_per_minute = $3,
-                           monthly_token_budget = $4 WHERE client_id = $5 RETURNING 1)
+            let columns = StoreColumns.policy
+            let assignments = columns.enumerated().map { "\($0.element) = $\($0.offset + 1)" }.joined(separator: ", ")
+            return try db.query("""
+                WITH u AS (UPDATE integrations SET \(assignments) WHERE client_id = $\(columns.count + 1) RETURNING 1)
                 SELECT count(*) FROM u
                 """, Self.policyValues(policy) + [.text(clientID)]).first { try $0.int(0) == 1 } ?? false
         }
@@ -24,9 +25,18 @@ extension PostgresTokenStore {
     /// Rows go in key order: two instances upserting the same rows in their own dictionary
     /// orders (each process hashes with its own seed) could lock them crosswise and deadlock.
     public func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws -> Bool {
-        let usage = batch.usage.sorted { ($0.key.clientID, $0.key.model, $0.key.hour) < ($1.key.clientID, $1.key.model, $1.key.hour) }
+        let usage = batch.usage.sorted {
+            ($0.key.clientID, $0.key.model, $0.key.hour, $0.key.profile) < ($1.key.clientID, $1.key.model, $1.key.hour, $1.key.profile)
+        }
         let errors = usage.flatMap { key, c in c.errors.sorted { $0.key < $1.key }.map { (key, $0.key, $0.value) } }
         let refusals = usage.flatMap { key, c in c.refusals.sorted { $0.key < $1.key }.map { (key, $0.key, $0.value) } }
+        let serverTools = usage.flatMap { key, c in c.serverToolUse.sorted { $0.key < $1.key }.map { (key, $0.key, $0.value) } }
+        let profileMonths = batch.profileMonthTokens.sorted {
+            ($0.key.clientID, $0.key.profile, $0.key.month) < ($1.key.clientID, $1.key.profile, $1.key.month)
+        }
+        let profileMinutes = batch.profileMinutes.sorted {
+            ($0.key.clientID, $0.key.profile, $0.key.minute) < ($1.key.clientID, $1.key.profile, $1.key.minute)
+        }
         return try run { db in
             try db.transaction {
                 if let id = batch.id {
@@ -42,10 +52,10 @@ extension PostgresTokenStore {
                 if !usage.isEmpty {
                     _ = try db.query("""
                         INSERT INTO usage_hourly AS u (client_id, model, hour, requests, input_tokens, output_tokens,
-                                                       cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned)
+                                                       cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned, profile)
                         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
-                                             $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[])
-                        ON CONFLICT (client_id, model, hour) DO UPDATE SET requests = u.requests + excluded.requests,
+                                             $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::text[])
+                        ON CONFLICT (client_id, model, hour, profile) DO UPDATE SET requests = u.requests + excluded.requests,
                           input_tokens = u.input_tokens + excluded.input_tokens, output_tokens = u.output_tokens + excluded.output_tokens,
                           cache_creation_input_tokens = u.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
                           cache_read_input_tokens = u.cache_read_input_tokens + excluded.cache_read_input_tokens,
@@ -54,24 +64,52 @@ extension PostgresTokenStore {
                               Self.intArray(usage.map(\.key.hour)), Self.intArray(usage.map(\.value.requests)),
                               Self.intArray(usage.map(\.value.inputTokens)), Self.intArray(usage.map(\.value.outputTokens)),
                               Self.intArray(usage.map(\.value.cacheCreationInputTokens)), Self.intArray(usage.map(\.value.cacheReadInputTokens)),
-                              Self.intArray(usage.map(\.value.incomplete)), Self.intArray(usage.map(\.value.abandoned))])
+                              Self.intArray(usage.map(\.value.incomplete)), Self.intArray(usage.map(\.value.abandoned)),
+                              Self.textArray(usage.map(\.key.profile))])
                 }
                 if !errors.isEmpty {
                     _ = try db.query("""
-                        INSERT INTO usage_errors AS e (client_id, model, hour, status, count)
-                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])
-                        ON CONFLICT (client_id, model, hour, status) DO UPDATE SET count = e.count + excluded.count
+                        INSERT INTO usage_errors AS e (client_id, model, hour, status, count, profile)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[])
+                        ON CONFLICT (client_id, model, hour, profile, status) DO UPDATE SET count = e.count + excluded.count
                         """, [Self.textArray(errors.map(\.0.clientID)), Self.textArray(errors.map(\.0.model)), Self.intArray(errors.map(\.0.hour)),
-                              Self.intArray(errors.map { Int64($0.1) }), Self.intArray(errors.map(\.2))])
+                              Self.intArray(errors.map { Int64($0.1) }), Self.intArray(errors.map(\.2)), Self.textArray(errors.map(\.0.profile))])
                 }
                 if !refusals.isEmpty {
                     _ = try db.query("""
-                        INSERT INTO usage_refusals AS r (client_id, model, hour, reason, count)
-                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[])
-                        ON CONFLICT (client_id, model, hour, reason) DO UPDATE SET count = r.count + excluded.count
+                        INSERT INTO usage_refusals AS r (client_id, model, hour, reason, count, profile)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
+                        ON CONFLICT (client_id, model, hour, profile, reason) DO UPDATE SET count = r.count + excluded.count
                         """, [Self.textArray(refusals.map(\.0.clientID)), Self.textArray(refusals.map(\.0.model)),
-                              Self.intArray(refusals.map(\.0.hour)), Self.textArray(refusals.map(\.1)), Self.intArray(refusals.map(\.2))])
+                              Self.intArray(refusals.map(\.0.hour)), Self.textArray(refusals.map(\.1)), Self.intArray(refusals.map(\.2)),
+                              Self.textArray(refusals.map(\.0.profile))])
                 }
+                if !serverTools.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_server_tools AS s (client_id, model, hour, name, count, profile)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
+                        ON CONFLICT (client_id, model, hour, profile, name) DO UPDATE SET count = s.count + excluded.count
+                        """, [Self.textArray(serverTools.map(\.0.clientID)), Self.textArray(serverTools.map(\.0.model)),
+                              Self.intArray(serverTools.map(\.0.hour)), Self.textArray(serverTools.map(\.1)), Self.intArray(serverTools.map(\.2)),
+                              Self.textArray(serverTools.map(\.0.profile))])
+                }
+                if !profileMonths.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_profile_monthly AS m (client_id, profile, month, tokens)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+                        ON CONFLICT (client_id, profile, month) DO UPDATE SET tokens = m.tokens + excluded.tokens
+                        """, [Self.textArray(profileMonths.map(\.key.clientID)), Self.textArray(profileMonths.map(\.key.profile)),
+                              Self.intArray(profileMonths.map(\.key.month)), Self.intArray(profileMonths.map(\.value))])
+                }
+                if !profileMinutes.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO profile_request_minutes AS p (client_id, profile, minute, requests)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+                        ON CONFLICT (client_id, profile, minute) DO UPDATE SET requests = p.requests + excluded.requests
+                        """, [Self.textArray(profileMinutes.map(\.key.clientID)), Self.textArray(profileMinutes.map(\.key.profile)),
+                              Self.intArray(profileMinutes.map(\.key.minute)), Self.intArray(profileMinutes.map(\.value))])
+                }
+                _ = try db.query("DELETE FROM profile_request_minutes WHERE minute < $1", [.int(purgeDeviceMinutesBefore)])
                 let months = batch.monthTokens.sorted { ($0.key.clientID, $0.key.month) < ($1.key.clientID, $1.key.month) }
                 if !months.isEmpty {
                     _ = try db.query("""
@@ -123,13 +161,24 @@ extension PostgresTokenStore {
                 let usage = try UsageRow(row: row)
                 rows[usage.key] = usage
             }
-            for row in try db.query("SELECT u.client_id, u.model, u.hour, u.status, u.count FROM usage_errors u" + filtered, values).rows {
+            for row in try db.query("SELECT u.client_id, u.model, u.hour, u.profile, u.status, u.count FROM usage_errors u" + filtered, values).rows {
                 rows[try UsageKey(row: row)]?.counters.errors[Int(try row.int("status"))] = try row.int("count")
             }
-            for row in try db.query("SELECT u.client_id, u.model, u.hour, u.reason, u.count FROM usage_refusals u" + filtered, values).rows {
+            for row in try db.query("SELECT u.client_id, u.model, u.hour, u.profile, u.reason, u.count FROM usage_refusals u" + filtered, values).rows {
                 rows[try UsageKey(row: row)]?.counters.refusals[try row.text("reason")] = try row.int("count")
             }
+            for row in try db.query("SELECT u.client_id, u.model, u.hour, u.profile, u.name, u.count FROM usage_server_tools u" + filtered, values).rows {
+                rows[try UsageKey(row: row)]?.counters.serverToolUse[try row.text("name")] = try row.int("count")
+            }
             return Array(rows.values)
+        }
+    }
+
+    public func recordedProfileUsage(clientID: String, profile: String, month: Int64, minute: Int64) throws -> RecordedProfileUsage {
+        try run { db in
+            try db.query(RecordedProfileUsage.query(clientID: "$1", profile: "$2", month: "$3", minute: "$4", previousMinute: "$5"),
+                         [.text(clientID), .text(profile), .int(month), .int(minute), .int(minute - 1)]).first(RecordedProfileUsage.init(row:))
+                ?? RecordedProfileUsage()
         }
     }
 

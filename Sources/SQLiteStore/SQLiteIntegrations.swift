@@ -12,9 +12,8 @@ extension SQLiteTokenStore {
             try db.transaction {
                 try db.run("""
                     INSERT INTO integrations (client_id, workspace_id, name, team_id, environments, created_at,
-                                              allowed_models, max_tokens, device_requests_per_minute, monthly_token_budget,
-                                              \(StoreColumns.list(StoreColumns.devicePolicy)))
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                              \(StoreColumns.list(StoreColumns.policy)), \(StoreColumns.list(StoreColumns.devicePolicy)))
+                    VALUES (?, ?, ?, ?, ?, ?, \(Array(repeating: "?", count: StoreColumns.policy.count + StoreColumns.devicePolicy.count).joined(separator: ", ")))
                     """, [.text(integration.clientID), .int(integration.workspaceID), .text(integration.name), .text(integration.teamID),
                           .text(integration.environments.map(\.rawValue).sorted().joined(separator: ",")),
                           .real(integration.createdAt.timeIntervalSince1970)] + Self.policyValues(integration.policy)
@@ -79,9 +78,14 @@ extension SQLiteTokenStore {
         }
     }
 
+    /// `StoreColumns.policy`, in its order.
     static func policyValues(_ policy: IntegrationPolicy) -> [SQLValue] {
-        [policy.modelsColumn.map { .text($0) } ?? .null, .int(Int64(policy.maxTokens)), .int(Int64(policy.deviceRequestsPerMinute)),
-         .int(Int64(policy.monthlyTokenBudget))]
+        policy.columnValues.map { value in
+            switch value {
+            case .int(let n): .int(n)
+            case .text(let text): text.map { .text($0) } ?? .null
+            }
+        }
     }
 
     public func integration(clientID: String) throws -> Integration? {

@@ -9,10 +9,8 @@ extension SQLiteTokenStore {
 
     public func updatePolicy(clientID: String, _ policy: IntegrationPolicy) throws -> Bool {
         try write { db in
-            try db.run("""
-                UPDATE integrations SET allowed_models = ?, max_tokens = ?, device_requests_per_minute = ?, monthly_token_budget = ?
-                WHERE client_id = ?
-                """, Self.policyValues(policy) + [.text(clientID)]) == 1
+            try db.run("UPDATE integrations SET " + StoreColumns.policy.map { "\($0) = ?" }.joined(separator: ", ") + " WHERE client_id = ?",
+                       Self.policyValues(policy) + [.text(clientID)]) == 1
         }
     }
 
@@ -27,12 +25,12 @@ extension SQLiteTokenStore {
                     try db.run("DELETE FROM usage_flushes WHERE flushed_at < ?", [.real(at - 86_400)])
                 }
                 for (key, c) in batch.usage {
-                    let row: [SQLValue] = [.text(key.clientID), .text(key.model), .int(key.hour)]
+                    let row: [SQLValue] = [.text(key.clientID), .text(key.model), .int(key.hour), .text(key.profile)]
                     try db.run("""
-                        INSERT INTO usage_hourly (client_id, model, hour, requests, input_tokens, output_tokens,
+                        INSERT INTO usage_hourly (client_id, model, hour, profile, requests, input_tokens, output_tokens,
                                                   cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                        ON CONFLICT (client_id, model, hour) DO UPDATE SET requests = requests + excluded.requests,
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        ON CONFLICT (client_id, model, hour, profile) DO UPDATE SET requests = requests + excluded.requests,
                           input_tokens = input_tokens + excluded.input_tokens, output_tokens = output_tokens + excluded.output_tokens,
                           cache_creation_input_tokens = cache_creation_input_tokens + excluded.cache_creation_input_tokens,
                           cache_read_input_tokens = cache_read_input_tokens + excluded.cache_read_input_tokens,
@@ -41,17 +39,36 @@ extension SQLiteTokenStore {
                                     .int(c.cacheReadInputTokens), .int(c.incomplete), .int(c.abandoned)])
                     for (status, count) in c.errors {
                         try db.run("""
-                            INSERT INTO usage_errors (client_id, model, hour, status, count) VALUES (?, ?, ?, ?, ?)
-                            ON CONFLICT (client_id, model, hour, status) DO UPDATE SET count = count + excluded.count
+                            INSERT INTO usage_errors (client_id, model, hour, profile, status, count) VALUES (?, ?, ?, ?, ?, ?)
+                            ON CONFLICT (client_id, model, hour, profile, status) DO UPDATE SET count = count + excluded.count
                             """, row + [.int(Int64(status)), .int(count)])
                     }
                     for (reason, count) in c.refusals {
                         try db.run("""
-                            INSERT INTO usage_refusals (client_id, model, hour, reason, count) VALUES (?, ?, ?, ?, ?)
-                            ON CONFLICT (client_id, model, hour, reason) DO UPDATE SET count = count + excluded.count
+                            INSERT INTO usage_refusals (client_id, model, hour, profile, reason, count) VALUES (?, ?, ?, ?, ?, ?)
+                            ON CONFLICT (client_id, model, hour, profile, reason) DO UPDATE SET count = count + excluded.count
                             """, row + [.text(reason), .int(count)])
                     }
+                    for (name, count) in c.serverToolUse {
+                        try db.run("""
+                            INSERT INTO usage_server_tools (client_id, model, hour, profile, name, count) VALUES (?, ?, ?, ?, ?, ?)
+                            ON CONFLICT (client_id, model, hour, profile, name) DO UPDATE SET count = count + excluded.count
+                            """, row + [.text(name), .int(count)])
+                    }
                 }
+                for (key, tokens) in batch.profileMonthTokens {
+                    try db.run("""
+                        INSERT INTO usage_profile_monthly (client_id, profile, month, tokens) VALUES (?, ?, ?, ?)
+                        ON CONFLICT (client_id, profile, month) DO UPDATE SET tokens = tokens + excluded.tokens
+                        """, [.text(key.clientID), .text(key.profile), .int(key.month), .int(tokens)])
+                }
+                for (key, requests) in batch.profileMinutes {
+                    try db.run("""
+                        INSERT INTO profile_request_minutes (client_id, profile, minute, requests) VALUES (?, ?, ?, ?)
+                        ON CONFLICT (client_id, profile, minute) DO UPDATE SET requests = requests + excluded.requests
+                        """, [.text(key.clientID), .text(key.profile), .int(key.minute), .int(requests)])
+                }
+                try db.run("DELETE FROM profile_request_minutes WHERE minute < ?", [.int(purgeDeviceMinutesBefore)])
                 for (key, tokens) in batch.monthTokens {
                     try db.run("""
                         INSERT INTO usage_monthly (client_id, month, tokens) VALUES (?, ?, ?)
@@ -87,13 +104,24 @@ extension SQLiteTokenStore {
                     let usage = try UsageRow(row: row)
                     rows[usage.key] = usage
                 }
-            try db.query("SELECT u.client_id, u.model, u.hour, u.status, u.count FROM usage_errors u " + filtered, values) { row in
+            try db.query("SELECT u.client_id, u.model, u.hour, u.profile, u.status, u.count FROM usage_errors u " + filtered, values) { row in
                 rows[try UsageKey(row: row)]?.counters.errors[Int(try row.int("status"))] = try row.int("count")
             }
-            try db.query("SELECT u.client_id, u.model, u.hour, u.reason, u.count FROM usage_refusals u " + filtered, values) { row in
+            try db.query("SELECT u.client_id, u.model, u.hour, u.profile, u.reason, u.count FROM usage_refusals u " + filtered, values) { row in
                 rows[try UsageKey(row: row)]?.counters.refusals[try row.text("reason")] = try row.int("count")
             }
+            try db.query("SELECT u.client_id, u.model, u.hour, u.profile, u.name, u.count FROM usage_server_tools u " + filtered, values) { row in
+                rows[try UsageKey(row: row)]?.counters.serverToolUse[try row.text("name")] = try row.int("count")
+            }
             return Array(rows.values)
+        }
+    }
+
+    public func recordedProfileUsage(clientID: String, profile: String, month: Int64, minute: Int64) throws -> RecordedProfileUsage {
+        try read { db in
+            try db.first(RecordedProfileUsage.query(clientID: "?1", profile: "?2", month: "?3", minute: "?4", previousMinute: "?5"),
+                         [.text(clientID), .text(profile), .int(month), .int(minute), .int(minute - 1)], RecordedProfileUsage.init(row:))
+                ?? RecordedProfileUsage()
         }
     }
 }

@@ -113,8 +113,10 @@ public protocol UsageStore: AnyObject, Sendable {
     /// nothing (false): it was committed by an earlier attempt whose answer was lost.
     @discardableResult
     func recordUsage(_ batch: UsageBatch, purgeDeviceMinutesBefore: Int64) throws -> Bool
-    /// The ledger rows the filter selects, with their errors and refusals.
+    /// The ledger rows the filter selects, with their errors, refusals and server-tool counts.
     func usage(_ filter: UsageFilter) throws -> [UsageRow]
+    /// What every instance has flushed for one user profile (its budget's month, its limit's two minutes).
+    func recordedProfileUsage(clientID: String, profile: String, month: Int64, minute: Int64) throws -> RecordedProfileUsage
 
 }
 

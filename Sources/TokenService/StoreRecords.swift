@@ -38,7 +38,8 @@ public enum StoreColumns {
     public static let workspace = ["id", "name"]
     public static let sealedKey = ["sealed_key", "last4", "set_at", "set_by"]
     // Integrations
-    public static let policy = ["allowed_models", "max_tokens", "device_requests_per_minute", "monthly_token_budget"]
+    public static let policy = ["allowed_models", "max_tokens", "device_requests_per_minute", "monthly_token_budget", "allowed_server_tools",
+                                "max_server_tool_uses", "allowed_betas", "profile_requests_per_minute", "profile_monthly_token_budget"]
     /// `workspace_name` from the workspace, `bundle_ids` newline-separated in their order.
     public static let devicePolicy = ["distribution_production", "distribution_development", "min_bundle_version", "require_extensions", "platforms",
                                        "risk_limit"]
@@ -60,7 +61,7 @@ public enum StoreColumns {
     public static let window = ["count", "oldest"]
     public static let challenge = ["challenge", "expires_at"]
     // Usage
-    public static let usage = ["workspace_name", "client_id", "model", "hour", "requests", "input_tokens", "output_tokens",
+    public static let usage = ["workspace_name", "client_id", "model", "hour", "profile", "requests", "input_tokens", "output_tokens",
                                "cache_creation_input_tokens", "cache_read_input_tokens", "incomplete", "abandoned"]
     // Audit
     public static let audit = ["at", "actor", "action", "client_id", "key_id", "reason", "detail"]
@@ -115,8 +116,27 @@ extension IntegrationPolicy {
     public init(row: some StoreRow) throws {
         self.init(models: IntegrationPolicy.models(fromColumn: try row.optional("allowed_models", row.text)),
                   maxTokens: Int(try row.int("max_tokens")), deviceRequestsPerMinute: Int(try row.int("device_requests_per_minute")),
-                  monthlyTokenBudget: Int(try row.int("monthly_token_budget")))
+                  monthlyTokenBudget: Int(try row.int("monthly_token_budget")),
+                  serverTools: IntegrationPolicy.serverTools(fromColumn: try row.optional("allowed_server_tools", row.text)),
+                  maxServerToolUses: Int(try row.int("max_server_tool_uses")),
+                  betas: IntegrationPolicy.betas(fromColumn: try row.optional("allowed_betas", row.text)),
+                  profileRequestsPerMinute: Int(try row.int("profile_requests_per_minute")),
+                  profileMonthlyTokenBudget: Int(try row.int("profile_monthly_token_budget")))
     }
+
+    /// The values for `StoreColumns.policy`, in its order (NULL as nil).
+    public var columnValues: [ColumnValue] {
+        [.text(modelsColumn), .int(Int64(maxTokens)), .int(Int64(deviceRequestsPerMinute)), .int(Int64(monthlyTokenBudget)),
+         .text(serverToolsColumn), .int(Int64(maxServerToolUses)), .text(betasColumn), .int(Int64(profileRequestsPerMinute)),
+         .int(Int64(profileMonthlyTokenBudget))]
+    }
+}
+
+/// A value for a column, in neither dialect's words: each store maps it to its own parameter type.
+public enum ColumnValue: Sendable {
+    case int(Int64)
+    /// Text, NULL when nil.
+    case text(String?)
 }
 
 extension Integration {
@@ -214,9 +234,28 @@ extension IssuedChallenge {
 }
 
 extension UsageKey {
-    /// The key columns of a ledger row (`client_id`, `model`, `hour`).
+    /// The key columns of a ledger row (`client_id`, `model`, `hour`, `profile`).
     public init(row: some StoreRow) throws {
-        self.init(clientID: try row.text("client_id"), model: try row.text("model"), hour: try row.int("hour"))
+        self.init(clientID: try row.text("client_id"), model: try row.text("model"), hour: try row.int("hour"), profile: try row.text("profile"))
+    }
+}
+
+extension RecordedProfileUsage {
+    public init(row: some StoreRow) throws {
+        self.init(monthTokens: try row.int("month_tokens"), requestsThisMinute: try row.int("requests_this_minute"),
+                  requestsLastMinute: try row.int("requests_last_minute"))
+    }
+
+    /// One profile's recorded usage, with each dialect's placeholders (client ID, profile, month,
+    /// minute, previous minute): three lookups by primary key.
+    public static func query(clientID c: String, profile p: String, month: String, minute: String, previousMinute: String) -> String {
+        """
+        SELECT coalesce((SELECT tokens FROM usage_profile_monthly WHERE client_id = \(c) AND profile = \(p) AND month = \(month)), 0) AS month_tokens,
+               coalesce((SELECT requests FROM profile_request_minutes WHERE client_id = \(c) AND profile = \(p) AND minute = \(minute)), 0)
+                 AS requests_this_minute,
+               coalesce((SELECT requests FROM profile_request_minutes WHERE client_id = \(c) AND profile = \(p) AND minute = \(previousMinute)), 0)
+                 AS requests_last_minute
+        """
     }
 }
 

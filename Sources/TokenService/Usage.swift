@@ -1,11 +1,15 @@
 import Foundation
 
 /// What an integration's installs may spend through the Messages relay. For the numbers, 0 means
-/// no limit; `models == nil` allows any model.
+/// no limit; `models == nil` allows any model (and so any fallback), `serverTools == nil` any
+/// server tool, `betas == nil` any beta.
 public struct IntegrationPolicy: Sendable, Equatable {
     public static let defaultDeviceRequestsPerMinute = 60
+    /// The server tools the API bills beyond their tokens, by the prefix of their versioned `type`
+    /// (`web_search_20260209`): per search, per fetched page, per container minute.
+    public static let serverToolNames = ["web_search", "web_fetch", "code_execution"]
 
-    /// The model IDs the app may call; nil: any.
+    /// The model IDs the app may call, as `model` and as every `fallbacks[].model`; nil: any.
     public var models: [String]?
     /// A ceiling on a request's `max_tokens`.
     public var maxTokens: Int
@@ -13,13 +17,29 @@ public struct IntegrationPolicy: Sendable, Equatable {
     public var deviceRequestsPerMinute: Int
     /// Input plus output tokens per calendar month (UTC) for the whole integration.
     public var monthlyTokenBudget: Int
+    /// The server tools (`serverToolNames`) a request may carry; nil: any, empty: none.
+    public var serverTools: Set<String>?
+    /// When above 0, every server tool must carry `max_uses` of at most this.
+    public var maxServerToolUses: Int
+    /// The `anthropic-beta` values a request may name; nil: any.
+    public var betas: [String]?
+    /// Relayed requests per user profile (`anthropic-user-profile-id`) per minute, within the integration.
+    public var profileRequestsPerMinute: Int
+    /// Tokens per user profile per calendar month (UTC), within the integration.
+    public var profileMonthlyTokenBudget: Int
 
     public init(models: [String]? = nil, maxTokens: Int = 0, deviceRequestsPerMinute: Int = defaultDeviceRequestsPerMinute,
-                monthlyTokenBudget: Int = 0) {
+                monthlyTokenBudget: Int = 0, serverTools: Set<String>? = nil, maxServerToolUses: Int = 0, betas: [String]? = nil,
+                profileRequestsPerMinute: Int = 0, profileMonthlyTokenBudget: Int = 0) {
         self.models = models
         self.maxTokens = maxTokens
         self.deviceRequestsPerMinute = deviceRequestsPerMinute
         self.monthlyTokenBudget = monthlyTokenBudget
+        self.serverTools = serverTools
+        self.maxServerToolUses = maxServerToolUses
+        self.betas = betas
+        self.profileRequestsPerMinute = profileRequestsPerMinute
+        self.profileMonthlyTokenBudget = profileMonthlyTokenBudget
     }
 
     /// A model ID as the Messages API spells them (`claude-sonnet-4-5`, `claude-3-5-haiku@20241022`):
@@ -31,11 +51,56 @@ public struct IntegrationPolicy: Sendable, Equatable {
         }
     }
 
+    /// A beta name as the API spells them (`user-profiles-2026-08-18`): letters, digits, `.`, `_`
+    /// and `-`, at most 128 bytes.
+    public static func isValidBetaName(_ name: String) -> Bool {
+        !name.isEmpty && name.utf8.count <= 128 && name.utf8.allSatisfy { b in
+            (0x41...0x5a).contains(b) || (0x61...0x7a).contains(b) || (0x30...0x39).contains(b) || b == 0x2e || b == 0x5f || b == 0x2d
+        }
+    }
+
+    /// A user profile ID as the relay accepts it: `uprof_` then letters, digits, `_` or `-`, at most 128 bytes.
+    public static func isValidProfileID(_ id: String) -> Bool {
+        let bytes = id.utf8
+        guard bytes.count > 6, bytes.count <= 128, id.hasPrefix("uprof_") else { return false }
+        return bytes.dropFirst(6).allSatisfy { b in
+            (0x41...0x5a).contains(b) || (0x61...0x7a).contains(b) || (0x30...0x39).contains(b) || b == 0x5f || b == 0x2d
+        }
+    }
+
     /// The `allowed_models` column: newline-separated IDs, NULL for any.
     public var modelsColumn: String? { models?.joined(separator: "\n") }
 
     public static func models(fromColumn column: String?) -> [String]? {
         column.map { $0.split(separator: "\n").map(String.init) }
+    }
+
+    /// The `allowed_server_tools` column: comma-separated names ('' for none), NULL for any.
+    public var serverToolsColumn: String? { serverTools.map { $0.sorted().joined(separator: ",") } }
+
+    public static func serverTools(fromColumn column: String?) -> Set<String>? {
+        column.map { Set($0.split(separator: ",").map(String.init)) }
+    }
+
+    /// The `allowed_betas` column: newline-separated names, NULL for any.
+    public var betasColumn: String? { betas?.joined(separator: "\n") }
+
+    public static func betas(fromColumn column: String?) -> [String]? {
+        column.map { $0.split(separator: "\n").map(String.init) }
+    }
+}
+
+/// What every instance has flushed for one user profile: its tokens this month and its relayed
+/// requests this minute and the last (read only when the profile's limits are on).
+public struct RecordedProfileUsage: Sendable, Equatable {
+    public var monthTokens: Int64
+    public var requestsThisMinute: Int64
+    public var requestsLastMinute: Int64
+
+    public init(monthTokens: Int64 = 0, requestsThisMinute: Int64 = 0, requestsLastMinute: Int64 = 0) {
+        self.monthTokens = monthTokens
+        self.requestsThisMinute = requestsThisMinute
+        self.requestsLastMinute = requestsLastMinute
     }
 }
 
@@ -108,16 +173,19 @@ public enum UsageClock {
     }
 }
 
-/// One row of the usage ledger: an integration's relayed requests to one model in one hour.
+/// One row of the usage ledger: an integration's relayed requests to one model in one hour, for
+/// one user profile (`""`: requests without one).
 public struct UsageKey: Hashable, Sendable {
     public let clientID: String
     public let model: String
     public let hour: Int64
+    public let profile: String
 
-    public init(clientID: String, model: String, hour: Int64) {
+    public init(clientID: String, model: String, hour: Int64, profile: String = "") {
         self.clientID = clientID
         self.model = model
         self.hour = hour
+        self.profile = profile
     }
 }
 
@@ -137,6 +205,8 @@ public struct UsageCounters: Sendable, Equatable {
     public var errors: [Int: Int64] = [:]
     /// Requests the policy refused (never relayed), by reason.
     public var refusals: [String: Int64] = [:]
+    /// The upstream's `usage.server_tool_use` counters, by their own names (`web_search_requests`, …).
+    public var serverToolUse: [String: Int64] = [:]
 
     public init() {}
 
@@ -150,6 +220,7 @@ public struct UsageCounters: Sendable, Equatable {
         lhs.abandoned += rhs.abandoned
         lhs.errors.merge(rhs.errors, uniquingKeysWith: +)
         lhs.refusals.merge(rhs.refusals, uniquingKeysWith: +)
+        lhs.serverToolUse.merge(rhs.serverToolUse, uniquingKeysWith: +)
     }
 }
 
@@ -187,6 +258,32 @@ public struct MonthKey: Hashable, Sendable {
     }
 }
 
+/// A user profile's relayed requests in one minute.
+public struct ProfileMinuteKey: Hashable, Sendable {
+    public let clientID: String
+    public let profile: String
+    public let minute: Int64
+
+    public init(clientID: String, profile: String, minute: Int64) {
+        self.clientID = clientID
+        self.profile = profile
+        self.minute = minute
+    }
+}
+
+/// A user profile's tokens in one calendar month.
+public struct ProfileMonthKey: Hashable, Sendable {
+    public let clientID: String
+    public let profile: String
+    public let month: Int64
+
+    public init(clientID: String, profile: String, month: Int64) {
+        self.clientID = clientID
+        self.profile = profile
+        self.month = month
+    }
+}
+
 /// What one flush writes, in one transaction: every count is an increment.
 public struct UsageBatch: Sendable {
     /// Written with the batch in the same transaction, when set: a batch whose commit went through
@@ -195,15 +292,21 @@ public struct UsageBatch: Sendable {
     public var usage: [UsageKey: UsageCounters] = [:]
     public var monthTokens: [MonthKey: Int64] = [:]
     public var deviceMinutes: [DeviceMinuteKey: Int64] = [:]
+    public var profileMinutes: [ProfileMinuteKey: Int64] = [:]
+    public var profileMonthTokens: [ProfileMonthKey: Int64] = [:]
 
     public init() {}
 
-    public var isEmpty: Bool { usage.isEmpty && monthTokens.isEmpty && deviceMinutes.isEmpty }
+    public var isEmpty: Bool {
+        usage.isEmpty && monthTokens.isEmpty && deviceMinutes.isEmpty && profileMinutes.isEmpty && profileMonthTokens.isEmpty
+    }
 
     public mutating func merge(_ other: UsageBatch) {
         for (key, counters) in other.usage { usage[key, default: UsageCounters()] += counters }
         monthTokens.merge(other.monthTokens, uniquingKeysWith: +)
         deviceMinutes.merge(other.deviceMinutes, uniquingKeysWith: +)
+        profileMinutes.merge(other.profileMinutes, uniquingKeysWith: +)
+        profileMonthTokens.merge(other.profileMonthTokens, uniquingKeysWith: +)
     }
 }
 
