@@ -182,8 +182,12 @@ public final class AdminService: Sendable {
     /// The policy in one line, for the audit trail and the CLI.
     public static func describe(_ policy: IntegrationPolicy) -> String {
         func limit(_ n: Int) -> String { n == 0 ? "none" : String(n) }
+        let tools = policy.serverTools.map { $0.isEmpty ? "none" : $0.sorted().joined(separator: ",") } ?? "*"
         return "models \(policy.models?.joined(separator: ",") ?? "*"), max_tokens \(limit(policy.maxTokens)), "
-            + "device_requests_per_minute \(limit(policy.deviceRequestsPerMinute)), monthly_token_budget \(limit(policy.monthlyTokenBudget))"
+            + "device_requests_per_minute \(limit(policy.deviceRequestsPerMinute)), monthly_token_budget \(limit(policy.monthlyTokenBudget)), "
+            + "server_tools \(tools), max_server_tool_uses \(limit(policy.maxServerToolUses)), betas \(policy.betas?.joined(separator: ",") ?? "*"), "
+            + "profile_requests_per_minute \(limit(policy.profileRequestsPerMinute)), "
+            + "profile_monthly_token_budget \(limit(policy.profileMonthlyTokenBudget))"
     }
 
     // MARK: Usage
@@ -316,10 +320,42 @@ public enum Validate {
             policy.models = models.filter { seen.insert($0).inserted }
         }
         for (name, value) in [("--max-tokens", policy.maxTokens), ("--device-requests-per-minute", policy.deviceRequestsPerMinute),
-                              ("--monthly-token-budget", policy.monthlyTokenBudget)] where value < 0 {
+                              ("--monthly-token-budget", policy.monthlyTokenBudget), ("--max-server-tool-uses", policy.maxServerToolUses),
+                              ("--profile-requests-per-minute", policy.profileRequestsPerMinute),
+                              ("--profile-monthly-token-budget", policy.profileMonthlyTokenBudget)] where value < 0 {
             throw AdminError("\(name) must be 0 (no limit) or more, got \(value)")
         }
+        if let tools = policy.serverTools, let unknown = tools.first(where: { !IntegrationPolicy.serverToolNames.contains($0) }) {
+            throw AdminError("--server-tools: '\(unknown.prefix(60))' is not a server tool; use "
+                             + IntegrationPolicy.serverToolNames.joined(separator: ", ") + ", '*' for any or 'none'")
+        }
+        if let betas = policy.betas {
+            guard betas.count <= 64 else { throw AdminError("--betas: at most 64 betas (got \(betas.count))") }
+            for beta in betas where !IntegrationPolicy.isValidBetaName(beta) {
+                throw AdminError("--betas: '\(beta.prefix(60))' may contain only letters, digits and . _ - (at most 128)")
+            }
+            var seen = Set<String>()
+            policy.betas = betas.filter { seen.insert($0).inserted }
+        }
         return policy
+    }
+
+    /// `--server-tools`: a comma list of `IntegrationPolicy.serverToolNames`, `*` (nil: any) or `none` (empty).
+    public static func serverTools(_ text: String) throws -> Set<String>? {
+        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        if trimmed == "*" { return nil }
+        if trimmed.lowercased() == "none" { return [] }
+        let names = trimmed.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        guard !names.isEmpty else { throw AdminError("--server-tools needs a list, '*' for any or 'none'") }
+        return try policy(IntegrationPolicy(serverTools: Set(names))).serverTools
+    }
+
+    /// `--betas`: a comma list, or `*` (nil: any).
+    public static func betas(_ text: String) throws -> [String]? {
+        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        if trimmed == "*" { return nil }
+        let names = trimmed.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        return try policy(IntegrationPolicy(betas: names)).betas
     }
 
     /// Every environment admits at least one channel (refusing an environment is `--environments`'

@@ -6,62 +6,136 @@ import Synchronization
 
 /// Why the policy refused a request before it went upstream.
 public enum PolicyRefusal: Error, Sendable, Equatable {
+    /// The request is malformed in a field the relay governs (`fallbacks`, `tools`, `max_uses`, the
+    /// profile header): refused whatever the policy, since the relay cannot tell what it would spend.
+    case malformed(String)
     /// The body's `model` or `max_tokens` could not be read (malformed, duplicated, not an integer).
     case unreadableBody(String)
     case modelNotAllowed(String)
+    /// A `fallbacks[].model` not on the integration's list.
+    case fallbackNotAllowed(String)
+    /// `fallbacks: "default"` under a model list: nobody can say which model would serve.
+    case defaultFallbackNotAllowed
     case maxTokensOverLimit(requested: Int, limit: Int)
+    /// A server tool (its `type`) the integration does not allow.
+    case serverToolNotAllowed(String)
+    /// A server tool without `max_uses`, or with more than the integration's cap.
+    case serverToolUsesOverLimit(type: String, requested: Int?, limit: Int)
+    case betaNotAllowed(String)
     case deviceRateLimited(limit: Int, retryAfter: Int)
+    case profileRateLimited(limit: Int, retryAfter: Int)
     case monthlyBudgetSpent(budget: Int, retryAfter: Int)
+    case profileBudgetSpent(budget: Int, retryAfter: Int)
+    /// The profile's recorded usage could not be read: its limits cannot be checked.
+    case limitsUnavailable(String)
 
     /// The `reason` in the ledger, the metrics and the log.
     public var reason: String {
         switch self {
+        case .malformed: "malformed_request"
         case .unreadableBody: "unreadable_body"
         case .modelNotAllowed: "model_not_allowed"
+        case .fallbackNotAllowed, .defaultFallbackNotAllowed: "fallback_not_allowed"
         case .maxTokensOverLimit: "max_tokens_over_limit"
+        case .serverToolNotAllowed: "server_tool_not_allowed"
+        case .serverToolUsesOverLimit: "server_tool_uses_over_limit"
+        case .betaNotAllowed: "beta_not_allowed"
         case .deviceRateLimited: "device_rate_limited"
+        case .profileRateLimited: "profile_rate_limited"
         case .monthlyBudgetSpent: "monthly_budget_spent"
+        case .profileBudgetSpent: "profile_budget_spent"
+        case .limitsUnavailable: "limits_unavailable"
         }
     }
 }
 
-/// What the policy reads from a Messages request body (a bounded scan, not a decode).
+/// A request's `fallbacks`, as far as the policy reads it.
+public enum FallbacksInput: Sendable, Equatable {
+    case none
+    /// `"default"`: the API picks the fallback.
+    case serverDefault
+    /// `[{"model": …}, …]`, the models in order.
+    case models([String])
+}
+
+/// A tool of the request that is not a client tool: a server tool, billed beyond its tokens.
+public struct ServerToolInput: Sendable, Equatable {
+    /// Its versioned `type` (`web_search_20260209`).
+    public var type: String
+    public var maxUses: Int?
+
+    public init(type: String, maxUses: Int? = nil) {
+        self.type = type
+        self.maxUses = maxUses
+    }
+
+    /// The name on the policy's list (`web_search`), when the type is one of `IntegrationPolicy.serverToolNames`.
+    public var name: String? { IntegrationPolicy.serverToolNames.first { type.hasPrefix($0) } }
+}
+
+/// What the policy reads from a Messages request (a bounded scan of the body, and its headers).
 public struct PolicyInput: Sendable {
     /// The top-level `model` string, as sent (nil when absent).
     public var model: String?
     /// The top-level `max_tokens` (nil when absent).
     public var maxTokens: Int?
-    /// Why the two fields could not be read, when they could not.
+    /// Why the body could not be read, when it could not.
     public var problem: String?
+    /// What is wrong with a governed field (refused whatever the policy).
+    public var malformed: String?
+    public var fallbacks: FallbacksInput
+    public var serverTools: [ServerToolInput]
+    /// Every `anthropic-beta` value, split at commas.
+    public var betas: [String]
+    /// The `anthropic-user-profile-id`, when sent (valid: a bad one is in `malformed`).
+    public var profile: String?
     /// The request spends tokens (`/v1/messages`; `count_tokens` does not), so the budget applies.
     public var spendsTokens: Bool
 
-    public init(model: String? = nil, maxTokens: Int? = nil, problem: String? = nil, spendsTokens: Bool = true) {
+    public init(model: String? = nil, maxTokens: Int? = nil, problem: String? = nil, malformed: String? = nil, fallbacks: FallbacksInput = .none,
+                serverTools: [ServerToolInput] = [], betas: [String] = [], profile: String? = nil, spendsTokens: Bool = true) {
         self.model = model
         self.maxTokens = maxTokens
         self.problem = problem
+        self.malformed = malformed
+        self.fallbacks = fallbacks
+        self.serverTools = serverTools
+        self.betas = betas
+        self.profile = profile
         self.spendsTokens = spendsTokens
     }
 }
 
 /// A relayed request the ledger admitted: where its usage goes when it ends.
 public struct UsageTicket: Sendable {
-    public let key: UsageKey
+    let clientID: String
+    let hour: Int64
     public let month: MonthKey
+    /// The model as sent, and whether the integration's list names it (then it may enter the
+    /// ledger whatever the upstream answers; otherwise only as the model that served).
+    let requestedModel: String?
+    let requestedModelListed: Bool
+    /// The profile as sent, and its ledger label (folded into `other` past the hour's cap).
+    let profile: String?
+    let profileLabel: String
 }
 
-/// Token counts from the upstream's own `usage`.
+/// Token counts from the upstream's own `usage`, and the model that served.
 public struct TokenUsage: Sendable, Equatable {
     public var inputTokens: Int64 = 0
     public var outputTokens: Int64 = 0
     public var cacheCreationInputTokens: Int64 = 0
     public var cacheReadInputTokens: Int64 = 0
+    /// `usage.server_tool_use`, by counter name.
+    public var serverToolUse: [String: Int64] = [:]
 
-    public init(inputTokens: Int64 = 0, outputTokens: Int64 = 0, cacheCreationInputTokens: Int64 = 0, cacheReadInputTokens: Int64 = 0) {
+    public init(inputTokens: Int64 = 0, outputTokens: Int64 = 0, cacheCreationInputTokens: Int64 = 0, cacheReadInputTokens: Int64 = 0,
+                serverToolUse: [String: Int64] = [:]) {
         self.inputTokens = inputTokens
         self.outputTokens = outputTokens
         self.cacheCreationInputTokens = cacheCreationInputTokens
         self.cacheReadInputTokens = cacheReadInputTokens
+        self.serverToolUse = serverToolUse
     }
 }
 
@@ -74,12 +148,15 @@ public struct RelayOutcome: Sendable {
     public var incomplete: Bool
     /// A non-streamed reply the client left before it came, read to its end for its usage.
     public var abandoned: Bool
+    /// The model that served, as the reply says (its `model`, or the last `fallback` block's `to.model`).
+    public var servingModel: String?
 
-    public init(status: Int, usage: TokenUsage, incomplete: Bool, abandoned: Bool = false) {
+    public init(status: Int, usage: TokenUsage, incomplete: Bool, abandoned: Bool = false, servingModel: String? = nil) {
         self.status = status
         self.usage = usage
         self.incomplete = incomplete
         self.abandoned = abandoned
+        self.servingModel = servingModel
     }
 }
 
@@ -93,6 +170,10 @@ public final class UsageLedger: Service {
     /// Distinct model names kept per integration and hour; more fold into `other`, so an app
     /// sending random model names cannot grow the ledger without bound.
     public static let modelsPerIntegrationHour = 64
+    /// Distinct user profiles kept per integration and hour; more fold into `other`.
+    public static let profilesPerIntegrationHour = 256
+    /// Server-tool counters kept from one reply (the API reports a handful).
+    static let serverToolCountersPerReply = 16
     /// Committed batches kept for requests whose database read spans them: one flush a second,
     /// so a read would have to take this many seconds to miss one.
     static let flushedBatchesKept = 8
@@ -111,6 +192,7 @@ public final class UsageLedger: Service {
         /// every batch committed since. Several, for a read slow enough to span more than one flush.
         var recentlyFlushed: [(commit: Int, batch: UsageBatch)] = []
         var modelsSeen: [HourOfIntegration: Set<String>] = [:]
+        var profilesSeen: [HourOfIntegration: Set<String>] = [:]
     }
 
     let store: UsageStore
@@ -141,77 +223,143 @@ public final class UsageLedger: Service {
     // MARK: Policy
 
     /// Applies the grant's policy to the request. When admitted, the request counts against the
-    /// device's per-minute limit at once (so concurrent requests cannot all slip under it).
+    /// device's (and its profile's) per-minute limit at once, so concurrent requests cannot all
+    /// slip under it.
     /// - Parameters:
     ///   - commitsBeforeRead: `commitCount` taken before the query that produced `grant`.
     public func admit(_ grant: TokenGrant, _ input: PolicyInput, commitsBeforeRead: Int, at time: Date) -> Result<UsageTicket, PolicyRefusal> {
         let policy = grant.policy
-        if policy.models != nil || policy.maxTokens > 0, let problem = input.problem {
-            return refuse(.unreadableBody(problem), grant, input, at: time)
-        }
-        if let models = policy.models, !(input.model.map(models.contains) ?? false) {
-            return refuse(.modelNotAllowed(input.model ?? ""), grant, input, at: time)
-        }
-        if policy.maxTokens > 0, let requested = input.maxTokens, requested > policy.maxTokens {
-            return refuse(.maxTokensOverLimit(requested: requested, limit: policy.maxTokens), grant, input, at: time)
-        }
-        let hour = UsageClock.hour(time)
+        if let refusal = Self.requestRefusal(policy, input) { return refuse(refusal, grant, input, at: time) }
+        // A profile's limits read what every instance flushed for it: one read by key, only when they are on.
+        var recordedProfile = RecordedProfileUsage()
+        var commitsBeforeProfileRead = commitsBeforeRead
         let month = MonthKey(clientID: grant.clientID, month: UsageClock.month(time))
         let minute = UsageClock.minute(time)
+        if let profile = input.profile, policy.profileRequestsPerMinute > 0 || policy.profileMonthlyTokenBudget > 0 {
+            commitsBeforeProfileRead = commitCount
+            do {
+                recordedProfile = try store.recordedProfileUsage(clientID: grant.clientID, profile: profile, month: month.month, minute: minute)
+            } catch {
+                report("a profile's recorded usage could not be read: \(error)")
+                return refuse(.limitsUnavailable("\(error)"), grant, input, at: time)
+            }
+        }
+        let hour = UsageClock.hour(time)
         let thisMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute)
         let lastMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute - 1)
         let outcome: Result<UsageTicket, PolicyRefusal> = state.withLock { state in
-            let missed = state.recentlyFlushed.lazy.filter { $0.commit > commitsBeforeRead }.map(\.batch)
             // Empty tables are skipped before hashing: the keys hold a client ID and a key ID, and
             // outside a flush only `pending` has entries.
-            func unflushed<K: Hashable>(_ table: KeyPath<UsageBatch, [K: Int64]>, _ key: K) -> Int64 {
+            func unflushed<K: Hashable>(_ table: KeyPath<UsageBatch, [K: Int64]>, _ key: K, since commits: Int) -> Int64 {
                 func count(_ batch: UsageBatch?) -> Int64 {
                     guard let entries = batch?[keyPath: table], !entries.isEmpty else { return 0 }
                     return entries[key, default: 0]
                 }
-                return count(state.pending) + count(state.flushing) + missed.reduce(0) { $0 + count($1) }
+                return count(state.pending) + count(state.flushing)
+                    + state.recentlyFlushed.reduce(0) { $0 + ($1.commit > commits ? count($1.batch) : 0) }
             }
             if policy.deviceRequestsPerMinute > 0 {
-                let current = grant.recorded.deviceRequestsThisMinute + unflushed(\.deviceMinutes, thisMinute)
-                let previous = grant.recorded.deviceRequestsLastMinute + unflushed(\.deviceMinutes, lastMinute)
+                let current = grant.recorded.deviceRequestsThisMinute + unflushed(\.deviceMinutes, thisMinute, since: commitsBeforeRead)
+                let previous = grant.recorded.deviceRequestsLastMinute + unflushed(\.deviceMinutes, lastMinute, since: commitsBeforeRead)
                 if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.deviceRequestsPerMinute, at: time) {
                     return .failure(.deviceRateLimited(limit: policy.deviceRequestsPerMinute, retryAfter: retry))
                 }
             }
-            if input.spendsTokens, policy.monthlyTokenBudget > 0,
-               grant.recorded.monthTokens + unflushed(\.monthTokens, month) >= Int64(policy.monthlyTokenBudget) {
-                let renews = UsageClock.nextMonthStart(after: time).timeIntervalSince(time)
-                return .failure(.monthlyBudgetSpent(budget: policy.monthlyTokenBudget, retryAfter: max(1, Int(renews.rounded(.up)))))
+            let profileMinute = input.profile.map { ProfileMinuteKey(clientID: grant.clientID, profile: $0, minute: minute) }
+            if let profileMinute, policy.profileRequestsPerMinute > 0 {
+                let previousKey = ProfileMinuteKey(clientID: grant.clientID, profile: profileMinute.profile, minute: minute - 1)
+                let current = recordedProfile.requestsThisMinute + unflushed(\.profileMinutes, profileMinute, since: commitsBeforeProfileRead)
+                let previous = recordedProfile.requestsLastMinute + unflushed(\.profileMinutes, previousKey, since: commitsBeforeProfileRead)
+                if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.profileRequestsPerMinute, at: time) {
+                    return .failure(.profileRateLimited(limit: policy.profileRequestsPerMinute, retryAfter: retry))
+                }
+            }
+            if input.spendsTokens {
+                let renews = { max(1, Int(UsageClock.nextMonthStart(after: time).timeIntervalSince(time).rounded(.up))) }
+                if policy.monthlyTokenBudget > 0,
+                   grant.recorded.monthTokens + unflushed(\.monthTokens, month, since: commitsBeforeRead) >= Int64(policy.monthlyTokenBudget) {
+                    return .failure(.monthlyBudgetSpent(budget: policy.monthlyTokenBudget, retryAfter: renews()))
+                }
+                if let profile = input.profile, policy.profileMonthlyTokenBudget > 0 {
+                    let key = ProfileMonthKey(clientID: grant.clientID, profile: profile, month: month.month)
+                    if recordedProfile.monthTokens + unflushed(\.profileMonthTokens, key, since: commitsBeforeProfileRead)
+                        >= Int64(policy.profileMonthlyTokenBudget) {
+                        return .failure(.profileBudgetSpent(budget: policy.profileMonthlyTokenBudget, retryAfter: renews()))
+                    }
+                }
             }
             state.pending.deviceMinutes[thisMinute, default: 0] += 1
-            let model = Self.modelLabel(input.model, clientID: grant.clientID, hour: hour, seen: &state.modelsSeen)
-            return .success(UsageTicket(key: UsageKey(clientID: grant.clientID, model: model, hour: hour), month: month))
+            if let profileMinute, policy.profileRequestsPerMinute > 0 { state.pending.profileMinutes[profileMinute, default: 0] += 1 }
+            let profileLabel = Self.profileLabel(input.profile, clientID: grant.clientID, hour: hour, seen: &state.profilesSeen)
+            return .success(UsageTicket(clientID: grant.clientID, hour: hour, month: month, requestedModel: input.model,
+                                        requestedModelListed: input.model.map { policy.models?.contains($0) ?? false } ?? false,
+                                        profile: input.profile, profileLabel: profileLabel))
         }
         if case .failure(let refusal) = outcome { return refuse(refusal, grant, input, at: time) }
         return outcome
     }
 
-    /// Counts the refusal in the ledger (by reason, not as a request) and in the metrics.
+    /// What the request itself asks that the policy refuses (its shape, models, fallbacks,
+    /// max_tokens, server tools, betas), before any count is read. Nil: admitted so far.
+    public static func requestRefusal(_ policy: IntegrationPolicy, _ input: PolicyInput) -> PolicyRefusal? {
+        if let malformed = input.malformed { return .malformed(malformed) }
+        let readsBody = policy.models != nil || policy.maxTokens > 0 || policy.serverTools != nil || policy.maxServerToolUses > 0
+        if readsBody, let problem = input.problem { return .unreadableBody(problem) }
+        if let models = policy.models {
+            guard let model = input.model, models.contains(model) else { return .modelNotAllowed(input.model ?? "") }
+            switch input.fallbacks {
+            case .none: break
+            case .serverDefault: return .defaultFallbackNotAllowed
+            case .models(let fallbacks):
+                if let refused = fallbacks.first(where: { !models.contains($0) }) { return .fallbackNotAllowed(refused) }
+            }
+        }
+        if policy.maxTokens > 0, let requested = input.maxTokens, requested > policy.maxTokens {
+            return .maxTokensOverLimit(requested: requested, limit: policy.maxTokens)
+        }
+        for tool in input.serverTools {
+            if let allowed = policy.serverTools, !(tool.name.map(allowed.contains) ?? false) { return .serverToolNotAllowed(tool.type) }
+            if policy.maxServerToolUses > 0, (tool.maxUses ?? Int.max) > policy.maxServerToolUses {
+                return .serverToolUsesOverLimit(type: tool.type, requested: tool.maxUses, limit: policy.maxServerToolUses)
+            }
+        }
+        if let betas = policy.betas, let refused = input.betas.first(where: { !betas.contains($0) }) { return .betaNotAllowed(refused) }
+        return nil
+    }
+
+    /// Counts the refusal in the ledger (by reason, not as a request) and in the metrics. Its row's
+    /// model is the one asked for only when the integration lists it, otherwise `refused`: a
+    /// request that went nowhere mints no model name.
     private func refuse(_ refusal: PolicyRefusal, _ grant: TokenGrant, _ input: PolicyInput, at time: Date) -> Result<UsageTicket, PolicyRefusal> {
         let hour = UsageClock.hour(time)
+        let model = input.model.flatMap { model in grant.policy.models?.contains(model) == true ? model : nil } ?? "refused"
         state.withLock { state in
-            let label = Self.modelLabel(input.model, clientID: grant.clientID, hour: hour, seen: &state.modelsSeen)
-            state.pending.usage[UsageKey(clientID: grant.clientID, model: label, hour: hour), default: UsageCounters()].refusals[refusal.reason, default: 0] += 1
+            let profile = Self.profileLabel(input.profile, clientID: grant.clientID, hour: hour, seen: &state.profilesSeen)
+            state.pending.usage[UsageKey(clientID: grant.clientID, model: model, hour: hour, profile: profile), default: UsageCounters()]
+                .refusals[refusal.reason, default: 0] += 1
         }
         metrics.increment("attestd_policy_refusals_total", labels: [("reason", refusal.reason)])
         return .failure(refusal)
     }
 
-    /// The ledger's name for a request's model: the ID as sent when it looks like one, `unknown`
-    /// when absent, `invalid` when it does not, `other` past the per-hour cap.
-    static func modelLabel(_ model: String?, clientID: String, hour: Int64, seen: inout [HourOfIntegration: Set<String>]) -> String {
-        guard let model else { return "unknown" }
+    /// The ledger's name for a model the upstream confirmed (it served, or accepted the request):
+    /// the ID as sent when it looks like one, `invalid` when it does not, `other` past the per-hour cap.
+    static func modelLabel(_ model: String, clientID: String, hour: Int64, seen: inout [HourOfIntegration: Set<String>]) -> String {
         guard IntegrationPolicy.isValidModelID(model) else { return "invalid" }
-        let slot = HourOfIntegration(clientID: clientID, hour: hour)
-        if seen[slot]?.contains(model) == true { return model }
-        guard seen[slot, default: []].count < modelsPerIntegrationHour else { return "other" }
-        seen[slot, default: []].insert(model)
-        return model
+        return capped(model, HourOfIntegration(clientID: clientID, hour: hour), modelsPerIntegrationHour, &seen)
+    }
+
+    /// The ledger's name for a profile: `""` for none, `other` past the per-hour cap.
+    static func profileLabel(_ profile: String?, clientID: String, hour: Int64, seen: inout [HourOfIntegration: Set<String>]) -> String {
+        guard let profile else { return "" }
+        return capped(profile, HourOfIntegration(clientID: clientID, hour: hour), profilesPerIntegrationHour, &seen)
+    }
+
+    private static func capped(_ name: String, _ slot: HourOfIntegration, _ cap: Int, _ seen: inout [HourOfIntegration: Set<String>]) -> String {
+        if seen[slot]?.contains(name) == true { return name }
+        guard seen[slot, default: []].count < cap else { return "other" }
+        seen[slot, default: []].insert(name)
+        return name
     }
 
     /// Seconds until one more request fits a sliding one-minute window, or nil if it fits now. The
@@ -237,10 +385,21 @@ public final class UsageLedger: Service {
 
     // MARK: Recording
 
-    /// Records how an admitted request ended: one request, its tokens, its error status, whether it was cut short.
+    /// Records how an admitted request ended: one request, its tokens and server-tool counts, its
+    /// error status, whether it was cut short. The row's model is the one that served (the reply
+    /// says which); a request the upstream refused or never answered is kept under the model asked
+    /// for only when the integration lists it, otherwise under `unknown`.
     public func finish(_ ticket: UsageTicket, _ outcome: RelayOutcome) {
         let usage = outcome.usage
         state.withLock { state in
+            let confirmed = outcome.status < 400 ? (outcome.servingModel ?? ticket.requestedModel) : nil
+            let model: String = if let confirmed {
+                Self.modelLabel(confirmed, clientID: ticket.clientID, hour: ticket.hour, seen: &state.modelsSeen)
+            } else if ticket.requestedModelListed, let requested = ticket.requestedModel {
+                requested
+            } else {
+                "unknown"
+            }
             // Updated in place: one lookup of the key, and no copy of the counters' tables.
             func record(_ counters: inout UsageCounters) {
                 counters.requests += 1
@@ -248,16 +407,25 @@ public final class UsageLedger: Service {
                 counters.outputTokens += usage.outputTokens
                 counters.cacheCreationInputTokens += usage.cacheCreationInputTokens
                 counters.cacheReadInputTokens += usage.cacheReadInputTokens
+                for (name, count) in usage.serverToolUse where count > 0 { counters.serverToolUse[name, default: 0] += count }
                 if outcome.incomplete { counters.incomplete += 1 }
                 if outcome.abandoned { counters.abandoned += 1 }
                 // 499: the client left before an answer; that is `incomplete`, not an upstream error.
                 if outcome.status >= 400 && outcome.status != 499 { counters.errors[outcome.status, default: 0] += 1 }
             }
-            record(&state.pending.usage[ticket.key, default: UsageCounters()])
+            record(&state.pending.usage[UsageKey(clientID: ticket.clientID, model: model, hour: ticket.hour, profile: ticket.profileLabel),
+                                        default: UsageCounters()])
             // Cache writes and reads are input too: counted apart by the API (and priced apart), but
             // leaving them out would let a request move its input out of the budget with `cache_control`.
             let spent = usage.inputTokens + usage.outputTokens + usage.cacheCreationInputTokens + usage.cacheReadInputTokens
-            if spent > 0 { state.pending.monthTokens[ticket.month, default: 0] += spent }
+            if spent > 0 {
+                state.pending.monthTokens[ticket.month, default: 0] += spent
+                // Only a profile the upstream billed gets a month row: an invented one never does.
+                if let profile = ticket.profile {
+                    state.pending.profileMonthTokens[ProfileMonthKey(clientID: ticket.clientID, profile: profile, month: ticket.month.month),
+                                                     default: 0] += spent
+                }
+            }
         }
         var counts: [(labels: [(String, String)], value: Double)] = []
         for (labels, value) in zip(Self.tokenKindLabels, [usage.inputTokens, usage.outputTokens, usage.cacheCreationInputTokens, usage.cacheReadInputTokens])
@@ -300,11 +468,13 @@ public final class UsageLedger: Service {
                         if state.recentlyFlushed.count > Self.flushedBatchesKept { state.recentlyFlushed.removeFirst() }
                         let hour = UsageClock.hour(time)
                         state.modelsSeen = state.modelsSeen.filter { $0.key.hour >= hour - 3600 }
+                        state.profilesSeen = state.profilesSeen.filter { $0.key.hour >= hour - 3600 }
                     }
                 } catch {
                     state.withLock { state in
                         // Device minutes matter only for the limit's two-minute window.
                         state.flushing?.deviceMinutes = batch.deviceMinutes.filter { $0.key.minute >= minute - 1 }
+                        state.flushing?.profileMinutes = batch.profileMinutes.filter { $0.key.minute >= minute - 1 }
                     }
                     metrics.increment("attestd_usage_flush_failures_total")
                     report("usage flush failed, kept for the next one: \(error)")

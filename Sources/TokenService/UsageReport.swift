@@ -2,7 +2,7 @@ import Foundation
 
 /// What `attestctl usage --by` folds the hourly ledger rows into.
 public enum UsageGrouping: String, Sendable, CaseIterable {
-    case hour, day, model, integration
+    case hour, day, model, integration, profile
 }
 
 /// Ledger rows added up over the fields a grouping folds away (those are nil).
@@ -14,6 +14,8 @@ public struct UsageGroup: Sendable, Equatable {
     public var hour: Int64?
     /// `YYYY-MM-DD`, UTC (`--by day`).
     public var day: String?
+    /// `--by profile`: the user profile, `""` for requests without one (nil when folded away).
+    public var profile: String?
     public var counters = UsageCounters()
 }
 
@@ -33,7 +35,9 @@ public enum UsageReport {
             if all || groupings.contains(.model) { group.model = row.key.model }
             if all || groupings.contains(.hour) { group.hour = row.key.hour }
             if groupings.contains(.day) && !groupings.contains(.hour) { group.day = UsageClock.dayText(row.key.hour) }
-            let key = [group.workspace ?? "", group.clientID ?? "", group.model ?? "", group.hour.map(String.init) ?? "", group.day ?? ""]
+            if groupings.contains(.profile) { group.profile = row.key.profile }
+            let key = [group.workspace ?? "", group.clientID ?? "", group.model ?? "", group.hour.map(String.init) ?? "", group.day ?? "",
+                       group.profile.map { "p" + $0 } ?? ""]
                 .joined(separator: "\u{1f}")
             if let at = index[key] {
                 groups[at].counters += row.counters
@@ -44,8 +48,8 @@ public enum UsageReport {
             }
         }
         return groups.sorted { a, b in
-            let left = (a.hour ?? 0, a.day ?? "", a.workspace ?? "", a.clientID ?? "", a.model ?? "")
-            let right = (b.hour ?? 0, b.day ?? "", b.workspace ?? "", b.clientID ?? "", b.model ?? "")
+            let left = (a.hour ?? 0, a.day ?? "", a.workspace ?? "", a.clientID ?? "", a.model ?? "", a.profile ?? "")
+            let right = (b.hour ?? 0, b.day ?? "", b.workspace ?? "", b.clientID ?? "", b.model ?? "", b.profile ?? "")
             return left < right
         }
     }
