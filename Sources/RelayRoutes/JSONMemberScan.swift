@@ -45,6 +45,64 @@ struct JSONMemberScan {
         return found.map { $0.map { ($0.lowerBound + range.lowerBound)..<($0.upperBound + range.lowerBound) } }
     }
 
+    /// The element ranges of the array at `bytes[range]`, at most `limit` of them (nil past it,
+    /// or when the value is not an array).
+    static func elements(in bytes: UnsafeRawBufferPointer, _ range: Range<Int>, limit: Int) throws(Failure) -> [Range<Int>]? {
+        guard range.lowerBound >= 0, range.upperBound <= bytes.count, range.count >= 2, bytes[range.lowerBound] == 0x5b else { return nil }
+        var scanner = Scanner(bytes: UnsafeBufferPointer(rebasing: bytes.bindMemory(to: UInt8.self)[range]))
+        scanner.index = 1
+        var found: [Range<Int>] = []
+        scanner.skipWhitespace()
+        if scanner.index < scanner.bytes.count, scanner.bytes[scanner.index] == 0x5d { return found }
+        while true {
+            scanner.skipWhitespace()
+            let start = scanner.index
+            try scanner.skipValue()
+            guard found.count < limit else { return nil }
+            found.append((start + range.lowerBound)..<(scanner.index + range.lowerBound))
+            scanner.skipWhitespace()
+            guard scanner.index < scanner.bytes.count else { throw .malformed(at: scanner.index + range.lowerBound) }
+            if scanner.bytes[scanner.index] == 0x2c { scanner.index += 1; continue }
+            guard scanner.bytes[scanner.index] == 0x5d else { throw .malformed(at: scanner.index + range.lowerBound) }
+            return found
+        }
+    }
+
+    /// Every member of the object at `bytes[range]` with a plain name, in order, at most `limit`
+    /// of them (the rest are skipped); nil when it is not an object.
+    static func allMembers(in bytes: UnsafeRawBufferPointer, within range: Range<Int>, limit: Int) -> [(name: String, value: Range<Int>)]? {
+        guard range.lowerBound >= 0, range.upperBound <= bytes.count, range.count >= 2, bytes[range.lowerBound] == 0x7b else { return nil }
+        var scanner = Scanner(bytes: UnsafeBufferPointer(rebasing: bytes.bindMemory(to: UInt8.self)[range]))
+        scanner.index = 1
+        var found: [(name: String, value: Range<Int>)] = []
+        do throws(Failure) {
+            scanner.skipWhitespace()
+            if scanner.index < scanner.bytes.count, scanner.bytes[scanner.index] == 0x7d { return found }
+            while true {
+                scanner.skipWhitespace()
+                guard scanner.index < scanner.bytes.count, scanner.bytes[scanner.index] == 0x22 else { return nil }
+                let nameStart = scanner.index + 1
+                try scanner.skipString()
+                let name = UnsafeBufferPointer(rebasing: scanner.bytes[nameStart..<(scanner.index - 1)])
+                scanner.skipWhitespace()
+                guard scanner.index < scanner.bytes.count, scanner.bytes[scanner.index] == 0x3a else { return nil }
+                scanner.index += 1
+                scanner.skipWhitespace()
+                let valueStart = scanner.index
+                try scanner.skipValue()
+                if found.count < limit, !name.contains(0x5c) {
+                    found.append((String(decoding: name, as: UTF8.self), (valueStart + range.lowerBound)..<(scanner.index + range.lowerBound)))
+                }
+                scanner.skipWhitespace()
+                guard scanner.index < scanner.bytes.count else { return nil }
+                if scanner.bytes[scanner.index] == 0x2c { scanner.index += 1; continue }
+                return scanner.bytes[scanner.index] == 0x7d ? found : nil
+            }
+        } catch {
+            return nil
+        }
+    }
+
     /// An integer value (`-?[0-9]+`); nil for anything else. Saturates instead of overflowing.
     static func integer(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Int? {
         var index = range.lowerBound

@@ -98,9 +98,10 @@ public final class MessagesRelay: Sendable {
         return UpstreamRequest(method: "POST", path: request.path, headers: headers, body: request.body)
     }
 
-    /// Request headers passed through to the upstream (besides the key and the version).
+    /// Request headers passed through to the upstream (besides the key and the version). The
+    /// user profile is checked by the policy before the request gets here.
     static func isForwarded(_ name: String) -> Bool {
-        name == "content-type" || name == "accept" || name == "user-agent" || name == "anthropic-beta"
+        name == "content-type" || name == "accept" || name == "user-agent" || name == "anthropic-beta" || name == MessagesRequestFields.profileHeader
     }
 
     /// Response headers passed back: the ones the published client reads.
@@ -144,6 +145,8 @@ final class RelayedExchange: UpstreamDelegate {
         var abandoned = false
         /// Nanoseconds (uptime) of the first body byte from upstream.
         var firstByteAt: UInt64?
+        /// The model that served, as the reply said.
+        var servingModel: String?
     }
 
     let writer: HTTPResponseWriter
@@ -258,7 +261,9 @@ final class RelayedExchange: UpstreamDelegate {
             writer.finish()
         case .respondUpstreamError(let status, let timedOut):
             // Nothing sent yet: an answer in the Messages API's error shape; the cause goes to the log.
-            let message = timedOut ? "the upstream Messages API did not answer in time" : "the upstream Messages API could not be reached"
+            let message = timedOut ? "the upstream Messages API did not answer in time"
+                : result.error?.detail.contains("redirect") == true ? "the upstream Messages API answered with a redirect, which is not followed"
+                : "the upstream Messages API could not be reached"
             writer.respond(.json(status, APIErrorResponse(type: "api_error", message: message, requestID: requestID).json,
                                  headers: [("request-id", requestID)]))
         case .endStreamWithError:

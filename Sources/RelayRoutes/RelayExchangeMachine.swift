@@ -21,6 +21,9 @@ struct RelayExchangeMachine {
         case abandoned
         /// Ended for a server shutdown: nothing more goes to the client.
         case shutDown
+        /// The upstream answered a redirect: never followed, never passed on (the published client
+        /// would refuse it, and its `Location` is the upstream's); the client gets a 502.
+        case redirected
     }
 
     static let maxHeldReply = 1 << 20
@@ -61,7 +64,7 @@ struct RelayExchangeMachine {
         case none
         /// Start the client's stream now.
         case startStream
-        /// A stream nobody reads: cancel the transfer.
+        /// A stream nobody reads, or a redirect: cancel the transfer.
         case cancelTransfer
     }
 
@@ -71,6 +74,10 @@ struct RelayExchangeMachine {
         self.status = status
         self.isEventStream = isEventStream
         self.headers = headers
+        if (300..<400).contains(status), phase != .shutDown {
+            phase = .redirected
+            return .cancelTransfer
+        }
         switch phase {
         case .abandoned:
             return isEventStream ? .cancelTransfer : .none
@@ -99,7 +106,7 @@ struct RelayExchangeMachine {
         if firstByteAt == nil { firstByteAt = now }
         bytes += chunk.count
         switch phase {
-        case .awaitingHead, .shutDown:
+        case .awaitingHead, .shutDown, .redirected:
             return .stop
         case .abandoned:
             abandonedBytes += chunk.count
@@ -142,7 +149,7 @@ struct RelayExchangeMachine {
     /// The client went away. True: cancel the transfer (a stream, or nothing to record). False:
     /// a JSON reply is read to its end for its usage (resume the transfer if it was paused).
     mutating func clientLeft() -> Bool {
-        guard readsAbandonedReply, !isEventStream, phase != .shutDown else { return true }
+        guard readsAbandonedReply, !isEventStream, phase != .shutDown, phase != .redirected else { return true }
         // What was held so far is where the reply's usage will be, if it is small.
         if phase == .holding { tail = Array(held.suffix(Self.keptTail)) }
         held = []
@@ -161,7 +168,7 @@ struct RelayExchangeMachine {
 
     /// The server is stopping.
     mutating func shutdown() -> ShutdownAction {
-        guard phase != .shutDown else { return .leave }
+        guard phase != .shutDown, phase != .redirected else { return .leave }
         if !isEventStream && (!requestStreams || headSeen) { return .leave }
         let streamGoingOut = phase == .streaming
         phase = .shutDown
@@ -191,6 +198,10 @@ struct RelayExchangeMachine {
     /// exchange ended for the ledger, the metrics and the log.
     mutating func finish(_ error: UpstreamError?) -> (FinishAction, RelayedExchange.Result) {
         defer { held = []; partialEvent = [] }
+        if phase == .redirected {
+            let redirect = UpstreamError(kind: .other, detail: "the upstream answered \(status), a redirect, which is never followed")
+            return (.respondUpstreamError(status: 502, timedOut: false), result(502, redirect, usage: TokenUsage(), incomplete: false))
+        }
         if phase == .abandoned {
             // Read whole, the reply's usage is what the upstream bills; cut short (cancelled past
             // the cap, a stream after all, the upstream failing), what was seen.
@@ -200,8 +211,9 @@ struct RelayExchangeMachine {
         }
         guard let error else {
             if phase == .holding {
+                let served: (usage: TokenUsage?, model: String?) = status < 400 ? UsageObject.servedReply(held) : (nil, nil)
                 return (.respondHeld(status: status, body: held),
-                        result(status, nil, usage: usage(cut: false, heldBody: held).0, incomplete: false))
+                        result(status, nil, usage: served.usage ?? TokenUsage(), incomplete: false, servingModel: served.model))
             }
             let (usage, incomplete) = usage(cut: false, heldBody: nil)
             return (.finishStream(remainder: partialEvent), result(status, nil, usage: usage, incomplete: incomplete))
@@ -237,8 +249,9 @@ struct RelayExchangeMachine {
         return ((status < 400 ? UsageObject.ofTail(tail) : nil) ?? TokenUsage(), incomplete)
     }
 
-    private func result(_ status: Int, _ error: UpstreamError?, usage: TokenUsage, incomplete: Bool, abandoned: Bool = false) -> RelayedExchange.Result {
+    private func result(_ status: Int, _ error: UpstreamError?, usage: TokenUsage, incomplete: Bool, abandoned: Bool = false,
+                        servingModel: String? = nil) -> RelayedExchange.Result {
         RelayedExchange.Result(status: status, error: error, bytes: bytes, usage: usage, incomplete: incomplete, abandoned: abandoned,
-                               firstByteAt: firstByteAt)
+                               firstByteAt: firstByteAt, servingModel: servingModel ?? (isEventStream ? streamUsage.servingModel : nil))
     }
 }

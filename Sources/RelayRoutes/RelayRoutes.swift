@@ -96,7 +96,7 @@ public struct RelayRoutes: Sendable {
         }
         var ticket: UsageTicket?
         if let ledger {
-            let input = MessagesRequestFields.policyInput(request.body, spendsTokens: route == WireProtocol.messagesPath)
+            let input = MessagesRequestFields.policyInput(request, spendsTokens: route == WireProtocol.messagesPath)
             switch ledger.admit(grant, input, commitsBeforeRead: commitsBeforeRead, at: time) {
             case .success(let admitted): ticket = admitted
             case .failure(let refusal):
@@ -121,7 +121,7 @@ public struct RelayRoutes: Sendable {
             }
             if let admitted {
                 ledger?.finish(admitted, RelayOutcome(status: result.status, usage: result.usage, incomplete: result.incomplete,
-                                                      abandoned: result.abandoned))
+                                                      abandoned: result.abandoned, servingModel: result.servingModel))
             }
             context.finish(RouteOutcome(ended: result.status, clientID: clientID,
                                         detail: result.error.map { "upstream \($0)" } ?? (result.abandoned ? "the client left; the reply was read for its usage" : nil),
@@ -144,10 +144,37 @@ public struct RelayRoutes: Sendable {
         switch refusal {
         case .unreadableBody(let problem):
             return apiError(400, "invalid_request_error", "the request could not be checked against this app's policy: \(problem)", requestID: requestID)
+        case .malformed(let problem):
+            return apiError(400, "invalid_request_error", problem, requestID: requestID)
         case .modelNotAllowed(let model):
             let message = model.isEmpty ? "model: this app must name one of the models it may use"
                 : "model: \(model.prefix(128)) is not available to this app"
             return apiError(400, "invalid_request_error", message, requestID: requestID)
+        case .fallbackNotAllowed(let model):
+            return apiError(400, "invalid_request_error", "fallbacks: \(model.prefix(128)) is not available to this app", requestID: requestID)
+        case .defaultFallbackNotAllowed:
+            return apiError(400, "invalid_request_error",
+                            "fallbacks: \"default\" is not available to this app, which may use only the models it lists; name them instead",
+                            requestID: requestID)
+        case .serverToolNotAllowed(let type):
+            return apiError(400, "invalid_request_error", "tools: the server tool \(type.prefix(128)) is not available to this app", requestID: requestID)
+        case .serverToolUsesOverLimit(let type, let requested, let limit):
+            let message = requested.map { "tools: \(type.prefix(128)) asks for max_uses \($0), above this app's limit of \(limit)" }
+                ?? "tools: \(type.prefix(128)) must set max_uses (at most \(limit)) for this app"
+            return apiError(400, "invalid_request_error", message, requestID: requestID)
+        case .betaNotAllowed(let beta):
+            return apiError(400, "invalid_request_error", "anthropic-beta: \(beta.prefix(128)) is not available to this app", requestID: requestID)
+        case .profileRateLimited(let limit, let retryAfter):
+            var response = apiError(429, "rate_limit_error", "this user profile is over its limit of \(limit) requests a minute", requestID: requestID)
+            response.headers.append(("retry-after", String(retryAfter)))
+            return response
+        case .profileBudgetSpent(let budget, let retryAfter):
+            var response = apiError(429, "rate_limit_error",
+                                    "this user profile has used its monthly budget of \(budget) tokens; it renews on the 1st (UTC)", requestID: requestID)
+            response.headers.append(("retry-after", String(retryAfter)))
+            return response
+        case .limitsUnavailable:
+            return apiError(503, "api_error", "this app's limits cannot be checked right now; retry shortly", requestID: requestID)
         case .maxTokensOverLimit(let requested, let limit):
             return apiError(400, "invalid_request_error", "max_tokens: \(requested) is above this app's limit of \(limit)", requestID: requestID)
         case .deviceRateLimited(let limit, let retryAfter):

@@ -1,10 +1,47 @@
+import Foundation
 import HTTPRouting
+import HTTPServer
 import TokenService
 
-/// What the policy needs from a Messages request: `model` and `max_tokens`, read with the bounded
-/// scan. The body itself goes upstream byte for byte.
+/// What the policy needs from a Messages request: `model`, `max_tokens`, `fallbacks` and `tools`,
+/// read with the bounded scan, and the betas and user profile from its headers. The body itself
+/// goes upstream byte for byte.
 public enum MessagesRequestFields {
-    static let policyMembers = JSONMemberScan.Names("model", "max_tokens")
+    static let policyMembers = JSONMemberScan.Names("model", "max_tokens", "fallbacks", "tools")
+    static let modelMember = JSONMemberScan.Names("model")
+    static let toolMembers = JSONMemberScan.Names("type", "max_uses")
+    /// The API takes at most three fallbacks; a longer list is refused before it is read further.
+    static let maxFallbacks = 3
+    /// Far more tools than any request carries; past it the request is refused, not scanned on.
+    static let maxTools = 1024
+    /// Typed tools the app runs itself (no charge beyond tokens); any other typed tool is a server tool.
+    static let clientToolPrefixes = ["bash_", "text_editor_", "computer_", "memory_"]
+    public static let profileHeader = "anthropic-user-profile-id"
+
+    /// The policy's input from the request: its body and headers.
+    public static func policyInput(_ request: HTTPRequest, spendsTokens: Bool) -> PolicyInput {
+        var input = policyInput(request.body, spendsTokens: spendsTokens)
+        var profiles = 0
+        for header in request.headers {
+            if header.name == "anthropic-beta" {
+                for beta in header.value.split(separator: ",") {
+                    let name = beta.trimmingCharacters(in: .whitespaces)
+                    if !name.isEmpty { input.betas.append(name) }
+                }
+            } else if header.name == profileHeader {
+                profiles += 1
+                input.profile = header.value
+            }
+        }
+        if profiles > 1 {
+            input.malformed = input.malformed ?? "\(profileHeader) appears more than once"
+            input.profile = nil
+        } else if let profile = input.profile, !IntegrationPolicy.isValidProfileID(profile) {
+            input.malformed = input.malformed ?? "\(profileHeader) must be uprof_ followed by letters, digits, _ or -, at most 128 bytes"
+            input.profile = nil
+        }
+        return input
+    }
 
     public static func policyInput(_ body: [UInt8], spendsTokens: Bool) -> PolicyInput {
         var input = PolicyInput(spendsTokens: spendsTokens)
@@ -17,6 +54,8 @@ public enum MessagesRequestFields {
                 if let range = found[1] {
                     if let maxTokens = JSONMemberScan.integer(bytes, range) { input.maxTokens = maxTokens } else { input.problem = "max_tokens is not an integer" }
                 }
+                if let range = found[2] { readFallbacks(bytes, range, into: &input) }
+                if let range = found[3], input.malformed == nil { readTools(bytes, range, into: &input) }
             } catch {
                 input.problem = switch error {
                 case .notAnObject: "the body is not a JSON object"
@@ -27,6 +66,64 @@ public enum MessagesRequestFields {
             }
         }
         return input
+    }
+
+    static func isNull(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Bool { bytes[range].elementsEqual("null".utf8) }
+
+    /// `"default"`, or an array of at most three objects each naming a `model`.
+    static func readFallbacks(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>, into input: inout PolicyInput) {
+        if isNull(bytes, range) { return }
+        if bytes[range.lowerBound] == UInt8(ascii: "\"") {
+            if JSONMemberScan.plainString(bytes, range) == "default" { input.fallbacks = .serverDefault } else {
+                input.malformed = "fallbacks: the only string it takes is \"default\""
+            }
+            return
+        }
+        guard let elements = try? JSONMemberScan.elements(in: bytes, range, limit: maxFallbacks) else {
+            input.malformed = bytes[range.lowerBound] == UInt8(ascii: "[") ? "fallbacks: at most \(maxFallbacks) models"
+                : "fallbacks: must be \"default\" or an array of objects naming a model"
+            return
+        }
+        var models: [String] = []
+        for (index, element) in elements.enumerated() {
+            guard let found = try? JSONMemberScan.members(of: modelMember, in: bytes, within: element), let modelRange = found[0],
+                  let model = JSONMemberScan.plainString(bytes, modelRange) else {
+                input.malformed = "fallbacks[\(index)]: must be an object whose model is a plain string"
+                return
+            }
+            models.append(model)
+        }
+        if !models.isEmpty { input.fallbacks = .models(models) }
+    }
+
+    /// Every typed tool that is not one the app runs itself, with its `max_uses`.
+    static func readTools(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>, into input: inout PolicyInput) {
+        if isNull(bytes, range) { return }
+        guard let elements = try? JSONMemberScan.elements(in: bytes, range, limit: maxTools) else {
+            input.malformed = bytes[range.lowerBound] == UInt8(ascii: "[") ? "tools: more than \(maxTools)" : "tools: must be an array"
+            return
+        }
+        for (index, element) in elements.enumerated() {
+            guard let found = try? JSONMemberScan.members(of: toolMembers, in: bytes, within: element) else {
+                input.malformed = "tools[\(index)]: must be an object with each member once"
+                return
+            }
+            guard let typeRange = found[0] else { continue }  // a custom tool
+            guard let type = JSONMemberScan.plainString(bytes, typeRange) else {
+                input.malformed = "tools[\(index)].type: must be a plain string"
+                return
+            }
+            var maxUses: Int?
+            if let usesRange = found[1], !isNull(bytes, usesRange) {
+                guard let uses = JSONMemberScan.integer(bytes, usesRange), uses >= 0 else {
+                    input.malformed = "tools[\(index)].max_uses: must be a whole number"
+                    return
+                }
+                maxUses = uses
+            }
+            if type == "custom" || clientToolPrefixes.contains(where: type.hasPrefix) { continue }
+            input.serverTools.append(ServerToolInput(type: type, maxUses: maxUses))
+        }
     }
 
     static let streamMember = JSONMemberScan.Names("stream")
@@ -42,24 +139,74 @@ public enum MessagesRequestFields {
     }
 }
 
-/// The upstream's own `usage` object, as the ledger records it.
+/// The upstream's own `usage` object, as the ledger records it, and the model that served.
 enum UsageObject {
-    static let fields = JSONMemberScan.Names("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    static let fields = JSONMemberScan.Names("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
+                                             "server_tool_use")
     static let usage = JSONMemberScan.Names("usage")
+    static let reply = JSONMemberScan.Names("usage", "model", "content")
+    static let block = JSONMemberScan.Names("type", "to")
+    static let model = JSONMemberScan.Names("model")
 
     /// The counts in the object at `bytes[range]`; absent or null fields count 0.
     static func read(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> TokenUsage? {
         guard let found = try? JSONMemberScan.members(of: fields, in: bytes, within: range) else { return nil }
         func count(_ slot: Int) -> Int64 { found[slot].flatMap { JSONMemberScan.integer(bytes, $0) }.map { Int64(max(0, $0)) } ?? 0 }
-        return TokenUsage(inputTokens: count(0), outputTokens: count(1), cacheCreationInputTokens: count(2), cacheReadInputTokens: count(3))
+        var usage = TokenUsage(inputTokens: count(0), outputTokens: count(1), cacheCreationInputTokens: count(2), cacheReadInputTokens: count(3))
+        if let tools = found[4] { usage.serverToolUse = serverToolUse(bytes, tools) }
+        return usage
+    }
+
+    /// Every counter of `usage.server_tool_use` under its own name (a snake-case name, a count).
+    static func serverToolUse(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> [String: Int64] {
+        var counters: [String: Int64] = [:]
+        for (name, value) in JSONMemberScan.allMembers(in: bytes, within: range, limit: 16) ?? []
+        where name.utf8.count <= 64 && name.utf8.allSatisfy({ (0x61...0x7a).contains($0) || (0x30...0x39).contains($0) || $0 == 0x5f }) {
+            if let count = JSONMemberScan.integer(bytes, value), count > 0 { counters[name] = Int64(count) }
+        }
+        return counters
     }
 
     /// The top-level `usage` of a whole JSON reply.
-    static func ofReply(_ body: [UInt8]) -> TokenUsage? {
+    static func ofReply(_ body: [UInt8]) -> TokenUsage? { servedReply(body).usage }
+
+    /// A whole JSON reply's usage and the model that served: the last `fallback` block's
+    /// `to.model`, else the reply's own `model`.
+    static func servedReply(_ body: [UInt8]) -> (usage: TokenUsage?, model: String?) {
         body.withUnsafeBytes { bytes in
-            guard let found = try? JSONMemberScan.members(of: UsageObject.usage, in: bytes), let range = found[0] else { return nil }
-            return read(bytes, range)
+            guard let found = try? JSONMemberScan.members(of: reply, in: bytes) else { return (nil, nil) }
+            let usage = found[0].flatMap { read(bytes, $0) }
+            var model = found[1].flatMap { JSONMemberScan.plainString(bytes, $0) }
+            // Content is scanned block by block only when a fallback block can be in it.
+            if let content = found[2], mentionsFallback(bytes, content),
+               let blocks = try? JSONMemberScan.elements(in: bytes, content, limit: 100_000) {
+                for block in blocks { if let to = fallbackTarget(bytes, block) { model = to } }
+            }
+            return (usage, model)
         }
+    }
+
+    /// `to.model` of a `fallback` content block at `bytes[range]`; nil for any other block.
+    static func fallbackTarget(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> String? {
+        guard let found = try? JSONMemberScan.members(of: block, in: bytes, within: range), let type = found[0],
+              JSONMemberScan.plainString(bytes, type) == "fallback", let to = found[1],
+              let inner = try? JSONMemberScan.members(of: model, in: bytes, within: to), let target = inner[0] else { return nil }
+        return JSONMemberScan.plainString(bytes, target)
+    }
+
+    static let fallbackWord = Array(#""fallback""#.utf8)
+
+    static func mentionsFallback(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Bool {
+        guard range.count >= fallbackWord.count, let base = bytes.baseAddress else { return false }
+        // memchr finds each `"f` candidate; the word is compared from there.
+        var from = range.lowerBound
+        let last = range.upperBound - fallbackWord.count
+        while from <= last, let hit = memchr(base + from, 0x22, last - from + 1) {
+            let at = base.distance(to: UnsafeRawPointer(hit))
+            if bytes[at + 1] == fallbackWord[1], bytes[(at + 1)..<(at + fallbackWord.count)].elementsEqual(fallbackWord[1...]) { return true }
+            from = at + 1
+        }
+        return false
     }
 
     /// The last `"usage": {…}` in the tail of a reply too large to hold (the API puts `usage` last).
@@ -91,10 +238,13 @@ enum UsageObject {
 /// (bounded); text deltas are skipped as they go by.
 struct StreamUsageReader {
     static let maxEventBytes = 1 << 20
-    static let eventMembers = JSONMemberScan.Names("type", "message", "usage")
-    static let outputTokens = JSONMemberScan.Names("output_tokens")
+    static let eventMembers = JSONMemberScan.Names("type", "message", "usage", "content_block")
+    static let deltaUsage = JSONMemberScan.Names("output_tokens", "server_tool_use")
+    static let startMessage = JSONMemberScan.Names("usage", "model")
 
     private(set) var usage = TokenUsage()
+    /// The model that served: `message_start`'s, then the `to.model` of each `fallback` block.
+    private(set) var servingModel: String?
     private(set) var sawStart = false
     /// `message_stop` arrived: the stream is complete.
     private(set) var sawStop = false
@@ -109,7 +259,7 @@ struct StreamUsageReader {
     private var event: [UInt8]?
     private var data: [UInt8] = []
 
-    private static let wanted: [[UInt8]] = ["message_start", "message_delta", "message_stop"].map { Array($0.utf8) }
+    private static let wanted: [[UInt8]] = ["message_start", "message_delta", "message_stop", "content_block_start"].map { Array($0.utf8) }
 
     /// Reads `chunk`; returns the offset just past the last event it completed (its blank line),
     /// or nil when it completed none: the relay forwards whole events only.
@@ -175,19 +325,23 @@ struct StreamUsageReader {
                   let typeRange = found[0], let type = JSONMemberScan.plainString(bytes, typeRange) else { return }
             switch type {
             case "message_start":
-                guard let message = found[1],
-                      let inner = try? JSONMemberScan.members(of: UsageObject.usage, in: bytes, within: message), let usageRange = inner[0],
-                      let start = UsageObject.read(bytes, usageRange) else { return }
+                guard let message = found[1], let inner = try? JSONMemberScan.members(of: Self.startMessage, in: bytes, within: message) else { return }
+                if let model = inner[1].flatMap({ JSONMemberScan.plainString(bytes, $0) }) { servingModel = model }
+                guard let usageRange = inner[0], let start = UsageObject.read(bytes, usageRange) else { return }
                 usage.inputTokens = start.inputTokens
                 usage.cacheCreationInputTokens = start.cacheCreationInputTokens
                 usage.cacheReadInputTokens = start.cacheReadInputTokens
                 usage.outputTokens = start.outputTokens
+                usage.serverToolUse = start.serverToolUse
                 sawStart = true
+            case "content_block_start":
+                if let block = found[3], let to = UsageObject.fallbackTarget(bytes, block) { servingModel = to }
             case "message_delta":
                 guard let usageRange = found[2],
-                      let fields = try? JSONMemberScan.members(of: Self.outputTokens, in: bytes, within: usageRange),
-                      let output = fields[0].flatMap({ JSONMemberScan.integer(bytes, $0) }) else { return }
-                usage.outputTokens = Int64(max(0, output))
+                      let fields = try? JSONMemberScan.members(of: Self.deltaUsage, in: bytes, within: usageRange) else { return }
+                // Both are running totals: the last one seen is the reply's.
+                if let output = fields[0].flatMap({ JSONMemberScan.integer(bytes, $0) }) { usage.outputTokens = Int64(max(0, output)) }
+                if let tools = fields[1] { usage.serverToolUse = UsageObject.serverToolUse(bytes, tools) }
             case "message_stop":
                 sawStop = true
             case "content_block_delta" where event == nil:
