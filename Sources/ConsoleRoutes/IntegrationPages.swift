@@ -165,6 +165,7 @@ enum IntegrationPages {
     /// The form's fields as text, so a refused form comes back as typed.
     struct PolicyValues {
         var models: String, maxTokens: String, deviceRequestsPerMinute: String, monthlyTokenBudget: String
+        var serverTools: String, maxServerToolUses: String, betas: String, profileRequestsPerMinute: String, profileMonthlyTokenBudget: String
         var distribution: [AttestationEnvironment: Set<Distribution>]
         var minBundleVersion: String, requireExtensions: Bool, platforms: Set<DevicePlatform>, riskLimit: String
 
@@ -174,6 +175,11 @@ enum IntegrationPages {
             maxTokens = String(p.maxTokens)
             deviceRequestsPerMinute = String(p.deviceRequestsPerMinute)
             monthlyTokenBudget = String(p.monthlyTokenBudget)
+            serverTools = p.serverTools.map { $0.isEmpty ? "none" : $0.sorted().joined(separator: ", ") } ?? "*"
+            maxServerToolUses = String(p.maxServerToolUses)
+            betas = p.betas?.joined(separator: ", ") ?? "*"
+            profileRequestsPerMinute = String(p.profileRequestsPerMinute)
+            profileMonthlyTokenBudget = String(p.profileMonthlyTokenBudget)
             distribution = d.distribution
             minBundleVersion = d.minBundleVersion?.description ?? ""
             requireExtensions = d.requireExtensions
@@ -186,6 +192,11 @@ enum IntegrationPages {
             maxTokens = form["max_tokens"] ?? ""
             deviceRequestsPerMinute = form["device_requests_per_minute"] ?? ""
             monthlyTokenBudget = form["monthly_token_budget"] ?? ""
+            serverTools = form["server_tools"] ?? ""
+            maxServerToolUses = form["max_server_tool_uses"] ?? ""
+            betas = form["betas"] ?? ""
+            profileRequestsPerMinute = form["profile_requests_per_minute"] ?? ""
+            profileMonthlyTokenBudget = form["profile_monthly_token_budget"] ?? ""
             var distribution: [AttestationEnvironment: Set<Distribution>] = [:]
             for environment in AttestationEnvironment.allCases {
                 distribution[environment] = Set(Distribution.admissible.filter { form[PolicyValues.distributionField(environment, $0)] != nil })
@@ -218,6 +229,17 @@ enum IntegrationPages {
                         hint: "Relayed requests each install may make per minute; 0 for no limit.")
         spend += number("Monthly token budget", "monthly_token_budget", v.monthlyTokenBudget,
                         hint: "Input and output tokens for the whole integration per calendar month (UTC); 0 for none.")
+        spend += ConsolePages.field("Server tools", name: "server_tools", value: v.serverTools, error: errors["server_tools"],
+                                    hint: "Which of web_search, web_fetch and code_execution a request may carry, separated by commas; * for any, none for none.",
+                                    attributes: readOnly)
+        spend += number("Largest max_uses per server tool", "max_server_tool_uses", v.maxServerToolUses,
+                        hint: "Each server tool must set max_uses of at most this; 0 for no cap.")
+        spend += ConsolePages.field("Betas", name: "betas", value: v.betas, error: errors["betas"],
+                                    hint: "The anthropic-beta values a request may name, separated by commas; * for any.", attributes: readOnly)
+        spend += number("User profile requests per minute", "profile_requests_per_minute", v.profileRequestsPerMinute,
+                        hint: "Relayed requests each user profile (anthropic-user-profile-id) may make per minute; 0 for no limit.")
+        spend += number("User profile monthly token budget", "profile_monthly_token_budget", v.profileMonthlyTokenBudget,
+                        hint: "Tokens each user profile may use per calendar month (UTC); 0 for none.")
         var devices = HTML.element("legend", [], "Which builds may sign in (iOS 27 and macOS 27)")
         for environment in AttestationEnvironment.allCases.reversed() {
             let boxes = HTML.join(Distribution.admissible.map { distribution in
@@ -272,6 +294,13 @@ enum IntegrationPages {
         policy.maxTokens = count(v.maxTokens, "max_tokens")
         policy.deviceRequestsPerMinute = count(v.deviceRequestsPerMinute, "device_requests_per_minute")
         policy.monthlyTokenBudget = count(v.monthlyTokenBudget, "monthly_token_budget")
+        policy.maxServerToolUses = count(v.maxServerToolUses, "max_server_tool_uses")
+        policy.profileRequestsPerMinute = count(v.profileRequestsPerMinute, "profile_requests_per_minute")
+        policy.profileMonthlyTokenBudget = count(v.profileMonthlyTokenBudget, "profile_monthly_token_budget")
+        do { policy.serverTools = try Validate.serverTools(v.serverTools.isEmpty ? "*" : v.serverTools) } catch {
+            errors["server_tools"] = String(describing: error)
+        }
+        do { policy.betas = try Validate.betas(v.betas.isEmpty ? "*" : v.betas) } catch { errors["betas"] = String(describing: error) }
         do { policy = try Validate.policy(policy) } catch { errors["models"] = errors["models"] ?? String(describing: error) }
         var device = integration.devicePolicy
         device.distribution = v.distribution

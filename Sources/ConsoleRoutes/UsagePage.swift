@@ -15,8 +15,9 @@ enum UsagePage {
         let dayNames = (0..<days).map { UsageClock.dayText(Int64(first.timeIntervalSince1970) + Int64($0) * 86_400) }
         let rows = try admin.usage(clientID: integration.clientID, since: first)
         // The same grouping as `attestctl usage --client-id … --by day,model`.
-        let groups = UsageReport.group(rows, by: [.day, .model])
-        let models = Array(Set(groups.compactMap(\.model))).sorted()
+        let groups = foldModels(UsageReport.group(rows, by: [.day, .model]), keep: topModels)
+        // The charts draw the top models by tokens and `other`, whatever the ledger holds.
+        let models = Array(Set(groups.compactMap(\.model))).sorted { ($0 == "other" ? 1 : 0, $0) < ($1 == "other" ? 1 : 0, $1) }
 
         func series(_ value: (UsageCounters) -> Int64) -> [(name: String, values: [Int64])] {
             models.map { model in
@@ -53,6 +54,30 @@ enum UsagePage {
                            + ConsolePages.table(caption: "Requests per day", id: "requests-by-day", headers: ["Day", "Requests", "Errors", "Refused"],
                                                 rows: requestRows, empty: "No requests in the last 30 days."))
 
+        // Top user profiles by tokens.
+        let profiles = UsageReport.group(rows, by: [.profile]).filter { !($0.profile ?? "").isEmpty }
+            .sorted { (tokens($0.counters), $1.profile ?? "") > (tokens($1.counters), $0.profile ?? "") }.prefix(topProfiles)
+        content += section("Top user profiles by tokens", UsageChart.bars(id: "chart-profiles", title: "Top user profiles by tokens, last 30 days",
+                                                                          labels: profiles.map { $0.profile ?? "" }, values: profiles.map { tokens($0.counters) })
+                           + ConsolePages.table(caption: "Top user profiles by tokens, last 30 days", id: "usage-by-profile",
+                                                headers: ["User profile", "Requests", "Tokens", "Server tool uses", "Refused"],
+                                                rows: profiles.map { group in
+                                                    let c = group.counters
+                                                    return [HTML.element("code", [], HTML.text(group.profile ?? "")), HTML.text(c.requests),
+                                                            HTML.text(tokens(c)), HTML.text(c.serverToolUse.values.reduce(0, +)),
+                                                            HTML.text(c.refusals.values.reduce(0, +))]
+                                                }, empty: "No request named a user profile in the last 30 days."))
+
+        // Server tools, by the upstream's own counters.
+        var serverTools: [String: Int64] = [:]
+        for group in groups { serverTools.merge(group.counters.serverToolUse, uniquingKeysWith: +) }
+        let toolCounts = serverTools.sorted { $0.key < $1.key }
+        content += section("Server tool uses", UsageChart.bars(id: "chart-server-tools", title: "Server tool uses, last 30 days",
+                                                               labels: toolCounts.map(\.key), values: toolCounts.map(\.value))
+                           + ConsolePages.table(caption: "Server tool uses, last 30 days", id: "server-tool-uses", headers: ["Counter", "Uses"],
+                                                rows: toolCounts.map { [HTML.element("code", [], HTML.text($0.key)), HTML.text($0.value)] },
+                                                empty: "No server tool was used in the last 30 days."))
+
         // Refusals by reason.
         var refusals: [String: Int64] = [:]
         for group in groups { refusals.merge(group.counters.refusals, uniquingKeysWith: +) }
@@ -63,6 +88,31 @@ enum UsagePage {
                                                 rows: reasons.map { [HTML.element("code", [], HTML.text($0.key)), HTML.text($0.value)] },
                                                 empty: "No request was refused in the last 30 days."))
         return IntegrationPages.tabbed(request, integration, .usage, content)
+    }
+
+    static let topModels = 10
+    static let topProfiles = 10
+
+    /// Every token the relay counts against a budget.
+    static func tokens(_ c: UsageCounters) -> Int64 { c.inputTokens + c.outputTokens + c.cacheCreationInputTokens + c.cacheReadInputTokens }
+
+    /// The `keep` models with the most tokens stay by name; the rest are added up as `other`.
+    static func foldModels(_ groups: [UsageGroup], keep: Int) -> [UsageGroup] {
+        var totals: [String: Int64] = [:]
+        for group in groups { totals[group.model ?? "", default: 0] += tokens(group.counters) + group.counters.requests }
+        guard totals.count > keep else { return groups }
+        let kept = Set(totals.sorted { ($0.value, $1.key) > ($1.value, $0.key) }.prefix(keep).map(\.key))
+        var folded: [UsageGroup] = []
+        var index: [String: Int] = [:]
+        for var group in groups {
+            if !kept.contains(group.model ?? "") { group.model = "other" }
+            let key = (group.day ?? "") + "\u{1f}" + (group.model ?? "")
+            if let at = index[key] { folded[at].counters += group.counters } else {
+                index[key] = folded.count
+                folded.append(group)
+            }
+        }
+        return folded
     }
 
     static func hasRefusals(_ groups: [UsageGroup], _ day: String) -> Bool {
@@ -110,7 +160,7 @@ enum UsageChart {
     /// One bar per label, stacked by series; a legend names the series.
     static func stackedBars(id: String, title: String, labels: [String], series: [(name: String, values: [Int64])]) -> HTML {
         let totals = labels.indices.map { i in series.reduce(Int64(0)) { $0 + $1.values[i] } }
-        let maximum = max(1, totals.max() ?? 0)
+        let maximum = niceMaximum(totals.max() ?? 0)
         let plotWidth = width - left - 8, plotHeight = height - bottom - top
         let slot = plotWidth / Double(max(1, labels.count))
         var marks = axes(maximum: maximum, plotHeight: plotHeight)
@@ -139,8 +189,8 @@ enum UsageChart {
 
     /// One bar per label.
     static func bars(id: String, title: String, labels: [String], values: [Int64]) -> HTML {
-        guard !labels.isEmpty else { return svg(id: id, title: title, axes(maximum: 1, plotHeight: height - bottom - top)) }
-        let maximum = max(1, values.max() ?? 0)
+        guard !labels.isEmpty else { return svg(id: id, title: title, axes(maximum: niceMaximum(0), plotHeight: height - bottom - top)) }
+        let maximum = niceMaximum(values.max() ?? 0)
         let plotWidth = width - left - 8, plotHeight = height - bottom - top
         let slot = plotWidth / Double(labels.count)
         var marks = axes(maximum: maximum, plotHeight: plotHeight)
@@ -153,6 +203,17 @@ enum UsageChart {
                                            ("text-anchor", "middle"), ("font-size", "11"), ("fill", "#444")], HTML.text(label))
         }
         return svg(id: id, title: title, marks)
+    }
+
+    /// The axis top: the data's maximum rounded up to four equal steps of 1, 2 or 5 times a power of
+    /// ten, so every label is a distinct round number (integer division read 3 requests as 3/2/1/0/0).
+    static func niceMaximum(_ maximum: Int64) -> Int64 {
+        let needed = max(1, (maximum + 3) / 4)
+        var magnitude: Int64 = 1
+        while true {
+            for factor: Int64 in [1, 2, 5] where factor * magnitude >= needed { return factor * magnitude * 4 }
+            magnitude *= 10
+        }
     }
 
     static func axes(maximum: Int64, plotHeight: Double) -> HTML {

@@ -50,6 +50,12 @@ enum AdminCommands {
                --max-tokens N                  ceiling on a request's max_tokens (default none)
                --device-requests-per-minute N  relayed requests per device key (default 60)
                --monthly-token-budget N        input + output tokens per calendar month, UTC (default none)
+               --server-tools LIST             server tools a request may carry: web_search,web_fetch,code_execution;
+                                               '*' any (default) or 'none' (a tool whose type names another is refused)
+               --max-server-tool-uses N        every server tool must set max_uses of at most N (default 0: no cap)
+               --betas LIST                    anthropic-beta values a request may name, comma-separated ('*' any, the default)
+               --profile-requests-per-minute N relayed requests per user profile (anthropic-user-profile-id) per minute (default none)
+               --profile-monthly-token-budget N tokens per user profile per calendar month, UTC (default none)
              every attestd applies a change on its next request, without a restart
            attestctl integrations list [--workspace NAME] [--json]
            attestctl integrations show CLIENT_ID [--json]
@@ -59,8 +65,9 @@ enum AdminCommands {
            attestctl devices show KEY_ID [--json]   (KEY_ID in base64 or hex)
            attestctl audit [--client-id CLIENT_ID] [--limit N] [--json]
            attestctl usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE]
-             [--by hour|day|model|integration] [--json]
-             what relayed requests cost: requests, tokens, errors by status, cut streams, policy refusals.
+             [--by hour|day|model|integration|profile] [--json]
+             what relayed requests cost: requests, tokens, server-tool uses, errors by status, cut streams, policy
+             refusals; by the model that served. --by profile: rows carry user_profile (null: no profile).
              DATE: 2026-12-01 or 2026-12-01T13:00:00Z (UTC); the ledger is hourly, so every hour that
              overlaps [since, until) counts whole. Without them: everything, the current hour included
              (attestd writes usage every second). --json: one object per line.
@@ -305,7 +312,8 @@ enum AdminCommands {
         if arguments.has("no-require-extensions") { policy.requireExtensions = false }
     }
 
-    static let policyOptions: Set<String> = ["models", "max-tokens", "device-requests-per-minute", "monthly-token-budget"]
+    static let policyOptions: Set<String> = ["models", "max-tokens", "device-requests-per-minute", "monthly-token-budget", "server-tools",
+                                             "max-server-tool-uses", "betas", "profile-requests-per-minute", "profile-monthly-token-budget"]
 
     /// The policy options given; the others keep their value.
     static func applyPolicyOptions(_ arguments: Arguments, to policy: inout IntegrationPolicy) throws {
@@ -317,6 +325,13 @@ enum AdminCommands {
         if let n = try arguments.integer("max-tokens", range: 0...most) { policy.maxTokens = n }
         if let n = try arguments.integer("device-requests-per-minute", range: 0...most) { policy.deviceRequestsPerMinute = n }
         if let n = try arguments.integer("monthly-token-budget", range: 0...most) { policy.monthlyTokenBudget = n }
+        do {
+            if let text = try arguments.value("server-tools") { policy.serverTools = try Validate.serverTools(text) }
+            if let text = try arguments.value("betas") { policy.betas = try Validate.betas(text) }
+        } catch let error as AdminError { throw UsageError(error.description) }
+        if let n = try arguments.integer("max-server-tool-uses", range: 0...most) { policy.maxServerToolUses = n }
+        if let n = try arguments.integer("profile-requests-per-minute", range: 0...most) { policy.profileRequestsPerMinute = n }
+        if let n = try arguments.integer("profile-monthly-token-budget", range: 0...most) { policy.profileMonthlyTokenBudget = n }
     }
 
     static func updateIntegration(_ argv: [String]) throws {
@@ -348,6 +363,11 @@ enum AdminCommands {
                 if arguments.has(option: "max-tokens") { policy.maxTokens = change.maxTokens }
                 if arguments.has(option: "device-requests-per-minute") { policy.deviceRequestsPerMinute = change.deviceRequestsPerMinute }
                 if arguments.has(option: "monthly-token-budget") { policy.monthlyTokenBudget = change.monthlyTokenBudget }
+                if arguments.has(option: "server-tools") { policy.serverTools = change.serverTools }
+                if arguments.has(option: "max-server-tool-uses") { policy.maxServerToolUses = change.maxServerToolUses }
+                if arguments.has(option: "betas") { policy.betas = change.betas }
+                if arguments.has(option: "profile-requests-per-minute") { policy.profileRequestsPerMinute = change.profileRequestsPerMinute }
+                if arguments.has(option: "profile-monthly-token-budget") { policy.profileMonthlyTokenBudget = change.profileMonthlyTokenBudget }
             }
         }
         if arguments.has("json") {
@@ -458,10 +478,16 @@ enum AdminCommands {
         ["client_id": integration.clientID, "name": integration.name, "workspace": integration.workspaceName,
          "team_id": integration.teamID, "bundle_ids": integration.bundleIDs,
          "environments": integration.environments.map(\.rawValue).sorted(), "created_at": iso8601(integration.createdAt),
-         "policy": ["models": integration.policy.models ?? ["*"], "max_tokens": integration.policy.maxTokens,
-                    "device_requests_per_minute": integration.policy.deviceRequestsPerMinute,
-                    "monthly_token_budget": integration.policy.monthlyTokenBudget] as [String: Any],
+         "policy": policyRecord(integration.policy),
          "device_policy": devicePolicyRecord(integration.devicePolicy)]
+    }
+
+    /// The spending policy as `--json` prints it: lists as arrays (`["*"]` for any), limits as numbers (0: none).
+    static func policyRecord(_ policy: IntegrationPolicy) -> [String: Any] {
+        ["models": policy.models ?? ["*"], "max_tokens": policy.maxTokens, "device_requests_per_minute": policy.deviceRequestsPerMinute,
+         "monthly_token_budget": policy.monthlyTokenBudget, "server_tools": policy.serverTools.map { $0.sorted() } ?? ["*"],
+         "max_server_tool_uses": policy.maxServerToolUses, "betas": policy.betas ?? ["*"],
+         "profile_requests_per_minute": policy.profileRequestsPerMinute, "profile_monthly_token_budget": policy.profileMonthlyTokenBudget]
     }
 
     static func devicePolicyRecord(_ policy: DevicePolicy) -> [String: Any] {

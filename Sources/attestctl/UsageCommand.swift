@@ -12,7 +12,7 @@ enum UsageCommand {
         if let by = try arguments.value("by") {
             for part in by.split(separator: ",") {
                 guard let grouping = UsageGrouping(rawValue: part.trimmingCharacters(in: .whitespaces)) else {
-                    throw UsageError("--by \(by): use hour, day, model or integration")
+                    throw UsageError("--by \(by): use hour, day, model, integration or profile")
                 }
                 groupings.insert(grouping)
             }
@@ -48,9 +48,11 @@ enum UsageCommand {
         if let model = group.model { fields.append(("model", model)) }
         if let hour = group.hour { fields.append(("hour", hourText(hour))) }
         if let day = group.day { fields.append(("day", day)) }
+        if let profile = group.profile { fields.append(("user_profile", profile.isEmpty ? NSNull() : profile)) }
         let c = group.counters
         fields += [("requests", c.requests), ("input_tokens", c.inputTokens), ("output_tokens", c.outputTokens),
                    ("cache_creation_input_tokens", c.cacheCreationInputTokens), ("cache_read_input_tokens", c.cacheReadInputTokens),
+                   ("server_tool_use", c.serverToolUse.sorted { $0.key < $1.key }.map { ($0.key, $0.value as Any) }),
                    ("errors", c.errors.sorted { $0.key < $1.key }.map { (String($0.key), $0.value as Any) }),
                    ("incomplete", c.incomplete), ("abandoned", c.abandoned),
                    ("refused", c.refusals.sorted { $0.key < $1.key }.map { ($0.key, $0.value as Any) })]
@@ -64,15 +66,16 @@ enum UsageCommand {
         }
         let keys: [(String, (UsageGroup) -> String?)] = [
             ("WORKSPACE", { $0.workspace }), ("CLIENT_ID", { $0.clientID }), ("MODEL", { $0.model }),
-            ("HOUR", { $0.hour.map(hourText) }), ("DAY", { $0.day }),
+            ("HOUR", { $0.hour.map(hourText) }), ("DAY", { $0.day }), ("USER_PROFILE", { $0.profile.map { $0.isEmpty ? "(none)" : $0 } }),
         ].filter { _, get in groups.contains { get($0) != nil } }
         func counts(_ c: UsageCounters) -> [String] {
             [String(c.requests), String(c.inputTokens), String(c.outputTokens), String(c.cacheCreationInputTokens), String(c.cacheReadInputTokens),
+             c.serverToolUse.isEmpty ? "-" : c.serverToolUse.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","),
              c.errors.isEmpty ? "-" : c.errors.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","),
              String(c.incomplete), String(c.abandoned),
              c.refusals.isEmpty ? "-" : c.refusals.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ",")]
         }
-        let header = keys.map(\.0) + ["REQUESTS", "INPUT", "OUTPUT", "CACHE_WRITE", "CACHE_READ", "ERRORS", "INCOMPLETE", "ABANDONED", "REFUSED"]
+        let header = keys.map(\.0) + ["REQUESTS", "INPUT", "OUTPUT", "CACHE_WRITE", "CACHE_READ", "SERVER_TOOLS", "ERRORS", "INCOMPLETE", "ABANDONED", "REFUSED"]
         var lines = groups.map { group in keys.map { $0.1(group) ?? "-" } + counts(group.counters) }
         lines.append(keys.enumerated().map { $0.offset == 0 ? "TOTAL" : "" } + counts(UsageReport.total(groups)))
         let widths = header.indices.map { column in ([header] + lines).map { $0[column].count }.max()! }
