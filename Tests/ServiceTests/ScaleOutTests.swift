@@ -277,4 +277,57 @@ import Glibc
         #expect(statuses.contains(429), "the device limit counted both instances: \(statuses)")
         #expect(statuses.filter { $0 == 200 }.count <= 2, "\(statuses)")
     }
+
+    /// The user-profile limit and the server-tool refusal on PostgreSQL with two instances: the
+    /// profile's requests on either instance count against one window, and a policy change reaches
+    /// both at their next request.
+    @Test func theProfileLimitAndTheServerToolRefusalHoldAcrossInstances() async throws {
+        let stub = try UpstreamStubServer(UpstreamStubConfiguration())
+        defer { stub.stop() }
+        let deployment = try Deployment(instanceArguments: ["--upstream-url", stub.baseURL])
+        defer { deployment.stop() }
+        let secrets = deployment.directory.appendingPathComponent("attestd.key").path
+        let keyFile = deployment.directory.appendingPathComponent("upstream.key").path
+        try Data("pg-profile-upstream-key\n".utf8).write(to: URL(fileURLWithPath: keyFile))
+        func ctl(_ arguments: [String]) throws -> String {
+            let (status, output) = try ServerProcess.attestctl(["--db", deployment.url, "--secrets-key-file", secrets] + arguments)
+            try #require(status == 0, "attestctl \(arguments): \(output)")
+            return output
+        }
+        _ = try ctl(["workspaces", "set-upstream-key", "--actor", "owner@example.com", "--workspace", "default", "--key-file", keyFile])
+        _ = try ctl(["integrations", "update", deployment.clientID, "--actor", "owner@example.com", "--server-tools", "web_fetch",
+                     "--profile-requests-per-minute", "4", "--device-requests-per-minute", "0"])
+        let http = deployment.http
+        let token = try #require(try await http[0].registerFresh(try ManualDevice(clientID: deployment.clientID)).json["access_token"] as? String)
+        func post(_ instance: Int, profile: String, tools: String? = nil) async throws -> HTTPResult {
+            let body = PublishedClientTests.body(model: "claude-opus-4-8", fallbacks: nil, stream: false, tools: tools)
+            return try await http[instance].send("POST", "/v1/messages", body: Data(body.utf8), contentType: "application/json",
+                                                 headers: ["authorization": "Bearer \(token)", "anthropic-user-profile-id": profile,
+                                                           "anthropic-beta": PublishedClientTests.profileBeta])
+        }
+        // The server tool the policy leaves out is refused on both instances, before the upstream.
+        let search = #"[{"name":"web_search","type":"web_search_20260209","max_uses":1}]"#
+        for instance in 0..<2 { #expect(try await post(instance, profile: "uprof_shared", tools: search).status == 400) }
+        #expect(stub.requests.isEmpty)
+        // Early in a minute, so that the window holds everything below.
+        let intoMinute = Date().timeIntervalSince1970.truncatingRemainder(dividingBy: 60)
+        if intoMinute > 35 { try await Task.sleep(for: .milliseconds(Int((60.5 - intoMinute) * 1000))) }
+        // Four requests of one profile, alternating instances; each is awaited in the shared ledger
+        // (its instance flushes every second), so the other instance sees it.
+        func flushedRequests() throws -> Int {
+            try ctl(["usage", "--json", "--by", "integration"]).split(separator: "\n")
+                .compactMap { (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any] }
+                .reduce(0) { $0 + ($1["requests"] as? Int ?? 0) }
+        }
+        for round in 0..<4 {
+            #expect(try await post(round % 2, profile: "uprof_shared").status == 200, "round \(round)")
+            let deadline = Date() + 10
+            while try flushedRequests() < round + 1, Date() < deadline { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        var statuses: [Int] = []
+        for instance in 0..<2 { statuses.append(try await post(instance, profile: "uprof_shared").status) }
+        #expect(statuses == [429, 429], "the profile's four requests on both instances fill its window: \(statuses)")
+        #expect(try await post(1, profile: "uprof_other").status == 200, "another profile is not held back")
+        #expect(stub.requests.count == 5)
+    }
 }

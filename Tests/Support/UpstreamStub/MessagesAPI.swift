@@ -73,6 +73,49 @@ struct MessagesAPI {
             let extra = status == 429 ? [("retry-after", "\(configuration.retryAfterSeconds)")] : []
             return refuse(status, Self.scriptedMessage(status), extraHeaders: extra)
         }
+        if let status = behavior.redirectStatus {
+            update { $0.status = status; $0.outcome = .completed }
+            let sent = connection.sendResponse(status: status, headers: [("location", "https://elsewhere.invalid/v1/messages"),
+                                                                         ("request-id", requestID), ("content-type", "text/plain")],
+                                               body: "moved", keepAlive: keepAlive)
+            return sent && keepAlive ? .keepAlive : .close(byClient: !sent)
+        }
+        // The API checks a user profile, and takes it only with its beta.
+        let betas = request.headers.filter { $0.name == "anthropic-beta" }.map(\.value).flatMap { $0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) } }
+        if let profile = request.header("anthropic-user-profile-id") {
+            guard profile.hasPrefix("uprof_"), profile.count > 6 else { return refuse(400, "anthropic-user-profile-id: unknown user profile") }
+            guard betas.contains("user-profiles-2026-08-18") else {
+                return refuse(400, "anthropic-user-profile-id: requires the user-profiles-2026-08-18 beta")
+            }
+        }
+        // Fallbacks: a list or "default", each with its beta; with `fallback` the first one serves.
+        var servingModel: String?
+        if let fallbacks = object["fallbacks"] {
+            if let list = fallbacks as? [[String: Any]] {
+                guard list.count <= 3, betas.contains("server-side-fallback-2026-06-01") || betas.contains("server-side-fallback-2026-07-01") else {
+                    return refuse(400, "fallbacks: at most 3, with the server-side-fallback-2026-06-01 beta")
+                }
+                if behavior.fallback { servingModel = list.first?["model"] as? String }
+            } else if fallbacks as? String == "default" {
+                guard betas.contains("server-side-fallback-2026-07-01") else { return refuse(400, "fallbacks: \"default\" needs server-side-fallback-2026-07-01") }
+                if behavior.fallback { servingModel = "claude-haiku-4-5" }
+            } else {
+                return refuse(400, "fallbacks: must be a list or \"default\"")
+            }
+        }
+        // Server tools bill per use: each web search or fetch tool is used once.
+        var serverToolUse: [(String, Int)] = []
+        for tool in (object["tools"] as? [[String: Any]]) ?? [] {
+            guard let type = tool["type"] as? String else { continue }
+            for (prefix, counter) in [("web_search", "web_search_requests"), ("web_fetch", "web_fetch_requests")] where type.hasPrefix(prefix) {
+                if let at = serverToolUse.firstIndex(where: { $0.0 == counter }) { serverToolUse[at].1 += 1 } else { serverToolUse.append((counter, 1)) }
+            }
+        }
+        let toolUseJSON = serverToolUse.isEmpty ? "" : ",\"server_tool_use\":{" + serverToolUse.map { "\"\($0.0)\":\($0.1)" }.joined(separator: ",") + "}"
+        let fallbackBlock = servingModel.map { to in
+            "{\"type\":\"fallback\",\"from\":{\"model\":\(jsonString(model ?? ""))},\"to\":{\"model\":\(jsonString(to))},"
+                + "\"trigger\":{\"type\":\"refusal\",\"category\":\"cyber\"}}"
+        }
         guard let model, !model.isEmpty else { return refuse(400, "model: Field required") }
         guard let messages = object["messages"] as? [Any], !messages.isEmpty else {
             return refuse(400, "messages: Field required")
@@ -113,9 +156,10 @@ struct MessagesAPI {
             usage.outputTokens = deltas
             let finalUsage = usage
             update { $0.status = 200; $0.usage = finalUsage }
+            let usageJSON = String(Self.usageJSON(finalUsage).dropLast()) + toolUseJSON + "}"
             let body = "{\"id\":\"\(messageID)\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\(jsonString(model)),"
-                + "\"content\":[{\"type\":\"text\",\"text\":\(jsonString(StubReply.text(deltaCount: deltas)))}],"
-                + "\"stop_reason\":\"\(stopReason)\",\"stop_sequence\":null,\"usage\":\(Self.usageJSON(finalUsage))}"
+                + "\"content\":[" + (fallbackBlock.map { $0 + "," } ?? "") + "{\"type\":\"text\",\"text\":\(jsonString(StubReply.text(deltaCount: deltas)))}],"
+                + "\"stop_reason\":\"\(stopReason)\",\"stop_sequence\":null,\"usage\":\(usageJSON)}"
             if behavior.dropMidStream {
                 // Announce the whole body, send half of it, and hang up.
                 let bytes = Array(body.utf8)
@@ -133,11 +177,12 @@ struct MessagesAPI {
         }
 
         return streamReply(model: model, messageID: messageID, requestID: requestID, usage: usage, deltas: deltas,
-                           stopReason: stopReason, behavior: behavior, keepAlive: keepAlive, update: update)
+                           stopReason: stopReason, behavior: behavior, keepAlive: keepAlive, fallbackBlock: fallbackBlock,
+                           toolUseJSON: toolUseJSON, update: update)
     }
 
     private func streamReply(model: String, messageID: String, requestID: String, usage inputUsage: StubUsage, deltas: Int,
-                             stopReason: String, behavior: StubBehavior, keepAlive: Bool,
+                             stopReason: String, behavior: StubBehavior, keepAlive: Bool, fallbackBlock: String?, toolUseJSON: String,
                              update: ((inout StubRequestRecord) -> Void) -> Void) -> Disposition {
         var usage = inputUsage
         usage.outputTokens = 1
@@ -162,8 +207,14 @@ struct MessagesAPI {
         guard connection.send(head) else { return clientGone() }
         let start = "{\"type\":\"message_start\",\"message\":{\"id\":\"\(messageID)\",\"type\":\"message\",\"role\":\"assistant\","
             + "\"model\":\(jsonString(model)),\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":\(Self.usageJSON(startUsage))}}"
-        guard event("message_start", start),
-              event("content_block_start", "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}"),
+        guard event("message_start", start) else { return clientGone() }
+        // A fallback block first (index 0), then the text (index 1).
+        let textIndex = fallbackBlock == nil ? 0 : 1
+        if let fallbackBlock {
+            guard event("content_block_start", "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":\(fallbackBlock)}"),
+                  event("content_block_stop", "{\"type\":\"content_block_stop\",\"index\":0}") else { return clientGone() }
+        }
+        guard event("content_block_start", "{\"type\":\"content_block_start\",\"index\":\(textIndex),\"content_block\":{\"type\":\"text\",\"text\":\"\"}}"),
               event("ping", "{\"type\":\"ping\"}") else { return clientGone() }
 
         let interval: Duration
@@ -176,7 +227,7 @@ struct MessagesAPI {
             if k > 0 || behavior.streamDuration != nil {
                 guard connection.pause(interval) else { return clientGone() }
             }
-            let delta = "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\(jsonString(StubReply.delta(k)))}}"
+            let delta = "{\"type\":\"content_block_delta\",\"index\":\(textIndex),\"delta\":{\"type\":\"text_delta\",\"text\":\(jsonString(StubReply.delta(k)))}}"
             guard event("content_block_delta", delta) else { return clientGone() }
             let sentAt = ContinuousClock.now
             update { $0.deltaSentAt.append(sentAt); $0.usage?.outputTokens = k + 1 }
@@ -197,9 +248,9 @@ struct MessagesAPI {
                 return keepAlive ? .keepAlive : .close(byClient: false)
             }
         }
-        guard event("content_block_stop", "{\"type\":\"content_block_stop\",\"index\":0}"),
+        guard event("content_block_stop", "{\"type\":\"content_block_stop\",\"index\":\(textIndex)}"),
               event("message_delta", "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"\(stopReason)\",\"stop_sequence\":null},"
-                    + "\"usage\":{\"output_tokens\":\(deltas)}}"),
+                    + "\"usage\":{\"output_tokens\":\(deltas)\(toolUseJSON)}}"),
               event("message_stop", "{\"type\":\"message_stop\"}"),
               connection.send("0\r\n\r\n") else { return clientGone() }
         update { $0.outcome = .completed }

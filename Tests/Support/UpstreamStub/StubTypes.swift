@@ -76,6 +76,8 @@ public struct UpstreamStubConfiguration: Sendable {
 /// | `deltas-<n>` | that many deltas (output tokens) |
 /// | `delta-interval-<ms>` | pause between deltas |
 /// | `cache-<creation>-<read>` | report these cache token counts |
+/// | `fallback` | the requested model declines: a `fallback` block hands over to the request's first `fallbacks[].model` (`claude-haiku-4-5` for `"default"`), which serves |
+/// | `redirect-<status>` | a 3xx with a `Location` elsewhere |
 ///
 /// Example: model `stub-slow-stream-30`, or `x-stub-behavior: error-429`.
 public struct StubBehavior: Sendable, Equatable {
@@ -90,6 +92,8 @@ public struct StubBehavior: Sendable, Equatable {
     public var streamDuration: Duration?
     public var cacheCreationTokens: Int?
     public var cacheReadTokens: Int?
+    public var fallback = false
+    public var redirectStatus: Int?
 
     public init() {}
 
@@ -126,6 +130,10 @@ public struct StubBehavior: Sendable, Equatable {
                 deltaCount = n
             } else if let ms = number(after: "delta-interval-"), ms >= 0 {
                 deltaInterval = .milliseconds(ms)
+            } else if token == "fallback" {
+                fallback = true
+            } else if let status = number(after: "redirect-"), (300...399).contains(status) {
+                redirectStatus = status
             } else if token.hasPrefix("cache-") {
                 let parts = token.dropFirst(6).split(separator: "-").compactMap { Int($0) }
                 guard parts.count == 2 else { return nil }
