@@ -356,20 +356,25 @@ enum IntegrationPages {
     static func audit(_ request: ConsoleRequest, _ admin: AdminService) throws -> RouteOutcome {
         let integration = try request.integration(admin)
         let perPage = 50
-        let page = min(max(0, Int(request.query["page"] ?? "") ?? 0), 100_000)
-        var events = try admin.auditPage(integration.clientID, page: page, perPage: perPage + 1)
+        // Pages by key: `before` is the last row the previous page showed.
+        let before = request.query["before"].flatMap { Int64($0) }.map { max(0, $0) }
+        var events = try admin.auditPage(integration.clientID, beforeID: before, perPage: perPage + 1)
         let older = events.count > perPage
         events = Array(events.prefix(perPage))
         let rows: [[HTML]] = events.map { event in
             [ConsoleTime.html(event.at), HTML.text(event.actor ?? "device"), HTML.element("code", [], HTML.text(event.action)),
-             HTML.text(event.reason ?? ""), HTML.text(event.detail ?? "")]
+             HTML.text(event.reason ?? ""), HTML.text(event.count), HTML.text(event.detail ?? "")]
         }
-        var content = ConsolePages.table(caption: "Audit events, newest first (page \(page + 1))", id: "audit",
-                                         headers: ["Time", "Actor", "Action", "Reason", "Detail"], rows: rows,
-                                         empty: page == 0 ? "No audit events." : "No older audit events.")
+        var content = ConsolePages.table(caption: "Audit events, newest first", id: "audit",
+                                         headers: ["Time", "Actor", "Action", "Reason", "Count", "Detail"], rows: rows,
+                                         empty: before == nil ? "No audit events." : "No older audit events.")
+        content += HTML.element("p", [("class", "hint")],
+                                "A device refusal row counts every refusal of its action, client ID and reason in that minute.")
         var links: HTML = ""
-        if page > 0 { links += HTML.element("a", [("href", base(integration) + "/audit?page=\(page - 1)"), ("rel", "prev")], "Newer") }
-        if older { links += HTML.element("a", [("href", base(integration) + "/audit?page=\(page + 1)"), ("rel", "next")], "Older") }
+        if before != nil { links += HTML.element("a", [("href", base(integration) + "/audit"), ("rel", "first")], "Newest") }
+        if older, let last = events.last?.id {
+            links += HTML.element("a", [("href", base(integration) + "/audit?before=\(last)"), ("rel", "next")], "Older")
+        }
         content += HTML.element("nav", [("class", "pages"), ("aria-label", "Audit pages")], links)
         return tabbed(request, integration, .audit, content)
     }

@@ -11,10 +11,30 @@ public protocol AuditSink: Sendable {
 /// of bad requests costs one insert batch per interval rather than one transaction each (once
 /// `run`; `flush` and `close` write at once). Admin actions are written synchronously by
 /// `AdminService` instead.
+///
+/// Device refusals (`*.rejected`, no actor: anyone on the network can cause them) are counted,
+/// not journaled one by one: one row per action, client ID, reason and minute, whose count grows
+/// (the first refusal's time, key and detail stay). Client IDs with no integration, and more than
+/// `clientsPerMinute` client IDs in a minute, share the row of client ID "" — so a flood adds a
+/// bounded number of rows whatever it sends. State changes keep a row each.
 public final class BufferedAuditLog: AuditSink, Service {
     public let name = "audit-log"
+    /// Distinct client IDs whose refusals get rows of their own in one minute.
+    public static let clientsPerMinute = 16
+
+    struct RefusalKey: Hashable {
+        let action: String
+        let clientID: String
+        let reason: String
+        let minute: Int64
+    }
+
     private struct Buffer {
         var pending: [AuditEvent] = []
+        /// Refusals counted since the last flush, by row.
+        var refusals: [RefusalKey: AuditEvent] = [:]
+        /// The client IDs given rows of their own, per minute (this minute and the last).
+        var clientsByMinute: [Int64: Set<String>] = [:]
         /// Taken by a flush that is writing them now.
         var inFlight = 0
     }
@@ -52,9 +72,13 @@ public final class BufferedAuditLog: AuditSink, Service {
     public func stop(by deadline: ContinuousClock.Instant) { close() }
 
     /// Events waiting to be written (a gauge for /metrics: it grows only while the store refuses them).
-    public var pendingCount: Int { buffer.withLock { $0.pending.count + $0.inFlight } }
+    public var pendingCount: Int { buffer.withLock { $0.pending.count + $0.refusals.count + $0.inFlight } }
 
     public func record(_ event: AuditEvent) {
+        if event.actor == nil, event.action.hasSuffix(".rejected") {
+            count(event)
+            return
+        }
         let limit = maxPending
         let queued = buffer.withLock { buffer -> Bool in
             guard buffer.pending.count < limit else { return false }
@@ -69,6 +93,33 @@ public final class BufferedAuditLog: AuditSink, Service {
         }
     }
 
+    /// Adds a refusal to its minute's row.
+    private func count(_ event: AuditEvent) {
+        let minute = Int64((event.at.timeIntervalSince1970 / 60).rounded(.down))
+        buffer.withLock { buffer in
+            var clientID = event.reason == RejectionReason.unknownClient.rawValue ? "" : event.clientID ?? ""
+            if !clientID.isEmpty {
+                var seen = buffer.clientsByMinute[minute, default: []]
+                if !seen.contains(clientID) {
+                    if seen.count < Self.clientsPerMinute { seen.insert(clientID) } else { clientID = "" }
+                    buffer.clientsByMinute[minute] = seen
+                    if buffer.clientsByMinute.count > 2 { buffer.clientsByMinute = buffer.clientsByMinute.filter { $0.key >= minute - 1 } }
+                }
+            }
+            let key = RefusalKey(action: event.action, clientID: clientID, reason: event.reason ?? "", minute: minute)
+            if buffer.refusals[key] != nil {
+                buffer.refusals[key]!.count += 1
+                return
+            }
+            // The row names the client ID it counts ("" when folded); the detail keeps the first one's words.
+            let folded = clientID.isEmpty && !(event.clientID ?? "").isEmpty
+            let detail = folded ? "client ID \(event.clientID!.prefix(64)): " + (event.detail ?? "") : event.detail
+            var row = AuditEvent(at: event.at, action: event.action, clientID: clientID, keyID: event.keyID, reason: key.reason, detail: detail)
+            row.minute = minute
+            buffer.refusals[key] = row
+        }
+    }
+
     /// Writes everything buffered so far. When the store is unavailable the events go back to the
     /// front of the buffer and are retried at the next flush. When it refuses the batch itself
     /// (an event it cannot store), they are written one by one, so one bad event cannot hold back
@@ -76,8 +127,10 @@ public final class BufferedAuditLog: AuditSink, Service {
     /// reduced to printable ASCII, and one refused even then is logged in full, never silently lost.
     public func flush() {
         let events = buffer.withLock { buffer in
+            let counted = buffer.refusals.values.sorted { $0.at < $1.at }
+            buffer.refusals.removeAll(keepingCapacity: true)
             defer { buffer.inFlight = buffer.pending.count; buffer.pending.removeAll(keepingCapacity: true) }
-            return buffer.pending
+            return buffer.pending + counted
         }
         guard !events.isEmpty else { return }
         do {

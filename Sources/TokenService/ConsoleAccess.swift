@@ -166,8 +166,9 @@ extension AdminService {
         return (events.last { $0.action == "integration.created" }, events.first { $0.action == "integration.revoked" })
     }
 
-    /// One page of the integration's audit events, newest first.
-    public func auditPage(_ clientID: String, page: Int, perPage: Int = 50) throws -> [AuditEvent] {
-        try store.auditEvents(limit: perPage, offset: max(0, page) * perPage, clientID: clientID)
+    /// One page of the integration's audit events, newest first, older than the row `beforeID`
+    /// (the last one the previous page showed): by key, so a deep page costs what the first does.
+    public func auditPage(_ clientID: String, beforeID: Int64?, perPage: Int = 50) throws -> [AuditEvent] {
+        try store.auditEvents(limit: perPage, beforeID: beforeID, clientID: clientID)
     }
 }

@@ -273,6 +273,12 @@ public struct AuditEvent: Sendable {
     public let keyID: [UInt8]?
     public let reason: String?
     public let detail: String?
+    /// How many events the row stands for: a device refusal row counts every refusal of its
+    /// action, client ID and reason in one minute (`minute`, Unix time / 60); others are 1 and nil.
+    public var count: Int64 = 1
+    public var minute: Int64?
+    /// The row's ID, as read back (nil before it is stored): the console pages by it.
+    public var id: Int64?
 
     /// Text fields lose their control characters (each becomes U+FFFD): a client ID or detail can
     /// come straight from a request, PostgreSQL refuses NUL in text (one such event wedged every
@@ -294,15 +300,18 @@ public struct AuditEvent: Sendable {
         func ascii(_ text: String?) -> String? {
             text.map { $0.unicodeScalars.map { (0x20...0x7e).contains($0.value) ? String($0) : "\\u{\(String($0.value, radix: 16))}" }.joined() }
         }
-        return AuditEvent(at: at, actor: ascii(actor), action: ascii(action) ?? "", clientID: ascii(clientID), keyID: keyID,
-                          reason: ascii(reason), detail: ascii(detail))
+        var plain = AuditEvent(at: at, actor: ascii(actor), action: ascii(action) ?? "", clientID: ascii(clientID), keyID: keyID,
+                               reason: ascii(reason), detail: ascii(detail))
+        plain.count = count
+        plain.minute = minute
+        return plain
     }
 
     /// One line for the error log: every field but the key ID (logs carry none), so an event the
     /// store refused is not lost.
     public var logText: String {
         "at=\(at.timeIntervalSince1970) action=\(action) actor=\(actor ?? "-") client_id=\(clientID ?? "-") "
-            + "key_id=\(keyID == nil ? "-" : "(withheld)") reason=\(reason ?? "-") detail=\(detail ?? "-")"
+            + "key_id=\(keyID == nil ? "-" : "(withheld)") reason=\(reason ?? "-") count=\(count) detail=\(detail ?? "-")"
     }
 
     static func printable(_ text: String) -> String {

@@ -100,7 +100,9 @@ public protocol ExchangeStore: AnyObject, Sendable {
     /// Records one challenge request by `caller` at `at` and counts the caller's requests since `since`, this one included.
     func recordChallengeRequest(caller: String, at: Date, since: Date) throws -> WindowCount
     /// Forgets challenge requests older than `before`; returns how many.
-    func purgeChallengeRequests(before: Date) throws -> Int
+    /// Forgets challenge requests from before `before`, and registration requests (their bucket
+    /// starts with `DeviceTokenService.registrationBucketPrefix`) from before `registrationsBefore`.
+    func purgeChallengeRequests(before: Date, registrationsBefore: Date) throws -> Int
 
     /// Deletes challenges that are used or expired before `before`; returns how many.
     func purgeChallenges(before: Date) throws -> Int
@@ -122,17 +124,22 @@ public protocol UsageStore: AnyObject, Sendable {
 
 /// The audit trail.
 public protocol AuditStore: AnyObject, Sendable {
+    /// Appends events; an event with a `minute` adds its count to the row of its action, client
+    /// ID, reason and minute (one row however many refusals a minute brings).
     func appendAudit(_ events: [AuditEvent]) throws
-    /// The newest audit events, newest first, skipping the `offset` newest (the CLI, the console's pages, tests).
-    func auditEvents(limit: Int, offset: Int, clientID: String?) throws -> [AuditEvent]
-    /// The integration's events with these actions, newest first (a few rows, however many
-    /// events the integration's devices wrote).
+    /// The newest audit events, newest first, older than the row `beforeID` when given (pages by
+    /// key: the CLI, the console's pages, tests).
+    func auditEvents(limit: Int, beforeID: Int64?, clientID: String?) throws -> [AuditEvent]
+    /// The integration's events with these actions, newest first (a few rows, read by index,
+    /// however many events the integration's devices wrote).
     func auditEvents(clientID: String, actions: [String]) throws -> [AuditEvent]
+    /// Deletes up to `limit` of the oldest events from before `time`; returns how many.
+    func purgeAudit(before time: Date, limit: Int) throws -> Int
 }
 
 extension AuditStore {
     public func auditEvents(limit: Int = 100, clientID: String? = nil) throws -> [AuditEvent] {
-        try auditEvents(limit: limit, offset: 0, clientID: clientID)
+        try auditEvents(limit: limit, beforeID: nil, clientID: clientID)
     }
 }
 

@@ -64,7 +64,7 @@ public enum StoreColumns {
     public static let usage = ["workspace_name", "client_id", "model", "hour", "profile", "requests", "input_tokens", "output_tokens",
                                "cache_creation_input_tokens", "cache_read_input_tokens", "incomplete", "abandoned"]
     // Audit
-    public static let audit = ["at", "actor", "action", "client_id", "key_id", "reason", "detail"]
+    public static let audit = ["id", "at", "actor", "action", "client_id", "key_id", "reason", "detail", "count", "minute"]
 
     /// `a, b, c` (each name qualified by `table.` when given).
     /// An integration's SELECT (`… FROM integrations i …`) widened by the exchange's context: the
@@ -285,5 +285,8 @@ extension AuditEvent {
         self.init(at: try row.date("at"), actor: try row.optional("actor", row.text), action: try row.text("action"),
                   clientID: try row.optional("client_id", row.text), keyID: try row.optional("key_id", row.bytes),
                   reason: try row.optional("reason", row.text), detail: try row.optional("detail", row.text))
+        id = try row.int("id")
+        count = try row.int("count")
+        minute = try row.optional("minute", row.int)
     }
 }

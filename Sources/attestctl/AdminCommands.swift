@@ -433,7 +433,7 @@ enum AdminCommands {
         let events = try store.auditEvents(limit: limit, clientID: try arguments.value("client-id")).map { event -> [String: Any] in
             ["at": iso8601(event.at), "actor": event.actor ?? NSNull(), "action": event.action,
              "client_id": event.clientID ?? NSNull(), "key_id": event.keyID.map { Data($0).base64EncodedString() } ?? NSNull(),
-             "reason": event.reason ?? NSNull(), "detail": event.detail ?? NSNull()]
+             "reason": event.reason ?? NSNull(), "detail": event.detail ?? NSNull(), "count": event.count]
         }
         if arguments.has("json") {
             printJSON(["events": events])

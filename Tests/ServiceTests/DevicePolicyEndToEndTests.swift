@@ -24,7 +24,7 @@ import Testing
                   let clientID = object["client_id"] as? String else { throw HTTPTestError("create failed: \(output)") }
             self.clientID = clientID
             // Limits off: these tests refresh the same keys often, on purpose.
-            server = try ServerProcess(db: db, extraArguments: ["--mint-limit", "0", "--registration-quota", "0", "--challenge-limit", "0"]
+            server = try ServerProcess(db: db, extraArguments: ["--mint-limit", "0", "--registration-quota", "0", "--registration-limit-per-address", "0", "--challenge-limit", "0"]
                                        + serverArguments)
         }
 
@@ -65,8 +65,13 @@ import Testing
             }
         }
 
+        /// Each refusal's reason, once per refusal: a refusal row counts every refusal of its
+        /// reason in one minute, so a row with `count` N stands for N of them.
         func rejectionsNow(_ action: String) throws -> [String] {
-            try events(action).compactMap { $0["reason"] as? String }
+            try events(action).flatMap { event -> [String] in
+                guard let reason = event["reason"] as? String else { return [] }
+                return Array(repeating: reason, count: event["count"] as? Int ?? 1)
+            }
         }
 
         /// The audit events of one action, oldest first.

@@ -92,7 +92,12 @@ struct ConsoleAccessTests {
         let (created, revoked) = try admin.history(app.clientID)
         #expect(created?.actor == "owner@example.com" && created?.action == "integration.created")
         #expect(revoked?.actor == "owner@example.com" && revoked?.action == "integration.revoked")
-        #expect(try admin.auditPage(app.clientID, page: 1, perPage: 50).count == 50)
+        // Pages by key: the second page starts after the first page's last row, with no row twice.
+        let first = try admin.auditPage(app.clientID, beforeID: nil, perPage: 50)
+        let second = try admin.auditPage(app.clientID, beforeID: first.last?.id, perPage: 50)
+        #expect(first.count == 50 && second.count == 50)
+        #expect(Set(first.compactMap(\.id)).isDisjoint(with: second.compactMap(\.id)))
+        #expect((second.first?.id ?? .max) < (first.last?.id ?? 0))
     }
 
     @Test(arguments: Backend.allCases)
