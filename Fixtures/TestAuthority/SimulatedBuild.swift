@@ -1,3 +1,4 @@
+import Foundation
 import AppAttest
 import AttestCrypto
 import CBOR
@@ -84,6 +85,10 @@ public struct SimulatedBuild: Sendable, Equatable {
         case .wrongAppID: options.receiptFields = { $0.appID = "ZZZZZ99999.com.example.other" }
         case .otherCertificate: options.receiptFields = { $0.attestedCertificate = Array($0.attestedCertificate.reversed()) }
         case .stale: options.receiptFields = { $0.createdAt = $0.createdAt.addingTimeInterval(-3600) }
+        case .rogueIntermediate: options.receipt = .impostor(.rogueIntermediate)
+        case .keyAgreementSigner: options.receipt = .impostor(.keyAgreementOnly)
+        case .farFutureNotBefore:
+            options.receiptFields = { $0.notBefore = Date(timeIntervalSince1970: 253_370_764_800); $0.expiresAt = Date(timeIntervalSince1970: 253_402_214_400) }
         }
         return options
     }
@@ -102,4 +107,10 @@ public enum SimulatedReceipt: String, Sendable, CaseIterable {
     case otherCertificate = "other-certificate"
     /// Created an hour before the attestation.
     case stale
+    /// Signed under another intermediate of the receipt root (the pin refuses it).
+    case rogueIntermediate = "rogue-intermediate"
+    /// Signed by a certificate whose only key usage is keyAgreement.
+    case keyAgreementSigner = "key-agreement-signer"
+    /// "Not before" in the year 9999 (a device that would never be asked about again).
+    case farFutureNotBefore = "far-future-not-before"
 }

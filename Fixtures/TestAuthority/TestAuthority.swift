@@ -78,6 +78,8 @@ public final class TestAuthority: Sendable {
         case signed
         /// These bytes as the receipt.
         case raw([UInt8])
+        /// An ATTEST receipt bound to this attestation but signed by a signer the pin refuses.
+        case impostor(TestReceiptAuthority.Impostor)
         /// No receipt in the statement (every genuine attestation has one).
         case none
     }
@@ -127,6 +129,11 @@ public final class TestAuthority: Sendable {
             let signed = try TestReceiptAuthority.shared.receipt(fields)
             statement.append(CBORMapEntry("receipt", .bytes(options.receiptBytes?(signed) ?? signed)))
         case .raw(let bytes): statement.append(CBORMapEntry("receipt", .bytes(bytes)))
+        case .impostor(let impostor):
+            var fields = TestReceiptAuthority.Fields(appID: appID.description, attestedCertificate: leaf.der, clientHash: clientDataHash, createdAt: time)
+            fields.environment = options.environment == .production ? "production" : "sandbox"
+            options.receiptFields?(&fields)
+            statement.append(CBORMapEntry("receipt", .bytes(try TestReceiptAuthority.shared.receipt(fields, signedBy: impostor))))
         case .none: break
         }
         return CBOREncoder.encode(.map([

@@ -23,6 +23,27 @@ public final class TestReceiptAuthority: Sendable {
         key = try ECPrivateKey(pem: EmbeddedReceiptAuthority.signerKeyPEM)
     }
 
+    /// A verifier that trusts this authority as attestd's `--receipt-trust-anchor anchor.pem`
+    /// does: its root, and its intermediate pinned.
+    public func verifier() -> ReceiptVerifier { ReceiptVerifier(anchors: [root], pinnedIntermediates: [intermediate]) }
+
+    /// Signers the pin must refuse: one under a second intermediate of the same root, and one
+    /// under the right intermediate whose only key usage is keyAgreement.
+    public enum Impostor: Sendable, CaseIterable { case rogueIntermediate, keyAgreementOnly }
+
+    /// A receipt signed by an impostor, with its chain in the certificate set as Apple sends it.
+    public func receipt(_ fields: Fields, signedBy impostor: Impostor) throws -> [UInt8] {
+        switch impostor {
+        case .rogueIntermediate:
+            let intermediate = try Certificate(pem: EmbeddedReceiptAuthority.rogueIntermediatePEM)
+            return try SignedDataSigner.sign(Self.payload(fields), signer: try Certificate(pem: EmbeddedReceiptAuthority.rogueSignerPEM),
+                                             key: try ECPrivateKey(pem: EmbeddedReceiptAuthority.rogueSignerKeyPEM), chain: [intermediate, root])
+        case .keyAgreementOnly:
+            return try SignedDataSigner.sign(Self.payload(fields), signer: try Certificate(pem: EmbeddedReceiptAuthority.keyAgreementSignerPEM),
+                                             key: try ECPrivateKey(pem: EmbeddedReceiptAuthority.keyAgreementSignerKeyPEM), chain: [intermediate, root])
+        }
+    }
+
     /// What goes into a receipt, field by field (nil leaves a field out).
     public struct Fields: Sendable {
         public var type = "ATTEST"

@@ -2,10 +2,15 @@
 # Regenerates the project's *test* receipt authority: a P-384 root, a P-384 intermediate and a
 # P-256 signer, shaped like Apple's receipt chain (Apple Root CA - G3 → Apple Application
 # Integration CA 5 - G1 → Application Attestation Fraud Receipt Signing). Nothing trusts it
-# unless told to (`attestd serve --receipt-trust-anchor Fixtures/test-receipt-authority/root.pem`).
+# unless told to (`attestd serve --receipt-trust-anchor Fixtures/test-receipt-authority/anchor.pem`).
 # Its keys are committed on purpose: it signs receipts for tests, simulated devices and the stub
 # of Apple's data service. Also writes a throwaway DeviceCheck key (test-apple-key.p8) for the
 # stub's JWT checks. Run from anywhere: Fixtures/test-receipt-authority/generate.sh (needs openssl).
+# Keys and certificates that exist are kept (delete one to make it anew); anchor.pem is the
+# root followed by the intermediate, what --receipt-trust-anchor takes (the intermediate is pinned).
+# Also three signers the pin must refuse, for tests: rogue-signer under rogue-intermediate (a
+# second intermediate under the same root), and keyagreement-signer under the real intermediate
+# with keyAgreement as its only key usage.
 set -euo pipefail
 cd "$(dirname "$0")"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
@@ -16,11 +21,20 @@ keyUsage = critical, keyCertSign, cRLSign
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
 EXT
+# As Apple's receipt signers: digitalSignature, and Apple's marker extension (an ASN.1 NULL).
 cat > "$work/signer.ext" <<'EXT'
 basicConstraints = critical, CA:false
 keyUsage = critical, digitalSignature
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
+1.2.840.113635.100.12.15 = DER:05:00
+EXT
+cat > "$work/keyagreement.ext" <<'EXT'
+basicConstraints = critical, CA:false
+keyUsage = critical, keyAgreement
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+1.2.840.113635.100.12.15 = DER:05:00
 EXT
 # `openssl ca` rather than `x509 -req`: it takes a start date, so receipts dated in the past
 # (tests pin their clocks) still fall inside every certificate's validity.
@@ -46,24 +60,36 @@ issue() {  # issue NAME KEY_FILE ISSUER_CERT ISSUER_KEY EXTFILE DIGEST END SUBJE
   openssl ca -batch -config "$work/ca.cnf" -notext -md "$6" -startdate 20200101000000Z -enddate "$7" \
     -extfile "$5" -in "$work/$1.csr" -out "$1.pem" ${9:-} ${9:+-keyfile "$4"} ${9:--cert "$3" -keyfile "$4"} 2>/dev/null
 }
-openssl ecparam -name secp384r1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out root-key.pem
+key() {  # key FILE CURVE: a new private key unless the file exists
+  [ -f "$1" ] || openssl ecparam -name "$2" -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out "$1"
+}
+key root-key.pem secp384r1
 cat > "$work/root.ext" <<'EXT'
 basicConstraints = critical, CA:true
 keyUsage = critical, keyCertSign, cRLSign
 subjectKeyIdentifier = hash
 EXT
-issue root root-key.pem "" root-key.pem "$work/root.ext" sha384 20500101000000Z "$(subject "Receipt Test Root CA")" -selfsign
-openssl ecparam -name secp384r1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out intermediate-key.pem
-issue intermediate intermediate-key.pem root.pem root-key.pem "$work/ca.ext" sha384 20450101000000Z "$(subject "Receipt Test Integration CA 1")"
-openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out signer-key.pem
-issue signer signer-key.pem intermediate.pem intermediate-key.pem "$work/signer.ext" sha256 20400101000000Z "$(subject "Receipt Test Fraud Receipt Signing")"
-openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out test-apple-key.p8
+[ -f root.pem ] || issue root root-key.pem "" root-key.pem "$work/root.ext" sha384 20500101000000Z "$(subject "Receipt Test Root CA")" -selfsign
+key intermediate-key.pem secp384r1
+[ -f intermediate.pem ] || issue intermediate intermediate-key.pem root.pem root-key.pem "$work/ca.ext" sha384 20450101000000Z "$(subject "Receipt Test Integration CA 1")"
+key signer-key.pem prime256v1
+[ -f signer.pem ] || issue signer signer-key.pem intermediate.pem intermediate-key.pem "$work/signer.ext" sha256 20400101000000Z "$(subject "Receipt Test Fraud Receipt Signing")"
+key rogue-intermediate-key.pem secp384r1
+[ -f rogue-intermediate.pem ] || issue rogue-intermediate rogue-intermediate-key.pem root.pem root-key.pem "$work/ca.ext" sha384 20450101000000Z "$(subject "Receipt Test Other CA")"
+key rogue-signer-key.pem prime256v1
+[ -f rogue-signer.pem ] || issue rogue-signer rogue-signer-key.pem rogue-intermediate.pem rogue-intermediate-key.pem "$work/signer.ext" sha256 20400101000000Z "$(subject "Receipt Test Rogue Signing")"
+key keyagreement-signer-key.pem prime256v1
+[ -f keyagreement-signer.pem ] || issue keyagreement-signer keyagreement-signer-key.pem intermediate.pem intermediate-key.pem "$work/keyagreement.ext" sha256 20400101000000Z "$(subject "Receipt Test Key Agreement")"
+cat root.pem intermediate.pem > anchor.pem
+[ -f test-apple-key.p8 ] || openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out test-apple-key.p8
 {
   echo "// Generated by Fixtures/test-receipt-authority/generate.sh: the test receipt authority, embedded"
   echo "// so that binaries work from any directory. A test checks it matches the files beside the script."
   echo ""
   echo "enum EmbeddedReceiptAuthority {"
-  for pair in root.pem:rootPEM intermediate.pem:intermediatePEM signer.pem:signerPEM signer-key.pem:signerKeyPEM; do
+  for pair in root.pem:rootPEM intermediate.pem:intermediatePEM signer.pem:signerPEM signer-key.pem:signerKeyPEM \
+              rogue-intermediate.pem:rogueIntermediatePEM rogue-signer.pem:rogueSignerPEM rogue-signer-key.pem:rogueSignerKeyPEM \
+              keyagreement-signer.pem:keyAgreementSignerPEM keyagreement-signer-key.pem:keyAgreementSignerKeyPEM; do
     file=${pair%%:*}; name=${pair##*:}
     echo "    static let $name = \"\"\""
     cat "$file"
@@ -72,4 +98,4 @@ openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt 
   done
   echo "}"
 } > ../TestAuthority/EmbeddedReceiptAuthority.swift
-echo "wrote root, intermediate, signer, test-apple-key.p8 and EmbeddedReceiptAuthority.swift"
+echo "wrote the receipt authority (kept what existed), anchor.pem and EmbeddedReceiptAuthority.swift"

@@ -91,7 +91,8 @@ public final class AppAttestVerifier: Sendable {
     public enum ReceiptPolicy: Sendable {
         /// Against Apple Root CA - G3 (fingerprint-checked): production.
         case apple
-        /// Against these roots in place of G3 (a test receipt authority).
+        /// Against these roots in place of G3, under the intermediates given with them (a test
+        /// receipt authority: its root and the intermediate that is pinned).
         case anchors([Certificate])
         /// Not at all: a test attestation root is trusted, so no Apple receipt can exist.
         case unchecked
@@ -115,7 +116,7 @@ public final class AppAttestVerifier: Sendable {
     static func receiptVerifier(_ policy: ReceiptPolicy) throws -> ReceiptVerifier? {
         switch policy {
         case .apple: try ReceiptVerifier.apple()
-        case .anchors(let roots): ReceiptVerifier(anchors: roots)
+        case .anchors(let certificates): try ReceiptVerifier.anchors(fromPEMBundle: certificates)
         case .unchecked: nil
         }
     }

@@ -42,9 +42,41 @@ public final class ReceiptVerifier: Sendable {
     public static let maxAge: TimeInterval = 300
     public let signedData: SignedDataVerifier
 
-    public init(anchors: [Certificate]) { signedData = SignedDataVerifier(anchors: anchors) }
+    /// Apple's receipt intermediate, "Apple Application Integration CA 5 - G1": every receipt in
+    /// `fixtures/apple` is signed under it. Pinned by its SubjectPublicKeyInfo's SHA-256.
+    public static let appleIntermediateSPKISHA256 = "15e325f19b2fb58bbdeaebafb0292e5d45e8a27fb3709ebeff9151d5b172516a"
+    /// The extension every Apple receipt signer ("Application Attestation Fraud Receipt Signing") carries.
+    public static let signerMarkerOID = "1.2.840.113635.100.12.15"
+    /// How long after its creation a receipt's "not before" may be (Apple's is 24 hours).
+    public static let maxNotBeforeDelay: TimeInterval = 3 * 86_400
 
-    /// Apple's: G3 alone, fingerprint-checked.
+    /// - Parameters:
+    ///   - anchors: the roots receipts chain to.
+    ///   - pinnedIntermediates: the intermediates receipts must be signed under (their SPKI
+    ///     hashes are pinned); `appleIntermediateSPKISHA256` when nil.
+    public init(anchors: [Certificate], pinnedIntermediates: [Certificate]? = nil) {
+        let pins = pinnedIntermediates.map { $0.map(\.spkiSHA256) } ?? [Self.appleIntermediatePin]
+        signedData = SignedDataVerifier(anchors: anchors, pin: SignerPin(intermediateSPKISHA256: pins, signerMarkerOID: Self.signerMarkerOID))
+    }
+
+    static let appleIntermediatePin: [UInt8] = stride(from: 0, to: 64, by: 2).map { i in
+        let hex = Array(appleIntermediateSPKISHA256.utf8)
+        func nibble(_ c: UInt8) -> UInt8 { c <= 0x39 ? c - 0x30 : c - 0x61 + 10 }
+        return nibble(hex[i]) << 4 | nibble(hex[i + 1])
+    }
+
+    /// The roots and pinned intermediates of a `--receipt-trust-anchor` file: self-signed
+    /// certificates are roots, the others the intermediates receipts must be signed under.
+    public static func anchors(fromPEMBundle certificates: [Certificate]) throws -> ReceiptVerifier {
+        let roots = certificates.filter(\.isSelfSigned), intermediates = certificates.filter { !$0.isSelfSigned }
+        guard !roots.isEmpty else { throw TrustAnchorError("a receipt trust anchor file needs its root (a self-signed certificate)") }
+        guard !intermediates.isEmpty else {
+            throw TrustAnchorError("a receipt trust anchor file needs the intermediate receipts are signed under, after its root: it is pinned")
+        }
+        return ReceiptVerifier(anchors: roots, pinnedIntermediates: intermediates)
+    }
+
+    /// Apple's: G3 alone, fingerprint-checked, and the receipt intermediate pinned.
     public static func apple() throws -> ReceiptVerifier { ReceiptVerifier(anchors: [try AppleRootCAG3.certificate()]) }
 
     /// The signature and the chain at `time`, then the payload's fields. No binding checks.
@@ -55,9 +87,21 @@ public final class ReceiptVerifier: Sendable {
             case .malformed(let detail): throw VerificationError(.receiptMalformed, "receipt is not a SignedData Apple makes: \(detail)")
             case .signature(let detail): throw VerificationError(.receiptSignature, "receipt signature does not verify: \(detail)")
             case .chain(let detail): throw VerificationError(.receiptSignature, "receipt signer: \(detail)")
+            case .pin(let detail): throw VerificationError(.receiptSignature, "receipt signer is not Apple's receipt signer: \(detail)")
             }
         }
-        return try ReceiptPayload.parse(signed.content, der: der)
+        let receipt = try ReceiptPayload.parse(signed.content, der: der)
+        // A "not before" far ahead would keep the device from ever being asked about again.
+        if let notBefore = receipt.notBefore {
+            if let expiry = receipt.expiresAt, notBefore > expiry {
+                throw VerificationError(.receiptMalformed, "receipt's not-before \(notBefore) is after its expiry \(expiry)")
+            }
+            guard notBefore.timeIntervalSince(receipt.createdAt) <= Self.maxNotBeforeDelay else {
+                throw VerificationError(.receiptMalformed,
+                                        "receipt's not-before \(notBefore) is more than \(Int(Self.maxNotBeforeDelay / 86_400)) days after its creation \(receipt.createdAt)")
+            }
+        }
+        return receipt
     }
 
     /// An attestation's own receipt: ATTEST, for this App ID and this credential certificate,

@@ -104,6 +104,21 @@ public final class Certificate: @unchecked Sendable {
     /// Whether the key usage allows signing certificates (no keyUsage extension allows everything).
     public var mayIssueCertificates: Bool { X509_get_key_usage(x509) & UInt32(KU_KEY_CERT_SIGN) != 0 }
 
+    /// Whether a keyUsage extension is present and names digitalSignature (its absence does not count).
+    public var declaresDigitalSignature: Bool {
+        X509_get_ext_by_NID(x509, NID_key_usage, -1) >= 0 && X509_get_key_usage(x509) & UInt32(KU_DIGITAL_SIGNATURE) != 0
+    }
+
+    /// SHA-256 of the DER SubjectPublicKeyInfo: what a pin names (it survives re-issuing the certificate).
+    public var spkiSHA256: [UInt8] {
+        guard let spki = X509_get_X509_PUBKEY(x509) else { return [] }
+        var out: UnsafeMutablePointer<UInt8>?
+        let length = i2d_X509_PUBKEY(spki, &out)
+        guard length > 0, let out else { return [] }
+        defer { attest_openssl_free(out) }
+        return sha256(Array(UnsafeBufferPointer(start: out, count: Int(length))))
+    }
+
     private static func oneLine(_ name: OpaquePointer?) -> String {
         guard let name, let text = X509_NAME_oneline(name, nil, 0) else { return "?" }
         defer { attest_openssl_free(text) }
@@ -131,6 +146,9 @@ public final class Certificate: @unchecked Sendable {
     }
 
     public var isCA: Bool { X509_check_ca(x509) != 0 }
+
+    /// Issued by itself: its issuer is its subject and its own key verifies its signature.
+    public var isSelfSigned: Bool { X509_check_issued(x509, x509) == X509_V_OK }
 
     /// Verifies this certificate's signature with the issuer's key.
     public func isSignatureValid(issuerKey: ECPublicKey) -> Bool {

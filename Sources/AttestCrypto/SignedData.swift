@@ -10,12 +10,16 @@ public enum SignedDataError: Error, Equatable, Sendable, CustomStringConvertible
     case signature(String)
     /// The signer's certificate does not chain to a trust anchor, or is not valid at the time.
     case chain(String)
+    /// The chain reaches an anchor but not through the pinned intermediate, or the signer is not
+    /// one of the kind the pin names (key usage, marker extension).
+    case pin(String)
 
     public var description: String {
         switch self {
         case .malformed(let d): "malformed: \(d)"
         case .signature(let d): "signature: \(d)"
         case .chain(let d): "chain: \(d)"
+        case .pin(let d): "pin: \(d)"
         }
     }
 }
@@ -36,12 +40,17 @@ public struct SignedContent: Sendable {
 /// periods of that path at the receipt's time, checked on every call.
 public final class SignedDataVerifier: Sendable {
     public let anchors: [Certificate]
+    /// What the path must look like beyond reaching an anchor (nil: any path to an anchor).
+    public let pin: SignerPin?
     /// Receipts are about 4 KiB.
     public static let maxBytes = 32 * 1024
     private let verifiedPaths = Mutex<[[UInt8]: [Certificate]]>([:])
     private static let maxCachedPaths = 32
 
-    public init(anchors: [Certificate]) { self.anchors = anchors }
+    public init(anchors: [Certificate], pin: SignerPin? = nil) {
+        self.anchors = anchors
+        self.pin = pin
+    }
 
     public func verify(_ der: [UInt8], at time: Date) throws(SignedDataError) -> SignedContent {
         guard !der.isEmpty, der.count <= Self.maxBytes else { throw .malformed("\(der.count) bytes; expected 1 to \(Self.maxBytes)") }
@@ -142,7 +151,39 @@ public final class SignedDataVerifier: Sendable {
             }
             path.append(certificate)
         }
+        if let pin { try pin.check(path) }
         return path
+    }
+}
+
+/// A signer's path pinned beyond its root: exactly signer → one of the pinned intermediates (by
+/// SPKI hash) → anchor, and a signer whose key usage names digitalSignature and that carries the
+/// marker extension. A root with other intermediates under it (some of which issue certificates
+/// whose keys their customers hold) then vouches for nothing else.
+public struct SignerPin: Sendable {
+    /// SHA-256 of each allowed intermediate's SubjectPublicKeyInfo.
+    public let intermediateSPKISHA256: [[UInt8]]
+    /// A dotted OID the signer must carry (Apple's receipt signers: 1.2.840.113635.100.12.15).
+    public let signerMarkerOID: String?
+
+    public init(intermediateSPKISHA256: [[UInt8]], signerMarkerOID: String?) {
+        self.intermediateSPKISHA256 = intermediateSPKISHA256
+        self.signerMarkerOID = signerMarkerOID
+    }
+
+    /// `path` is signer first, anchor last.
+    func check(_ path: [Certificate]) throws(SignedDataError) {
+        guard path.count == 3 else {
+            throw .pin("the signer's path has \(path.count) certificates; a receipt's is signer, pinned intermediate, root")
+        }
+        let intermediate = path[1], signer = path[0]
+        guard intermediateSPKISHA256.contains(intermediate.spkiSHA256) else {
+            throw .pin("intermediate \(intermediate.subjectName) is not the pinned receipt intermediate (SPKI SHA-256 \(intermediate.spkiSHA256.map { String(format: "%02x", $0) }.joined()))")
+        }
+        guard signer.declaresDigitalSignature else { throw .pin("signer \(signer.subjectName) has no digitalSignature key usage") }
+        if let oid = signerMarkerOID, signer.extensionValue(oid: oid) == nil {
+            throw .pin("signer \(signer.subjectName) lacks the receipt signer's marker extension \(oid)")
+        }
     }
 }
 

@@ -274,16 +274,24 @@ public final class ReceiptRefreshJob: Service {
             finish(item, "rate_limited", nextDue: time + backOff(at: time), at: time)
         case 500...599:
             finish(item, "unavailable", nextDue: time + backOff(at: time), at: time)
-        case 400, 401:
-            // The team's key (401) or the request (400) is wrong for every device of the team alike:
-            // said once, and the team's devices wait for a new key rather than each being refused.
+        case 400:
+            // One receipt Apple would not take (a bad payload, the wrong environment, or a receipt
+            // someone forged to get exactly this answer): that device waits for its next turn, and
+            // the rest of its team go on.
+            resetBackoff()
+            let cause = String(decoding: response.body.prefix(200), as: UTF8.self)
+            report("receipt_refresh_refused", [("team_id", item.teamID), ("key_id", base64URL(item.keyID)), ("status", "400"),
+                                               ("cause", "wrong environment or a bad payload: " + cause)], true)
+            finish(item, "bad_request", nextDue: later, at: time)
+        case 401:
+            // The team's key is wrong for every device of the team alike: said once, and the team's
+            // devices wait for a new key rather than each being refused.
             let cause = String(decoding: response.body.prefix(200), as: UTF8.self)
             state.withLock { $0.keys[item.teamID]?.refused = true }
             reportOnce("refused \(item.teamID) \(sealed.keyID) \(sealed.setAt.timeIntervalSince1970) \(response.status)", "apple_key_refused",
                        [("team_id", item.teamID), ("key_id", sealed.keyID), ("status", String(response.status)),
-                        ("cause", response.status == 401 ? "the provider token did not verify or does not match the receipt's team: " + cause
-                                                         : "wrong environment or a bad payload: " + cause)])
-            finish(item, response.status == 401 ? "unauthorized" : "bad_request", nextDue: later, at: time)
+                        ("cause", "the provider token did not verify or does not match the receipt's team: " + cause)])
+            finish(item, "unauthorized", nextDue: later, at: time)
         default:
             report("receipt_refresh_unexpected", [("status", String(response.status))], true)
             finish(item, "unexpected_status", nextDue: later, at: time)

@@ -145,7 +145,7 @@ enum BenchCommand {
         let sample = try arguments.value("sample")
         let without = try sample.map { try sampleWorkload($0, receipts: .unchecked) } ?? authorityWorkload(receipts: .unchecked)
         let with = try sample.map { try sampleWorkload($0, receipts: .apple) }
-            ?? authorityWorkload(receipts: .anchors([TestReceiptAuthority.shared.root]))
+            ?? authorityWorkload(receipts: .anchors([TestReceiptAuthority.shared.root, TestReceiptAuthority.shared.intermediate]))
         warnIfDebugBuild()
         print("workload: \(with.name)")
         guard try with.attest().validatedReceipt != nil, try without.attest().validatedReceipt == nil else {

@@ -101,7 +101,7 @@ enum RefreshBenchCommand {
             settings.caBundle = bundle
             settings.requestsPerSecond = rate
             let metrics = Metrics()
-            let job = ReceiptRefreshJob(store: store, verifier: ReceiptVerifier(anchors: [authority.root]),
+            let job = ReceiptRefreshJob(store: store, verifier: authority.verifier(),
                                         secrets: SecretsKeySource(path: "", loaded: secrets),
                                         configuration: settings, metrics: metrics, report: { event, fields, isError in
                 if isError { FileHandle.standardError.write(Data("\(event) \(fields)\n".utf8)) }

@@ -34,7 +34,8 @@ enum SimulateDeviceCommand {
             --no-extensions       write no extension map, as iOS 26 and earlier
             --mac-security-posture off   a Mac whose aclBlob is not Apple's value (SIP or Full Security off)
             --receipt KIND        the attestation's receipt, signed by Fixtures/test-receipt-authority: valid (default),
-                                  none, bad-signature, wrong-app-id, other-certificate or stale (an hour old)
+                                  none, bad-signature, wrong-app-id, other-certificate, stale (an hour old),
+                                  rogue-intermediate, key-agreement-signer or far-future-not-before
             --refresh             drop the cached token first, so the run refreshes by assertion
         """
 

@@ -18,8 +18,9 @@ enum VerifyCommand {
            attestctl verify receipt --object <base64|@file> [--at <ISO 8601 time>] [--receipt-trust-anchor <PEM file>]
              a receipt on its own (an attestation's or a refreshed one): signature, chain to Apple Root CA - G3
              (or the given root) at --at, and its fields
-           attestation and receipt take --receipt-trust-anchor: a root trusted for receipts in place of G3 (tests)
-           both print one JSON object: verified, then (when true) what the authenticator data says:
+           attestation and receipt take --receipt-trust-anchor: a PEM file with a root trusted for receipts in place of G3 and
+             the intermediate receipts must be signed under (pinned, as Apple's is), for tests
+           each prints one JSON object (--json is accepted and changes nothing): verified, then (when true) what the authenticator data says:
              validation_category (number), distribution (name), bundle_version, platform (ios|macos), flags,
              extensions (the whole map), code_directory_hash[_type] (Macs); attestations also
              mac_security_posture_ok (the aclBlob is Apple's Mac value), acl_blob, os_version, os_build, os_platform
@@ -120,7 +121,7 @@ enum VerifyCommand {
             guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { throw UsageError("--receipt-trust-anchor: cannot read \(path)") }
             do { anchors += try Certificate.all(pem: text) } catch { throw UsageError("--receipt-trust-anchor \(path): \(error)") }
         }
-        return ReceiptVerifier(anchors: anchors)
+        do { return try ReceiptVerifier.anchors(fromPEMBundle: anchors) } catch { throw UsageError("--receipt-trust-anchor: \(error)") }
     }
 
     /// The `receipt` object, exactly these fields: valid, reason (when not), and what the receipt
@@ -156,7 +157,8 @@ enum VerifyCommand {
     /// `verify receipt`: a receipt on its own (the attestation's or a refreshed one): signature,
     /// chain to the pinned root at `--at`, fields.
     static func receipt(_ argv: [String]) throws -> Int32 {
-        let arguments = try Arguments(argv, options: ["object", "at", "receipt-trust-anchor"])
+        // --json is accepted (the output is JSON either way) so scripts written to the issues' spelling work.
+        let arguments = try Arguments(argv, options: ["object", "at", "receipt-trust-anchor"], flags: ["json"])
         let object = try readBytesArgument(try arguments.required("object"), name: "object")
         let time = try time(arguments)
         let verifier = try receiptVerifier(arguments)
@@ -176,7 +178,7 @@ enum VerifyCommand {
 
     static func attestation(_ argv: [String]) throws -> Int32 {
         let arguments = try Arguments(argv, options: ["object", "key-id", "challenge", "client-data-hash", "app-id", "at", "trust-anchor",
-                                                      "receipt-trust-anchor"])
+                                                      "receipt-trust-anchor"], flags: ["json"])
         let object = try readBytesArgument(try arguments.required("object"), name: "object")
         let keyID = try readBytesArgument(try arguments.required("key-id"), name: "key-id")
         let clientDataHash = try hashArgument(arguments, raw: "challenge")
@@ -222,7 +224,8 @@ enum VerifyCommand {
     }
 
     static func assertion(_ argv: [String]) throws -> Int32 {
-        let arguments = try Arguments(argv, options: ["object", "public-key", "client-data", "client-data-hash", "app-id", "previous-counter"])
+        let arguments = try Arguments(argv, options: ["object", "public-key", "client-data", "client-data-hash", "app-id", "previous-counter"],
+                                      flags: ["json"])
         let object = try readBytesArgument(try arguments.required("object"), name: "object")
         let keyArgument = try arguments.required("public-key")
         let key: ECPublicKey

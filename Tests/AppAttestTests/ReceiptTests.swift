@@ -92,7 +92,7 @@ struct AppleReceiptTests {
         let forged = try TestReceiptAuthority.shared.sign(payload: payload)
         expectReason(.receiptSignature) { try validate(sample, receipt: forged) }
         // The same forgery is accepted only by a verifier told to trust that authority.
-        try validate(sample, receipt: forged, with: ReceiptVerifier(anchors: [TestReceiptAuthority.shared.root]))
+        try validate(sample, receipt: forged, with: TestReceiptAuthority.shared.verifier())
     }
 
     @Test func theAppAttestationRootIsNotAReceiptRoot() throws {
@@ -150,7 +150,7 @@ struct AppleReceiptTests {
 /// The payload rules, on receipts of the test receipt authority (valid signatures, so each
 /// refusal is the parser's).
 @Suite struct ReceiptPayloadTests {
-    let verifier = ReceiptVerifier(anchors: [TestReceiptAuthority.shared.root])
+    let verifier = TestReceiptAuthority.shared.verifier()
     let now = Date(timeIntervalSince1970: 1_790_000_000.25)
     var fields: TestReceiptAuthority.Fields {
         TestReceiptAuthority.Fields(appID: "ABCDE12345.com.example.app", attestedCertificate: [0x30, 0x03, 0x02, 0x01, 0x01],
@@ -190,5 +190,93 @@ struct AppleReceiptTests {
         for payload: [UInt8] in [[0x30, 0x00], [0x31, 0x03, 0x02, 0x01, 0x01], [0x31, 0x05, 0x30, 0x03, 0x02, 0x01, 0x02], [0x31, 0x80, 0x00, 0x00]] {
             #expect(throws: VerificationError.self) { _ = try verifier.read(try TestReceiptAuthority.shared.sign(payload: payload), at: now) }
         }
+    }
+}
+
+/// Apple's pins, read from every real receipt (the attestations' own and the refreshed ones).
+@Suite(.enabled(if: AppleSample.available, AppleSample.skipReason))
+struct AppleReceiptPinTests {
+    @Test func theApplePinIsTheIntermediateOfEveryRealReceiptAndItsSignersCarryWhatIsPinned() throws {
+        let receipts = AppleReceiptTests.receipts
+        try #require(receipts.count >= 18, "the real receipts in ../shared/fixtures/apple")
+        for (sample, receipt) in receipts {
+            // Read with Apple's pins: each real receipt passes them.
+            _ = try ReceiptVerifier.apple().read(receipt.object, at: receipt.at)
+            let certificates = try ReceiptSignerPinTests.certificateSet(receipt.object)
+            let intermediate = try #require(certificates.first { $0.subjectName.contains("Apple Application Integration CA 5 - G1") })
+            #expect(hexString(intermediate.spkiSHA256) == ReceiptVerifier.appleIntermediateSPKISHA256, "\(sample.name)")
+            let signer = try #require(certificates.first { $0.subjectName.contains("Application Attestation Fraud Receipt Signing") })
+            #expect(signer.declaresDigitalSignature && signer.extensionValue(oid: ReceiptVerifier.signerMarkerOID) != nil, "\(sample.name)")
+        }
+        // With another intermediate pinned, Apple's own receipts no longer pass: the pin is what decides.
+        let elsewhere = ReceiptVerifier(anchors: [try AppleRootCAG3.certificate()], pinnedIntermediates: [TestReceiptAuthority.shared.intermediate])
+        let first = try #require(receipts.first)
+        #expect(throws: VerificationError.self) { _ = try elsewhere.read(first.receipt.object, at: first.receipt.at) }
+    }
+}
+
+/// The receipt signer is pinned beyond the root: Apple's intermediate by its key, a signer with
+/// digitalSignature key usage and Apple's marker extension; and a "not before" near its creation.
+@Suite struct ReceiptSignerPinTests {
+    let now = Date(timeIntervalSince1970: 1_790_000_000)
+    var fields: TestReceiptAuthority.Fields {
+        TestReceiptAuthority.Fields(appID: "ABCDE12345.com.example.app", attestedCertificate: [0x30, 0x03, 0x02, 0x01, 0x01],
+                                    clientHash: sha256(Array("c".utf8)), createdAt: now)
+    }
+
+    func refusal(_ receipt: [UInt8]) -> VerificationError? {
+        do { _ = try TestReceiptAuthority.shared.verifier().read(receipt, at: now); return nil } catch { return error as? VerificationError }
+    }
+
+    @Test func aSignerUnderAnotherIntermediateOfTheSameRootIsRefused() throws {
+        let receipt = try TestReceiptAuthority.shared.receipt(fields.refreshed(at: now, riskMetric: 0), signedBy: .rogueIntermediate)
+        // Its chain is sound: only the pin refuses it.
+        _ = try ReceiptVerifier(anchors: [TestReceiptAuthority.shared.root], pinnedIntermediates: [
+            try Certificate(pem: String(contentsOfFile: ServerFixtures.receiptAuthority("rogue-intermediate.pem"), encoding: .utf8))]).read(receipt, at: now)
+        let error = try #require(refusal(receipt))
+        #expect(error.reason == .receiptSignature && error.detail.contains("pinned receipt intermediate"), "\(error)")
+    }
+
+    @Test func aSignerWithoutDigitalSignatureKeyUsageIsRefused() throws {
+        let error = try #require(refusal(try TestReceiptAuthority.shared.receipt(fields, signedBy: .keyAgreementOnly)))
+        #expect(error.reason == .receiptSignature && error.detail.contains("digitalSignature"), "\(error)")
+    }
+
+    @Test func aFarFutureNotBeforeIsRefused() throws {
+        var future = fields.refreshed(at: now, riskMetric: 0)
+        future.notBefore = Date(timeIntervalSince1970: 253_370_764_800)   // 9999-01-01
+        future.expiresAt = Date(timeIntervalSince1970: 253_402_214_400)
+        let error = try #require(refusal(try TestReceiptAuthority.shared.receipt(future)))
+        #expect(error.reason == .receiptMalformed && error.detail.contains("days after its creation"), "\(error)")
+        var inverted = fields.refreshed(at: now, riskMetric: 0)
+        inverted.expiresAt = now.addingTimeInterval(3600)
+        #expect(refusal(try TestReceiptAuthority.shared.receipt(inverted))?.detail.contains("after its expiry") == true)
+        // Apple's own spacing (a day) passes.
+        #expect(refusal(try TestReceiptAuthority.shared.receipt(fields.refreshed(at: now, riskMetric: 0))) == nil)
+    }
+
+    /// The certificates of a SignedData's set, through OpenSSL's PKCS#7 reader (as openssl pkcs7 -print_certs).
+    static func certificateSet(_ der: [UInt8]) throws -> [Certificate] {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("receipt-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let input = directory.appendingPathComponent("r.p7")
+        try Data(der).write(to: input)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        process.arguments = ["pkcs7", "-inform", "DER", "-in", input.path, "-print_certs"]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return try Certificate.all(pem: String(decoding: data, as: UTF8.self))
+    }
+}
+
+enum ServerFixtures {
+    static func receiptAuthority(_ file: String) -> String {
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("Fixtures/test-receipt-authority/\(file)").path
     }
 }

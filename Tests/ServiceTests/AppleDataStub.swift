@@ -14,7 +14,8 @@ final class AppleDataStub: Sendable {
     static let teamID = "ABCDE12345"
     static let keyID = "TESTKEY123"
     static let keyFile = ServerProcess.packageRoot.appendingPathComponent("Fixtures/test-receipt-authority/test-apple-key.p8").path
-    static let receiptRoot = ServerProcess.packageRoot.appendingPathComponent("Fixtures/test-receipt-authority/root.pem").path
+    /// The test receipt root and, after it, its intermediate (pinned).
+    static let receiptRoot = ServerProcess.packageRoot.appendingPathComponent("Fixtures/test-receipt-authority/anchor.pem").path
 
     enum Answer: Sendable, Equatable {
         /// 200 with a refreshed receipt carrying this metric.
@@ -64,7 +65,7 @@ final class AppleDataStub: Sendable {
             }
             guard request.method == "POST" else { return StubResponse(status: 405) }
             guard let der = Data(base64Encoded: String(decoding: request.body, as: UTF8.self)).map(Array.init),
-                  let old = try? ReceiptVerifier(anchors: [TestReceiptAuthority.shared.root]).read(der, at: Date()) else {
+                  let old = try? TestReceiptAuthority.shared.verifier().read(der, at: Date()) else {
                 return StubResponse(status: 400, body: Array("bad payload".utf8))
             }
             guard old.environment.rawValue == environment else { return StubResponse(status: 400, body: Array("wrong environment".utf8)) }
