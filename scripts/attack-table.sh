@@ -39,7 +39,7 @@ kill "$served"; wait "$served" 2>/dev/null || true
 echo "== what the defences cost: attest-sim load (16 devices, 10 s) in $rounds rounds"
 on=$(free_port) off=$(free_port)
 serve "$on" --mint-limit 1000000 --registration-quota 100000000 --challenge-limit 100000000
-serve "$off" --mint-limit 0 --registration-quota 0 --challenge-limit 0 --head-deadline 600 --min-body-rate 0 \
+serve "$off" --mint-limit 0 --registration-quota 0 --registration-limit-per-address 0 --challenge-limit 0 --head-deadline 600 --min-body-rate 0 \
   --write-timeout 3600 --max-connections-per-ip 0
 declare -A rate
 for round in $(seq "$rounds"); do

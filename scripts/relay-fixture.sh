@@ -101,7 +101,7 @@ serve() {  # serve PORT [OPTION…]: attestd ($ATTESTD, default the release buil
   if [ -z "${admin_taken:-}" ]; then admin="127.0.0.1:$admin_port"; admin_taken=1; else admin="127.0.0.1:0"; fi
   ${ATTESTD:-$bin/attestd} serve --db "$db" --listen "127.0.0.1:$1" --admin-listen "$admin" --trust-anchor Fixtures/test-authority/root.pem \
     --upstream-url "http://127.0.0.1:$upstream_port" --upstream-key-file "$work/upstream.key" \
-    --mint-limit 0 --challenge-limit 0 --registration-quota 0 ${THREADS:+--threads "$THREADS"} "${@:2}" 2>>"$work/attestd.log" &
+    --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep -q registration-limit-per-address && echo --registration-limit-per-address 0) ${THREADS:+--threads "$THREADS"} "${@:2}" 2>>"$work/attestd.log" &
   pids+=($!)
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$1/healthz" >/dev/null && break; sleep 0.05; done
 }
@@ -119,11 +119,21 @@ mint_token() {
   $bin/attest-sim simulate-device --base-url "http://127.0.0.1:$1" --client-id "$clid" --state-dir "$work/device" \
     --app-id ABCDE12345.com.example.app >/dev/null
   token=$(python3 -c 'import json,sys,glob; print(json.load(open(glob.glob(sys.argv[1]+"/client-*.json")[0]))["token"]["token"])' "$work/device")
+  # REQUEST=client023: shaped like the published client 0.2.3's (sorted keys, a fallbacks list, a
+  # web search tool, its betas and a user profile), so the policy reads every field it governs.
+  local body='{"model":"claude-bench","max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}' extra=""
+  if [ "${REQUEST:-}" = client023 ]; then
+    body='{"cache_control":{"type":"ephemeral"},"fallbacks":[{"model":"claude-haiku-4-5"}],"max_tokens":16,"messages":[{"content":"Hi","role":"user"}],"model":"claude-bench","stream":false,"tools":[{"max_uses":3,"name":"web_search","type":"web_search_20260209"}]}'
+    extra='wrk.headers["anthropic-beta"] = "feature-1,server-side-fallback-2026-06-01,user-profiles-2026-08-18"
+wrk.headers["anthropic-user-profile-id"] = "uprof_bench_1"
+wrk.headers["user-agent"] = "ClaudeForFoundationModels/0.2.3 (com.example.app/1.4; Swift/6.3; iOS/27.0.1)"'
+  fi
   cat > "$work/post.lua" <<EOF
 wrk.method = "POST"
-wrk.body = '{"model":"claude-bench","max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}'
+wrk.body = '$body'
 wrk.headers["content-type"] = "application/json"
 wrk.headers["anthropic-version"] = "2023-06-01"
 wrk.headers["authorization"] = "Bearer $token"
+$extra
 EOF
 }

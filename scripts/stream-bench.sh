@@ -34,7 +34,7 @@ port=$(free_port)
 # Every stream comes from 127.0.0.1 here, so the per-address limit is lifted for the run.
 $bin/attestd serve --db "$db" --admin-listen 127.0.0.1:0 --listen "127.0.0.1:$port" --trust-anchor Fixtures/test-authority/root.pem \
   --upstream-url "http://127.0.0.1:$stub_port" --upstream-key-file "$work/upstream.key" --max-connections-per-ip 0 \
-  --mint-limit 0 --challenge-limit 0 --registration-quota 0 ${THREADS:+--threads "$THREADS"} 2>"$work/attestd.log" &
+  --mint-limit 0 --challenge-limit 0 --registration-quota 0 --registration-limit-per-address 0 ${THREADS:+--threads "$THREADS"} 2>"$work/attestd.log" &
 pids+=($!)
 attestd=$!
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.05; done

@@ -34,10 +34,13 @@ public struct AdminRoutes: Sendable {
         return [
             // Liveness: cheap, no database (a load balancer restarts what fails it).
             Route(["GET"], "/healthz", on: both, shape: .oauth, handler: .answer { _ in RouteOutcome(.json(200, #"{"status":"ok"}"#)) }),
-            // Readiness: can this instance serve? (a load balancer takes it out while not).
-            Route(["GET"], "/readyz", on: both, shape: .oauth, handler: .answer { _ in
+            // Readiness: can this instance serve? (a load balancer takes it out while not). The
+            // reason names paths, hosts and users: it goes to the log and the admin listener only,
+            // never to the internet.
+            Route(["GET"], "/readyz", on: both, shape: .oauth, handler: .answer { context in
                 guard let problem = service.store.readinessProblem() else { return RouteOutcome(.json(200, #"{"status":"ready"}"#)) }
-                return RouteOutcome(.json(503, JSONText.object([("status", "unavailable"), ("reason", problem)])), detail: problem)
+                let body = context.listener == .admin ? JSONText.object([("status", "unavailable"), ("reason", problem)]) : #"{"status":"unavailable"}"#
+                return RouteOutcome(.json(503, body), detail: problem)
             }),
             Route(["GET"], "/metrics", on: adminListeners, shape: .oauth, handler: .answer { _ in
                 RouteOutcome(HTTPResponse(status: 200, headers: [("content-type", "text/plain; version=0.0.4")], body: metricsPage.render()))
@@ -82,13 +85,20 @@ public struct AdminRoutes: Sendable {
     /// 200 with `x-attest-workspace` and `x-attest-client-id` for a live token; otherwise 401, or
     /// 403 when the original request was for another API, in the relay's own shapes. The original
     /// path is what Envoy appends to this path, or nginx's `X-Original-URI` (or
-    /// `X-Forwarded-Uri`); without either, the Messages API is assumed.
+    /// `X-Forwarded-Uri`); without either the check fails closed with 403: a proxy configured
+    /// without them would otherwise authorise every API behind it.
     func authzCheck(_ context: RequestContext) throws -> RouteOutcome {
         let request = context.request, requestID = context.requestID
         guard let grant = try RelayRoutes.authenticated(request, service) else {
             return RouteOutcome(RelayRoutes.unauthenticated(requestID), reason: RejectionReason.tokenRejected.rawValue)
         }
-        if let original = Self.originalPath(request), !MessagesRelay.relayedPaths.contains(original) {
+        guard let original = Self.originalPath(request) else {
+            return RouteOutcome(RelayRoutes.apiError(403, "permission_error",
+                                                     "the proxy did not say which request it asks about (X-Original-URI or X-Forwarded-Uri)",
+                                                     requestID: requestID),
+                                clientID: grant.clientID, reason: RejectionReason.outOfScope.rawValue, detail: "no original URI")
+        }
+        guard MessagesRelay.relayedPaths.contains(original) else {
             return RouteOutcome(RelayRoutes.apiError(403, "permission_error", "this access token authorizes the Messages API only", requestID: requestID),
                                 clientID: grant.clientID, reason: RejectionReason.outOfScope.rawValue)
         }
@@ -104,14 +114,16 @@ public struct AdminRoutes: Sendable {
         return splitPath(uri)
     }
 
-    /// The path of a request target (origin or absolute form), without its query.
+    /// The path of a request target (origin or absolute form), without its query. A `#` is part
+    /// of the path here: nginx's `$request_uri` is the target as the client sent it, and the
+    /// upstream receives `/v1/messages#x` as that whole path, so it must not read as `/v1/messages`.
     static func splitPath(_ target: String) -> String {
         var rest = Substring(target)
         if !rest.hasPrefix("/"), let scheme = rest.range(of: "://") {
             rest = rest[scheme.upperBound...]
             rest = rest.firstIndex(of: "/").map { rest[$0...] } ?? "/"
         }
-        return String(rest.prefix { $0 != "?" && $0 != "#" })
+        return String(rest.prefix { $0 != "?" })
     }
 }
 

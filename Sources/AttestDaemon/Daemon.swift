@@ -53,11 +53,13 @@ public final class Daemon: Sendable {
         // The admin routes never answer on the public listener. /metrics is rendered at most once a
         // second: a scrape costs a page of text, and a flood of them must not cost a page each.
         let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay, ledger: ledger,
-                                   trustedProxies: options.trustedProxies, separateAdminListener: true,
+                                   trustedProxies: options.trustedProxies, trustedProxyHeader: options.trustedProxyHeader,
+                                   separateAdminListener: true, adminHostNames: options.adminHostNames,
                                    exchangeWorkers: exchangeWorkers, metricsMaxAge: 1,
                                    // The console: on the admin listener only, on the same service layer as attestctl.
                                    extraRoutes: ConsoleRoutes(admin: AdminService(store: store), secrets: relayOptions.secrets,
-                                                              trustedProxies: options.trustedProxies).routes)
+                                                              trustedProxies: options.trustedProxies,
+                                                              trustedProxyHeader: options.trustedProxyHeader).routes)
 
         var configuration = HTTPServerConfiguration()
         configuration.host = options.host
@@ -100,7 +102,7 @@ public final class Daemon: Sendable {
         services += store.backgroundServices
         services.append(audit)
         if let ledger { services.append(ledger) }
-        services.append(purgeJob(store: store, logger: logger))
+        services.append(purgeJob(store: store, logger: logger, auditRetentionDays: options.auditRetentionDays))
         if let receipts = verifier.receiptVerifier {
             var refresh = ReceiptRefreshConfiguration()
             refresh.productionURL = options.appleDataProductionURL
@@ -187,7 +189,7 @@ public final class Daemon: Sendable {
     /// G3 unless a test root is trusted: then the test receipt root, or nothing (said loudly).
     static func receiptPolicy(_ options: ServeOptions, _ logger: Logger) throws -> AppAttestVerifier.ReceiptPolicy {
         let roots = try roots(options.receiptTrustAnchors, option: "--receipt-trust-anchor", event: "receipt_trust_anchor",
-                              note: "receipts are checked against this root instead of Apple Root CA - G3; tests only", logger)
+                              note: "receipts are checked against this root (and pinned intermediate) instead of Apple Root CA - G3; tests only", logger)
         if !roots.isEmpty { return .anchors(roots) }
         if !options.trustAnchors.isEmpty {
             logger.warning("receipts_unchecked", [("note", "--trust-anchor without --receipt-trust-anchor: attestations' receipts are not checked "
@@ -272,14 +274,27 @@ final class HTTPListener: Service {
 }
 
 /// Used and expired challenges, and challenge requests past their window, are purged once a
-/// minute so those tables stay small.
-func purgeJob(store: TokenStore, logger: Logger, every interval: Double = 60) -> PeriodicTask {
+/// minute so those tables stay small; so are audit rows past their retention, in bounded batches
+/// (a first run on a large old log deletes it over many minutes, never in one long transaction).
+func purgeJob(store: TokenStore, logger: Logger, every interval: Double = 60, auditRetentionDays: Int = 400,
+              auditBatch: Int = 1000, auditBatchesPerRun: Int = 10) -> PeriodicTask {
     PeriodicTask("purge", every: interval) {
         do {
+            if auditRetentionDays > 0 {
+                let before = Date() - Double(auditRetentionDays) * 86_400
+                var purged = 0
+                for _ in 0..<auditBatchesPerRun {
+                    let deleted = try store.purgeAudit(before: before, limit: auditBatch)
+                    purged += deleted
+                    if deleted < auditBatch { break }
+                }
+                if purged > 0 { logger.info("audit_purged", [("count", purged), ("retention_days", auditRetentionDays)]) }
+            }
             let purged = try store.purgeChallenges(before: Date())
             if purged > 0 { logger.info("challenges_purged", [("count", purged)]) }
             // Challenge requests only matter for their one-minute window.
-            _ = try store.purgeChallengeRequests(before: Date() - 120)
+            // (registrations, counted per address for an hour, an hour and two minutes after).
+            _ = try store.purgeChallengeRequests(before: Date() - 120, registrationsBefore: Date() - 3720)
             // Console sign-in links and sessions, an hour after they ended.
             _ = try store.purgeConsoleAccess(before: Date() - 3600)
         } catch { logger.error("purge_failed", [("error", String(describing: error))]) }

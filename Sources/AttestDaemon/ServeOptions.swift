@@ -14,16 +14,18 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--apple-data-url-production URL] [--apple-data-url-development URL] [--apple-data-ca-file PEM]
                      [--risk-refresh-interval SECONDS] [--risk-refresh-rate PER_SECOND] [--risk-refresh-lease SECONDS]
                      [--mint-limit PER_MINUTE] [--registration-quota PER_HOUR] [--challenge-limit PER_MINUTE]
+                     [--registration-limit-per-address PER_HOUR]
                      [--introspection-key-file FILE] [--threads N] [--exchange-threads N] [--synchronous full|normal]
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
                      [--max-connections N] [--max-connections-per-ip N] [--no-migrate] [--shutdown-grace SECONDS]
                      [--head-deadline SECONDS] [--min-body-rate BYTES_PER_SECOND] [--write-timeout SECONDS]
-                     [--trusted-proxy CIDR]… [--admin-listen HOST:PORT] [--usage-flush-interval SECONDS] [--no-usage-ledger]
+                     [--trusted-proxy CIDR]… [--trusted-proxy-header x-forwarded-for|forwarded] [--admin-listen HOST:PORT] [--usage-flush-interval SECONDS] [--no-usage-ledger]
+                     [--audit-retention-days N] [--base-url URL]…
 --db is a SQLite file or a PostgreSQL URL (postgresql://user@host/db?sslmode=…, as libpq reads it, so PGPASSWORD
           and ~/.pgpass work), default $ATTESTD_DB, else ./attestd.sqlite; --no-migrate only checks the schema
           (apply it with attestctl migrate)
 defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-limit 10
-          --registration-quota 1000 --challenge-limit 600 --threads: one per core, at least 2 (PostgreSQL: two
+          --registration-quota 1000 --registration-limit-per-address 20 --challenge-limit 600 --threads: one per core, at least 2 (PostgreSQL: two
           per core, at least 4) --exchange-threads: eight per core, at least 16 (PostgreSQL: as --threads)
           --synchronous full (0 disables a limit)
           --upstream-url https://api.anthropic.com --secrets-key-file $ATTESTD_SECRETS_KEY_FILE, else attestd.key
@@ -45,8 +47,10 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
           wait for the database at the same time commit together (one fsync) and are answered by the
           thread that committed them, so a worker never waits for its batch.
 --trusted-proxy CIDR (repeatable): only when the peer is in one of these networks is the caller's
-          address taken from X-Forwarded-For or Forwarded (the right-most hop that is not a trusted
-          proxy); from anyone else those headers are ignored. Rate limits per caller use that address.
+          address taken from the header the proxy writes, --trusted-proxy-header (x-forwarded-for, the
+          default, or forwarded): the right-most hop that is not a trusted proxy. The other header is
+          ignored (a client could put its own hop after the proxy's), and from anyone else both are.
+          Rate limits per caller use that address.
 --admin-listen HOST:PORT (default 127.0.0.1:9090; none: no admin listener): /metrics,
           /v1/oauth/introspect and /v1/authz/check (the token check for nginx auth_request and Envoy
           ext_authz) are served there only, never on the public listener, which faces the internet;
@@ -60,11 +64,21 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
           integrations update) and the per-device and monthly limits read the database's counts
           plus this instance's unwritten ones. --no-usage-ledger: relay without recording usage or
           applying the policy (benchmarks only: nothing is billed or limited).
+--base-url URL (repeatable): how operators' browsers reach the admin listener (its console), e.g.
+          https://attest-admin.example.com. The admin listener answers only a Host that is an IP
+          address, localhost or one of these hosts; any other gets 421 (DNS rebinding cannot read
+          /metrics or the console from an operator's browser).
+--audit-retention-days (default 400, 0 = keep forever): audit rows older than this are deleted by the
+          purge job, at most 10,000 a minute. Device refusals are one row per action, client ID,
+          reason and minute with a count, so a flood of bad requests adds few rows.
 --trust-anchor PEM (repeatable; development and tests): attestations chained to this root are accepted
           next to Apple's. No Apple receipt can exist for them, so receipts are then not checked (a warning
-          says so at start) unless --receipt-trust-anchor PEM names the root that signs theirs, which then
-          replaces Apple Root CA - G3 for every receipt. Without either, every attestation's receipt must
-          chain to G3 and name the attested key, the App ID and the attestation's time (at most 300 s off).
+          says so at start) unless --receipt-trust-anchor PEM names the root that signs theirs and, after it,
+          the intermediate their signer is under (pinned), which then replace Apple Root CA - G3 and Apple's
+          receipt intermediate for every receipt. Without either, every attestation's receipt must chain to G3
+          through Apple Application Integration CA 5 - G1 (its key pinned), from a signer with
+          digitalSignature key usage and Apple's receipt-signer extension, and name the attested key, the App
+          ID and the attestation's time (at most 300 s off).
 --risk-refresh-interval (default 86400): a device's receipt is sent to Apple's data service this long
           after its registration or last refresh (never before the receipt's "not before", never after it
           expires, only while the device exchanged in the last 30 days), with its team's key (attestctl
@@ -128,6 +142,7 @@ public struct ServeOptions: Sendable {
     /// and those routes are served nowhere: the public listener never has them).
     public var admin: (host: String, port: UInt16)? = ("127.0.0.1", 9090)
     public var trustedProxies: [CIDR] = []
+    public var trustedProxyHeader = ForwardingHeader.xForwardedFor
     public var headDeadline = HTTPServerConfiguration().headDeadlineSeconds
     public var minBodyRate = HTTPServerConfiguration().minBodyBytesPerSecond
     public var writeTimeout = HTTPServerConfiguration().writeTimeoutSeconds
@@ -135,6 +150,9 @@ public struct ServeOptions: Sendable {
     public var maxConnectionsPerIP = HTTPServerConfiguration().maxConnectionsPerIP
     public var usageFlushInterval = 1.0
     public var usageLedger = true
+    public var auditRetentionDays = 400
+    /// Hosts of `--base-url`: accepted as `Host` on the admin listener.
+    public var adminHostNames: [String] = []
 
     static func httpsURL(_ text: String, option: String) throws -> String {
         guard let url = URL(string: text), url.scheme?.lowercased() == "https", url.host != nil else {
@@ -173,6 +191,8 @@ public struct ServeOptions: Sendable {
             case "--token-ttl": exchange.tokenTTL = TimeInterval(try number("--token-ttl", 300...86_400))
             case "--mint-limit": exchange.mintLimitPerMinute = try number("--mint-limit", 0...1_000_000)
             case "--registration-quota": exchange.registrationQuotaPerHour = try number("--registration-quota", 0...100_000_000)
+            case "--registration-limit-per-address":
+                exchange.registrationLimitPerAddress = try number("--registration-limit-per-address", 0...100_000_000)
             case "--challenge-limit": exchange.challengeLimitPerMinute = try number("--challenge-limit", 0...100_000_000)
             case "--introspection-key-file": introspectionKeyFile = try value()
             case "--upstream-url":
@@ -186,6 +206,12 @@ public struct ServeOptions: Sendable {
             case "--upstream-key-file": upstreamKeyFile = try value()
             case "--secrets-key-file": secretsKeyFile = try value()
             case "--no-migrate": migrate = false
+            case "--trusted-proxy-header":
+                let text = try value().lowercased()
+                guard let header = ForwardingHeader(rawValue: text) else {
+                    throw StartupError("--trusted-proxy-header takes x-forwarded-for or forwarded, got \(text)")
+                }
+                trustedProxyHeader = header
             case "--trusted-proxy":
                 let text = try value()
                 guard let network = CIDR(text) else { throw StartupError("--trusted-proxy takes an IP network such as 10.0.0.0/8 or ::1, got \(text)") }
@@ -198,6 +224,14 @@ public struct ServeOptions: Sendable {
             case "--max-connections-per-ip": maxConnectionsPerIP = try number("--max-connections-per-ip", 0...1_000_000)
             case "--usage-flush-interval": usageFlushInterval = Double(try number("--usage-flush-interval", 1...5))
             case "--no-usage-ledger": usageLedger = false
+            case "--base-url":
+                let text = try value()
+                guard let url = URL(string: text), let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https",
+                      let host = url.host, !host.isEmpty else {
+                    throw StartupError("--base-url takes the URL operators' browsers use for the admin listener, such as https://attest-admin.example.com, got \(text)")
+                }
+                adminHostNames.append(host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host)
+            case "--audit-retention-days": auditRetentionDays = try number("--audit-retention-days", 0...100_000)
             case "--threads": threads = try number("--threads", 1...256)
             case "--exchange-threads": exchangeThreads = try number("--exchange-threads", 1...256)
             case "--synchronous":

@@ -80,6 +80,17 @@ enum ConsolePages {
                                                        with: "<meta charset=\"utf-8\">\n<meta http-equiv=\"refresh\" content=\"0; url=/console/\">"))
     }
 
+    /// The sign-in link's page: one button posts the link's token (a preview's GET spends nothing).
+    static func signInButton(token: String) -> HTML {
+        let form = HTML.element("form", [("method", "post"), ("action", "/console/sign-in")],
+                                HTML.void("input", [("type", "hidden"), ("name", "token"), ("value", token)])
+                                + HTML.element("div", [("class", "actions")],
+                                               HTML.element("button", [("type", "submit"), ("class", "primary"), ("id", "sign-in")], "Sign in")))
+        return layout(title: "Sign in", request: nil, nav: nil,
+                      HTML.element("h1", [], "Sign in to the console")
+                      + HTML.element("p", [], "This link signs you in once, within 10 minutes of being made.") + form)
+    }
+
     static func signInRefused(_ state: SignInLinkState) -> HTML {
         let reason = switch state {
         case .alreadyUsed: "This sign-in link has already been used. Each link signs in once."
@@ -88,7 +99,8 @@ enum ConsolePages {
         }
         return layout(title: "Sign-in link not valid", request: nil, nav: nil,
                       HTML.element("h1", [], "Sign-in link not valid") + HTML.element("p", [("role", "alert")], HTML.text(reason))
-                      + HTML.element("p", [], HTML.text(howToSignIn)))
+                      + HTML.element("p", [], HTML.text(howToSignIn))
+                      + HTML.element("p", [], "Already signed in? " + HTML.element("a", [("href", "/console/"), ("id", "to-console")], "Go to the console")))
     }
 
     static func signedOut() -> HTML {

@@ -19,10 +19,10 @@ public struct ConsoleRoutes: Sendable {
     /// Form bodies: a page's fields, 32 bundle IDs of 155 characters at most.
     static let formLimit = 16_384
 
-    public init(admin: AdminService, secrets: SecretsKeySource?, trustedProxies: [CIDR] = []) {
+    public init(admin: AdminService, secrets: SecretsKeySource?, trustedProxies: [CIDR] = [], trustedProxyHeader: ForwardingHeader = .xForwardedFor) {
         self.admin = admin
         self.secrets = secrets
-        security = ConsoleSecurity(callers: CallerResolver(trustedProxies: trustedProxies))
+        security = ConsoleSecurity(callers: CallerResolver(trustedProxies: trustedProxies, header: trustedProxyHeader))
     }
 
     public var routes: [Route] {
@@ -33,9 +33,10 @@ public struct ConsoleRoutes: Sendable {
             Route(["GET"], "/console/static/{file}", name: "/console/static", on: [.admin], shape: .console, handler: .answer { context in
                 RouteOutcome(ConsoleAssets.response(context.parameters["file"] ?? ""))
             }),
-            Route(["GET"], "/console/sign-in", on: [.admin], executor: .worker, shape: .console, handler: .answer { context in
-                try signIn(context)
-            }),
+            // GET shows one "Sign in" button; only its POST uses the link up, so a chat app's or
+            // mail client's link preview (a GET) cannot spend it.
+            Route(["GET", "POST"], "/console/sign-in", on: [.admin], bodyLimit: 4096, executor: .worker, shape: .console,
+                  handler: .answer { context in try signIn(context) }),
             route("/console/sign-out", post: { request in
                 try admin.signOut(token: request.sessionToken, actor: request.session.email)
                 return RouteOutcome(Self.finish(ConsolePages.signedOut(), status: 200, extra: [security.clearCookie(for: request.context.request)]))
@@ -65,11 +66,23 @@ public struct ConsoleRoutes: Sendable {
 
     // MARK: Signing in
 
-    /// Opening a sign-in link: used up, a session cookie set, and on to the console. A used,
-    /// expired or unknown link gets a page that says which, and no session.
+    /// Opening a sign-in link shows a page with one button; pressing it (a POST from that page,
+    /// so with our Origin) uses the link up, sets the session cookie, and goes on to the console.
+    /// A used, expired or unknown link gets a page that says which, and no session.
     func signIn(_ context: RequestContext) throws -> RouteOutcome {
-        let fields = (try? RequestParsing.formFields(Array((context.request.query ?? "").utf8))) ?? [:]
-        let token = fields["token"] ?? ""
+        let request = context.request
+        guard request.method == "POST" else {
+            let fields = (try? RequestParsing.formFields(Array((request.query ?? "").utf8))) ?? [:]
+            guard let token = fields["token"], ConsoleAccess.isPlausibleToken(token) else {
+                return RouteOutcome(Self.finish(ConsolePages.signInRefused(.unknown), status: 403), reason: "console_sign_in_unknown")
+            }
+            return RouteOutcome(Self.finish(ConsolePages.signInButton(token: token), status: 200))
+        }
+        guard RequestParsing.hasMediaType(request.header("content-type"), "application/x-www-form-urlencoded"), security.originAllowed(request) else {
+            return RouteOutcome(Self.finish(ConsolePages.message("Request refused",
+                "Sign in with the button on the sign-in link's page; nothing was changed."), status: 403), reason: "console_origin_refused")
+        }
+        let token = ((try? RequestParsing.formFields(request.body)) ?? [:])["token"] ?? ""
         switch try admin.signIn(linkToken: token) {
         case .signedIn(let token, let session):
             let cookie = security.setCookie(token, for: context.request)
@@ -110,7 +123,7 @@ public struct ConsoleRoutes: Sendable {
 
     /// The session check around every page and form; the domain's refusals as pages.
     func guarded(_ context: RequestContext, form: [String: String], _ body: (ConsoleRequest) throws -> RouteOutcome) throws -> RouteOutcome {
-        guard let token = ConsoleSecurity.sessionCookie(context.request), let session = try admin.consoleSession(token: token) else {
+        guard let token = security.sessionCookie(context.request), let session = try admin.consoleSession(token: token) else {
             return RouteOutcome(Self.finish(ConsolePages.signInNeeded(), status: 401, extra: [security.clearCookie(for: context.request)]),
                                 reason: "console_no_session")
         }

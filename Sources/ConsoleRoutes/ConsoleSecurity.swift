@@ -8,6 +8,9 @@ import TokenService
 /// session cookie, the CSRF token of forms, and `Origin` on whatever changes state.
 struct ConsoleSecurity: Sendable {
     static let cookieName = "attestd_console"
+    /// Over TLS the cookie takes the `__Host-` prefix: the browser then holds it only if it is
+    /// Secure, for Path=/ and this host alone, so a sibling subdomain cannot plant or shadow it.
+    static let secureCookieName = "__Host-attestd_console"
     /// Scripts and styles only from our own static files; no inline script, no CDN, no frames.
     static let contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
         + "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -22,12 +25,13 @@ struct ConsoleSecurity: Sendable {
 
     let callers: CallerResolver
 
-    /// The session cookie's value, if the request sent one.
-    static func sessionCookie(_ request: HTTPRequest) -> String? {
+    /// The session cookie's value, if the request sent one: over TLS only the `__Host-` one.
+    func sessionCookie(_ request: HTTPRequest) -> String? {
+        let name = arrivedOverTLS(request) ? Self.secureCookieName : Self.cookieName
         for header in request.headers where header.name == "cookie" {
             for pair in header.value.split(separator: ";") {
                 let parts = pair.split(separator: "=", maxSplits: 1)
-                if parts.count == 2, parts[0].trimmingCharacters(in: .whitespaces) == cookieName {
+                if parts.count == 2, parts[0].trimmingCharacters(in: .whitespaces) == name {
                     return parts[1].trimmingCharacters(in: .whitespaces)
                 }
             }
@@ -49,12 +53,19 @@ struct ConsoleSecurity: Sendable {
     }
 
     func setCookie(_ token: String, for request: HTTPRequest) -> (name: String, value: String) {
-        ("set-cookie", "\(Self.cookieName)=\(token); Path=/console/; Max-Age=\(Int(ConsoleAccess.sessionLifetime)); HttpOnly; SameSite=Strict"
-            + (arrivedOverTLS(request) ? "; Secure" : ""))
+        ("set-cookie", cookie(token, maxAge: Int(ConsoleAccess.sessionLifetime), request))
     }
 
     func clearCookie(for request: HTTPRequest) -> (name: String, value: String) {
-        ("set-cookie", "\(Self.cookieName)=; Path=/console/; Max-Age=0; HttpOnly; SameSite=Strict" + (arrivedOverTLS(request) ? "; Secure" : ""))
+        ("set-cookie", cookie("", maxAge: 0, request))
+    }
+
+    /// Plain HTTP (loopback): `attestd_console`, for /console/ only. Over TLS: `__Host-attestd_console`,
+    /// which must be Secure with Path=/.
+    private func cookie(_ value: String, maxAge: Int, _ request: HTTPRequest) -> String {
+        arrivedOverTLS(request)
+            ? "\(Self.secureCookieName)=\(value); Path=/; Max-Age=\(maxAge); HttpOnly; SameSite=Strict; Secure"
+            : "\(Self.cookieName)=\(value); Path=/console/; Max-Age=\(maxAge); HttpOnly; SameSite=Strict"
     }
 
     /// The origin this console is served from, as the browser names it: the `Host` the request

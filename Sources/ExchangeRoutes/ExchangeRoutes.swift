@@ -88,7 +88,8 @@ public struct ExchangeRoutes: Sendable {
         guard let object = RequestParsing.base64(fields["attestation_object"]!) else {
             throw attempt(clientID, keyID, "register", BadRequest("attestation_object is not base64"))
         }
-        service.register(clientID: clientID, keyID: keyID, attestationObject: object) { result in
+        let caller = callers.caller(peer: context.request.remoteAddress, headers: context.request.headers)
+        service.register(clientID: clientID, keyID: keyID, attestationObject: object, caller: caller) { result in
             answer(result.map { RouteOutcome(Self.tokenResponse($0), clientID: clientID) })
         }
     }

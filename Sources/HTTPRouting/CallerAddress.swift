@@ -38,13 +38,26 @@ public struct CIDR: Sendable, Equatable, CustomStringConvertible {
     }
 }
 
+/// The one header a trusted proxy writes the client's address into (`--trusted-proxy-header`).
+public enum ForwardingHeader: String, Sendable, CaseIterable {
+    case xForwardedFor = "x-forwarded-for"
+    case forwarded
+}
+
 /// Who is calling: the TCP peer, unless the peer is a trusted proxy, in which case the right-most
-/// address of `X-Forwarded-For` (or `Forwarded: for=`) that is not itself a trusted proxy. From
-/// anyone else those headers are ignored: a client cannot choose its own rate-limit bucket.
+/// address of the one header that proxy writes (`X-Forwarded-For` by default, or `Forwarded:
+/// for=`) that is not itself a trusted proxy. The other header is ignored, whoever sends it: a
+/// proxy appends to the header it writes and passes the other through as the client sent it, so
+/// reading both would let a client put its own hop last. From anyone else both are ignored: a
+/// client cannot choose its own rate-limit bucket.
 public struct CallerResolver: Sendable {
     public let trustedProxies: [CIDR]
+    public let header: ForwardingHeader
 
-    public init(trustedProxies: [CIDR]) { self.trustedProxies = trustedProxies }
+    public init(trustedProxies: [CIDR], header: ForwardingHeader = .xForwardedFor) {
+        self.trustedProxies = trustedProxies
+        self.header = header
+    }
 
     public func isTrusted(_ address: String) -> Bool {
         guard !trustedProxies.isEmpty, let parsed = IPAddress(address) else { return false }
@@ -55,9 +68,10 @@ public struct CallerResolver: Sendable {
         guard isTrusted(peer) else { return peer }
         var hops: [String] = []
         for header in headers {
-            if header.name == "x-forwarded-for" {
+            guard header.name == self.header.rawValue else { continue }
+            if self.header == .xForwardedFor {
                 hops += header.value.split(separator: ",").map { String($0) }
-            } else if header.name == "forwarded" {
+            } else {
                 for element in header.value.split(separator: ",") {
                     for pair in element.split(separator: ";") {
                         let parts = pair.split(separator: "=", maxSplits: 1)

@@ -263,10 +263,12 @@ extension PostgresTokenStore {
         }
     }
 
-    public func purgeChallengeRequests(before: Date) throws -> Int {
+    public func purgeChallengeRequests(before: Date, registrationsBefore: Date) throws -> Int {
         try run { db in
-            try db.query("WITH d AS (DELETE FROM challenge_requests WHERE at <= $1 RETURNING 1) SELECT count(*) FROM d",
-                         [Self.seconds(before)]).first { Int(try $0.int(0)) } ?? 0
+            try db.query("""
+                WITH d AS (DELETE FROM challenge_requests WHERE at <= $1 AND (at <= $2 OR left(caller, $3) <> $4) RETURNING 1) SELECT count(*) FROM d
+                """, [Self.seconds(before), Self.seconds(registrationsBefore), .int(Int64(DeviceTokenService.registrationBucketPrefix.count)),
+                      .text(DeviceTokenService.registrationBucketPrefix)]).first { Int(try $0.int(0)) } ?? 0
         }
     }
 }

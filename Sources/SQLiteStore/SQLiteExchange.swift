@@ -292,7 +292,11 @@ extension SQLiteTokenStore {
         }
     }
 
-    public func purgeChallengeRequests(before: Date) throws -> Int {
-        try writeInBackground { try $0.run("DELETE FROM challenge_requests WHERE at <= ?", [.real(before.timeIntervalSince1970)]) }
+    public func purgeChallengeRequests(before: Date, registrationsBefore: Date) throws -> Int {
+        try writeInBackground {
+            try $0.run("DELETE FROM challenge_requests WHERE at <= ? AND (at <= ? OR substr(caller, 1, ?) <> ?)",
+                       [.real(before.timeIntervalSince1970), .real(registrationsBefore.timeIntervalSince1970),
+                        .int(Int64(DeviceTokenService.registrationBucketPrefix.utf8.count)), .text(DeviceTokenService.registrationBucketPrefix)])
+        }
     }
 }

@@ -24,11 +24,12 @@ public final class ServiceRouter: Sendable {
     ///   - exchangeWorkers: where the device exchange and introspection run (nil: the loops).
     ///   - metricsMaxAge: how long one rendering of /metrics is served (seconds).
     public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil,
-                ledger: UsageLedger? = nil, trustedProxies: [CIDR] = [], separateAdminListener: Bool = false,
+                ledger: UsageLedger? = nil, trustedProxies: [CIDR] = [], trustedProxyHeader: ForwardingHeader = .xForwardedFor,
+                separateAdminListener: Bool = false, adminHostNames: [String] = [],
                 exchangeWorkers: WorkerPool? = nil, metricsMaxAge: Double = 0, extraRoutes: [Route] = []) {
         self.logger = logger
         let metrics = service.metrics
-        let callers = CallerResolver(trustedProxies: trustedProxies)
+        let callers = CallerResolver(trustedProxies: trustedProxies, header: trustedProxyHeader)
         metricsPage = MetricsPage(metrics: metrics, maxAge: metricsMaxAge)
         metrics.describe("attestd_http_requests_total", "HTTP requests, by route and status.")
         metrics.describe("attestd_rejections_total", "Refused device requests, by endpoint and exact reason.")
@@ -36,7 +37,8 @@ public final class ServiceRouter: Sendable {
             + RelayRoutes(service: service, relay: relay, ledger: ledger, logger: logger).routes
             + AdminRoutes(service: service, introspectionKey: introspectionKey, metricsPage: metricsPage, adminOnly: separateAdminListener).routes
             + extraRoutes
-        router = Router(routes: routes, middleware: [RequestIDHeader(), RequestMetrics(metrics: metrics), AccessLog(logger: logger, callers: callers)],
+        router = Router(routes: routes, middleware: [RequestIDHeader(), RequestMetrics(metrics: metrics), AccessLog(logger: logger, callers: callers),
+                                                     AdminHostCheck(names: adminHostNames)],
                         fallbackShape: .oauth, workers: exchangeWorkers,
                         // Queued by caller, so that no caller's flood delays another's exchange.
                         workerKey: { request in callers.caller(peer: request.remoteAddress, headers: request.headers) },

@@ -17,6 +17,10 @@ public struct ExchangeConfiguration: Sendable {
     /// and the verification work an anonymous caller can cause, without letting one caller
     /// starve an integration's other devices.
     public var challengeLimitPerMinute = 600
+    /// Registration requests per caller (remote address) per hour (0 = unlimited): one device
+    /// generating key after key cannot use up its integration's quota and lock new installs out.
+    /// Many installs behind one carrier NAT share an address: raise it for such audiences.
+    public var registrationLimitPerAddress = 20
     /// Lifetime of the `next_challenge` handed out with a token: long enough to still be valid
     /// when the client refreshes, 60 s before the token expires (or a little after).
     public var nextChallengeTTL: TimeInterval { tokenTTL + challengeTTL }
@@ -90,13 +94,26 @@ public final class DeviceTokenService: Sendable {
 
     // MARK: Register
 
+    /// The rolling window a caller's registrations are counted in (beside its challenge requests,
+    /// kept an hour instead of two minutes).
+    public static func registrationBucket(_ caller: String) -> String { registrationBucketPrefix + caller }
+    public static let registrationBucketPrefix = "register "
+
     /// Verifies the attestation and stores the device with its first token; `completion` gets the
     /// token once that is committed (see `exchanging`).
-    public func register(clientID: String, keyID: [UInt8], attestationObject: [UInt8],
+    /// - Parameter caller: who is asking (the remote address), for the per-address registration limit.
+    public func register(clientID: String, keyID: [UInt8], attestationObject: [UInt8], caller: String = "",
                          completion: @escaping @Sendable (Result<IssuedToken, any Error>) -> Void) {
         exchanging(clientID: clientID, keyID: keyID, action: "register", completion: completion) { time, context, integration, challenge, committed in
             if context.device != nil {
                 throw Rejection(.invalidGrant, .keyAlreadyRegistered, "key ID is already registered")
+            }
+            if configuration.registrationLimitPerAddress > 0, !caller.isEmpty {
+                let window = try store.recordChallengeRequest(caller: Self.registrationBucket(caller), at: time, since: time - 3600)
+                if let retry = Self.overLimit(window, limit: configuration.registrationLimitPerAddress, seconds: 3600, at: time) {
+                    throw Rejection(.rateLimited(retryAfter: retry), .registrationAddressLimit,
+                                    "caller over \(configuration.registrationLimitPerAddress) registrations an hour")
+                }
             }
             if configuration.registrationQuotaPerHour > 0,
                let retry = Self.atLimit(try store.registrationsSince(clientID: integration.clientID, since: time - 3600),

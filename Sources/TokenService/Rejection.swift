@@ -16,7 +16,7 @@ public enum RejectionReason: String, Sendable, CaseIterable {
     case invalidRequest
     case unknownClient, clientRevoked
     case noPendingChallenge, keyAlreadyRegistered, unknownKey, counterRaced
-    case mintLimit, registrationQuota, challengeLimit
+    case mintLimit, registrationQuota, challengeLimit, registrationAddressLimit
     // Bearer tokens and the other routes.
     case tokenRejected, outOfScope, noUpstream, methodNotAllowed, introspectionUnauthorized
     // The Messages relay: the integration's policy (the exact `PolicyRefusal` is the detail).

@@ -51,12 +51,19 @@ import Glibc
         func check(_ method: String = "GET", _ path: String = "/v1/authz/check", token: String?, headers: [String: String] = [:]) async throws -> HTTPResult {
             try await admin.send(method, path, headers: headers.merging(token.map { ["authorization": "Bearer \($0)"] } ?? [:]) { $1 })
         }
-        // nginx auth_request: GET, the original headers.
-        let live = try await check(token: fixture.tokenA)
+        // nginx auth_request: GET, the original headers and the original URI.
+        let messages = ["x-original-uri": "/v1/messages"]
+        let live = try await check(token: fixture.tokenA, headers: messages)
         #expect(live.status == 200)
         #expect(live.header("x-attest-workspace") == "default")
         #expect(live.header("x-attest-client-id") == fixture.clientA)
-        #expect(try await check(token: fixture.tokenB).header("x-attest-workspace") == "second")
+        #expect(try await check(token: fixture.tokenB, headers: messages).header("x-attest-workspace") == "second")
+        // A proxy that does not say what it asks about is refused: the check fails closed.
+        let unsaid = try await check(token: fixture.tokenA)
+        #expect(unsaid.status == 403 && UsageTests.errorType(unsaid) == "permission_error")
+        // nginx's $request_uri as sent: a `#` is part of the path the upstream would get, not its end.
+        #expect(try await check(token: fixture.tokenA, headers: ["x-original-uri": "/v1/messages#/../v1/files"]).status == 403)
+        #expect(try await check(token: fixture.tokenA, headers: ["x-forwarded-uri": "/v1/messages"]).status == 200)
         // Envoy ext_authz: the original method, and the original path after this one.
         let envoy = try await check("POST", "/v1/authz/check/v1/messages", token: fixture.tokenA)
         #expect(envoy.status == 200 && envoy.header("x-attest-client-id") == fixture.clientA)
@@ -78,8 +85,8 @@ import Glibc
                                                                          headers: ["authorization": "Bearer \(fixture.tokenA)"]).status == 404)
         // Revocation: refused on the next check.
         _ = try UsageTests.ctl(fixture, ["integrations", "revoke", fixture.clientA, "--actor", "owner@example.com", "--yes"])
-        #expect(try await check(token: fixture.tokenA).status == 401)
-        #expect(try await check(token: fixture.tokenB).status == 200)
+        #expect(try await check(token: fixture.tokenA, headers: messages).status == 401)
+        #expect(try await check(token: fixture.tokenB, headers: messages).status == 200)
     }
 
     @Test func nginxWithTheREADMEsConfigurationPassesALiveTokenAndRefusesARevokedOneOnItsNextRequest() async throws {

@@ -48,8 +48,10 @@ import WebDriver
     }
 
     func flow(_ fixture: ConsoleFixture, _ browser: Browser) async throws {
-        // 1. Sign in with a fresh link.
+        // 1. Sign in with a fresh link: its page has one button (a link preview spends nothing).
         try await browser.open(try fixture.signInLink())
+        try await browser.wait("the sign-in button") { (try? await browser.find("#sign-in")) != nil }
+        try await browser.click(try await browser.find("#sign-in"))
         try await browser.waitForPage("App integrations") { $0 == "/console/" }
         #expect(try await browser.text("h1") == "App integrations")
         #expect(try await browser.text("header .who").contains(ConsoleFixture.owner))

@@ -72,21 +72,32 @@ final class ConsoleFixture: @unchecked Sendable {
         return response
     }
 
-    /// Opens a sign-in link; returns the session cookie it set.
+    /// Opens a sign-in link and presses its button; returns the session cookie it set.
     func signIn(_ actor: String = owner) throws -> String {
         let link = try signInLink(actor)
-        let path = String(link.dropFirst(adminBase.count))
-        let response = try request("GET", path)
+        let response = try redeem(String(link.dropFirst(adminBase.count)))
         guard response.status == 200, let cookie = Self.sessionCookie(response) else {
             throw HTTPTestError("sign-in answered \(response.status): \(response.text.prefix(300))")
         }
         return cookie
     }
 
+    /// What a browser does with a sign-in link: GET its page (which spends nothing), then POST its
+    /// one form, from that page (our Origin). `headers` go with both.
+    func redeem(_ path: String, headers: [(String, String)] = [], origin: String? = nil) throws -> RawResponse {
+        let page = try request("GET", path, headers: headers)
+        guard page.status == 200, let range = page.text.range(of: #"name="token" value=""#) else { return page }
+        let token = String(page.text[range.upperBound...].prefix { $0 != "\"" })
+        return try request("POST", "/console/sign-in", headers: headers + [("Origin", origin ?? self.origin)], form: [("token", token)])
+    }
+
     static func sessionCookie(_ response: RawResponse) -> String? {
-        guard let header = response.headers["set-cookie"], header.hasPrefix("attestd_console="),
-              let value = header.dropFirst("attestd_console=".count).split(separator: ";").first, !value.isEmpty else { return nil }
-        return String(value)
+        guard let header = response.headers["set-cookie"] else { return nil }
+        for name in ["attestd_console=", "__Host-attestd_console="] where header.hasPrefix(name) {
+            guard let value = header.dropFirst(name.count).split(separator: ";").first, !value.isEmpty else { return nil }
+            return String(value)
+        }
+        return nil
     }
 
     /// The CSRF token of the first form on `path`, as the page renders it for this session.

@@ -15,7 +15,15 @@ import TokenService
         #expect(link.hasPrefix(fixture.adminBase + "/console/sign-in?token="))
         let path = String(link.dropFirst(fixture.adminBase.count))
 
-        let first = try fixture.request("GET", path)
+        // The link's page spends nothing (a chat app's preview fetches it): one button signs in.
+        let page = try fixture.request("GET", path)
+        #expect(page.status == 200 && page.text.contains(#"id="sign-in""#) && ConsoleFixture.sessionCookie(page) == nil)
+        #expect(try fixture.request("GET", path).status == 200, "fetching the page twice spends nothing")
+        // The button's POST must come from the console's own page.
+        let token = String(path.split(separator: "=").last!)
+        let foreign = try fixture.request("POST", "/console/sign-in", headers: [("Origin", "https://evil.example")], form: [("token", token)])
+        #expect(foreign.status == 403 && ConsoleFixture.sessionCookie(foreign) == nil)
+        let first = try fixture.redeem(path)
         #expect(first.status == 200)
         let cookie = try #require(ConsoleFixture.sessionCookie(first))
         let setCookie = first.headers["set-cookie"] ?? ""
@@ -23,13 +31,15 @@ import TokenService
         #expect(!setCookie.contains("Secure"))   // plain HTTP, no trusted proxy
         #expect(try fixture.request("GET", "/console/", headers: [("Cookie", "attestd_console=\(cookie)")]).status == 200)
 
-        let reused = try fixture.request("GET", path)
+        let reused = try fixture.redeem(path)
         #expect(reused.status == 403 && reused.text.contains("already been used") && ConsoleFixture.sessionCookie(reused) == nil)
+        // A member who is signed in already finds the way back from the refusal.
+        #expect(reused.text.contains(#"href="/console/""#))
 
         // One character changed.
         var tampered = Array(path)
         tampered[tampered.count - 1] = tampered.last == "A" ? "B" : "A"
-        let bad = try fixture.request("GET", String(tampered))
+        let bad = try fixture.redeem(String(tampered))
         #expect(bad.status == 403 && bad.text.contains("not valid") && ConsoleFixture.sessionCookie(bad) == nil)
         #expect(try fixture.request("GET", "/console/sign-in").status == 403)
 
@@ -37,14 +47,13 @@ import TokenService
         let store = try SQLiteTokenStore(path: fixture.db)
         let past = AdminService(store: store, now: { Date() - 11 * 60 })
         let old = try past.createSignInLink(for: ConsoleFixture.owner)
-        let expired = try fixture.request("GET", "/console/sign-in?token=\(old)")
+        let expired = try fixture.redeem("/console/sign-in?token=\(old)")
         #expect(expired.status == 403 && expired.text.contains("expired") && ConsoleFixture.sessionCookie(expired) == nil)
 
         // Only members get links.
         #expect(throws: (any Error).self) { try fixture.signInLink("stranger@example.com") }
         // The database holds hashes only: neither the link's token nor the cookie is in it.
         let bytes = try Data(contentsOf: URL(fileURLWithPath: fixture.db)) + ((try? Data(contentsOf: URL(fileURLWithPath: fixture.db + "-wal"))) ?? Data())
-        let token = String(path.split(separator: "=").last!)
         #expect(bytes.range(of: Data(token.utf8)) == nil && bytes.range(of: Data(cookie.utf8)) == nil)
     }
 
@@ -161,13 +170,19 @@ import TokenService
         let fixture = try ConsoleFixture(extraArguments: ["--trusted-proxy", "127.0.0.1/32"])
         defer { fixture.stop() }
         let link = try fixture.signInLink()
-        let viaTLS = try fixture.request("GET", String(link.dropFirst(fixture.adminBase.count)),
-                                         headers: [("X-Forwarded-Proto", "https"), ("X-Forwarded-Host", "console.example.com")])
-        #expect(viaTLS.headers["set-cookie"]?.contains("; Secure") == true)
+        let tls = [("X-Forwarded-Proto", "https"), ("X-Forwarded-Host", "console.example.com")]
+        let viaTLS = try fixture.redeem(String(link.dropFirst(fixture.adminBase.count)), headers: tls, origin: "https://console.example.com")
+        // Over TLS the cookie is __Host-: Secure, Path=/, bound to this host.
+        let setCookie = viaTLS.headers["set-cookie"] ?? ""
+        #expect(setCookie.hasPrefix("__Host-attestd_console=") && setCookie.contains("; Secure") && setCookie.contains("Path=/;"))
         let cookie = try #require(ConsoleFixture.sessionCookie(viaTLS))
-        let csrf = try fixture.csrf(cookie)
+        // Over TLS only the __Host- cookie is read: one without the prefix (planted by a sibling host) is not a session.
+        #expect(try fixture.request("GET", "/console/", headers: tls + [("Cookie", "attestd_console=\(cookie)")]).status == 401)
+        let page = try fixture.request("GET", "/console/", headers: tls + [("Cookie", "__Host-attestd_console=\(cookie)")])
+        #expect(page.status == 200)
+        let csrf = try #require(page.text.range(of: #"name="csrf" value=""#).map { String(page.text[$0.upperBound...].prefix { $0 != "\"" }) })
         let fields = [("name", "Via proxy"), ("team_id", "ABCDE12345"), ("bundle_ids", "com.example.proxy"), ("env_production", "on")]
-        let proxied = [("Cookie", "attestd_console=\(cookie)"), ("X-Forwarded-Proto", "https"), ("X-Forwarded-Host", "console.example.com")]
+        let proxied = [("Cookie", "__Host-attestd_console=\(cookie)")] + tls
         // The browser's origin is the proxy's https one, not the listener's.
         #expect(try fixture.request("POST", "/console/integrations", headers: proxied + [("Origin", fixture.origin)],
                                     form: [("csrf", csrf)] + fields).status == 403)

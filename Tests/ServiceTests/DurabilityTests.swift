@@ -226,6 +226,7 @@ import TokenService
         defer { try? FileManager.default.removeItem(at: directory) }
         let server = try ServerProcess(db: db)
         let http = TestHTTP(baseURL: server.baseURL)
+        let admin = TestHTTP(baseURL: server.adminBaseURL)
         let device = try ManualDevice(clientID: clientID)
         #expect(try await http.registerFresh(device).status == 200)
         #expect(try await http.send("GET", "/readyz").status == 200)
@@ -237,9 +238,12 @@ import TokenService
 
         try FileManager.default.removeItem(atPath: db)
         try await Task.sleep(nanoseconds: 1_500_000_000)   // the file is checked about once a second
+        // The internet learns only that this instance is unavailable; the path is for the operator.
         let ready = try await http.send("GET", "/readyz")
         #expect(ready.status == 503)
-        #expect((ready.json["reason"] as? String)?.contains("deleted") == true)
+        #expect(String(decoding: ready.body, as: UTF8.self) == #"{"status":"unavailable"}"#)
+        let reason = try await admin.send("GET", "/readyz")
+        #expect(reason.status == 503 && (reason.json["reason"] as? String)?.contains("deleted") == true)
         // Every exchange writes (a challenge, a token): all refused, nothing acknowledged into an unlinked file.
         let refused = try await http.challenge(device)
         #expect(refused.status == 503 && refused.error == "server_error")

@@ -65,7 +65,7 @@ import Glibc
         for round in 1...10 {
             let (directory, db, clientID) = try DurabilityTests().makeDatabase()
             defer { try? FileManager.default.removeItem(at: directory) }
-            let server = try ServerProcess(db: db, extraArguments: ["--mint-limit", "0", "--registration-quota", "0", "--challenge-limit", "0",
+            let server = try ServerProcess(db: db, extraArguments: ["--mint-limit", "0", "--registration-quota", "0", "--registration-limit-per-address", "0", "--challenge-limit", "0",
                                                                     "--shutdown-grace", "10"])
             let outcomes = Mutex<[Outcome]>([])
             let finished = DispatchGroup()

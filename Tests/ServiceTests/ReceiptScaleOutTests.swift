@@ -35,7 +35,7 @@ import Testing
 
         @discardableResult
         func startInstance() throws -> ServerProcess {
-            let instance = try ServerProcess(db: url, extraArguments: ["--secrets-key-file", keyFile, "--mint-limit", "0", "--registration-quota", "0",
+            let instance = try ServerProcess(db: url, extraArguments: ["--secrets-key-file", keyFile, "--mint-limit", "0", "--registration-quota", "0", "--registration-limit-per-address", "0",
                                                                        "--challenge-limit", "0", "--risk-refresh-interval", "1",
                                                                        "--risk-refresh-lease", "2"] + stub.serverArguments)
             instances.append(instance)

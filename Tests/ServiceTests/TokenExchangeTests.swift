@@ -316,11 +316,19 @@ import ServiceRoutes
         let chain: [(name: String, value: String)] = [("x-forwarded-for", "203.0.113.9, 198.51.100.7, 10.1.2.3")]
         #expect(resolver.caller(peer: "10.0.0.1", headers: chain) == "198.51.100.7")   // right-most untrusted hop
         #expect(resolver.caller(peer: "192.0.2.1", headers: chain) == "192.0.2.1")      // untrusted peer: headers ignored
-        #expect(resolver.caller(peer: "::1", headers: [("forwarded", #"for="[2001:db8::1]:4711";proto=https"#)]) == "2001:db8::1")
-        #expect(resolver.caller(peer: "::1", headers: [("forwarded", "for=192.0.2.60:80, for=10.9.9.9")]) == "192.0.2.60")
+        let viaForwarded = CallerResolver(trustedProxies: [CIDR("10.0.0.0/8")!, CIDR("::1")!], header: .forwarded)
+        #expect(viaForwarded.caller(peer: "::1", headers: [("forwarded", #"for="[2001:db8::1]:4711";proto=https"#)]) == "2001:db8::1")
+        #expect(viaForwarded.caller(peer: "::1", headers: [("forwarded", "for=192.0.2.60:80, for=10.9.9.9")]) == "192.0.2.60")
         #expect(resolver.caller(peer: "10.0.0.1", headers: [("x-forwarded-for", "not-an-address")]) == "10.0.0.1")
         #expect(resolver.caller(peer: "10.0.0.1", headers: []) == "10.0.0.1")
         #expect(CIDR("10.0.0.0/33") == nil && CIDR("bogus") == nil)
+        // Only the header the proxy writes counts: a client's Forwarded after the proxy's
+        // X-Forwarded-For (the review's attack) does not choose the caller, nor the other way round.
+        let mixed: [(name: String, value: String)] = [("x-forwarded-for", "198.51.100.7"), ("forwarded", "for=203.0.113.77")]
+        #expect(resolver.caller(peer: "10.0.0.1", headers: mixed) == "198.51.100.7")
+        let forwardedOnly = CallerResolver(trustedProxies: [CIDR("10.0.0.0/8")!], header: .forwarded)
+        #expect(forwardedOnly.caller(peer: "10.0.0.1", headers: mixed) == "203.0.113.77")
+        #expect(forwardedOnly.caller(peer: "10.0.0.1", headers: [("x-forwarded-for", "198.51.100.7")]) == "10.0.0.1")
         #expect(CIDR("::ffff:10.0.0.1") != nil)
     }
 

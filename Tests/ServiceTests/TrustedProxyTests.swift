@@ -43,12 +43,14 @@ import Testing
 
         /// A challenge request for a fresh key from `source`: through the proxy, or straight to
         /// attestd; `forwardedFor` is what the client itself claims in X-Forwarded-For.
-        func challenge(from source: String, viaProxy: Bool = true, clientID: String? = nil, forwardedFor: String? = nil) throws -> RawResponse {
+        func challenge(from source: String, viaProxy: Bool = true, clientID: String? = nil, forwardedFor: String? = nil,
+                       forwarded: String? = nil) throws -> RawResponse {
             let keyID = Data((0..<32).map { _ in UInt8.random(in: 0...255) }).base64EncodedString()
             let body = #"{"client_id":"\#(clientID ?? self.clientID)","key_id":"\#(keyID)"}"#
             var request = "POST /v1/oauth/app-attest/challenge HTTP/1.1\r\nHost: attest.example.com\r\nContent-Type: application/json\r\n"
                 + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n"
             if let forwardedFor { request += "X-Forwarded-For: \(forwardedFor)\r\n" }
+            if let forwarded { request += "Forwarded: \(forwarded)\r\n" }
             let connection = try RawConnection(host: viaProxy ? proxy.host : "127.0.0.1", port: viaProxy ? proxy.port : server.port,
                                                timeout: 3, source: source)
             guard connection.sendAll(request + "\r\n" + body), let response = connection.readFramedResponse() else {
@@ -102,7 +104,14 @@ import Testing
         // Nor straight to attestd: a peer that is not a trusted proxy is the caller, whatever it claims.
         let direct = try hop.statuses(Self.limit + 2, from: "127.0.0.7", viaProxy: false) { "198.51.100.\($0 + 1)" }
         #expect(direct == Self.allowed + [429, 429], "spoofed X-Forwarded-For from an untrusted peer")
-        #expect(hop.proxy.forwarded == 3 * (Self.limit + 1) + (Self.limit + 5) + (Self.limit + 2), "requests through the proxy")
+        // Nor with the header the proxy does not write: a client's own `Forwarded` (which the proxy
+        // passes on as it came, after its X-Forwarded-For) is ignored.
+        var viaForwarded: [Int] = []
+        for n in 0..<(Self.limit + 2) {
+            viaForwarded.append(try hop.challenge(from: "127.0.0.8", forwarded: "for=198.51.100.\(70 + n)").status)
+        }
+        #expect(viaForwarded == Self.allowed + [429, 429], "a client-sent Forwarded through the proxy")
+        #expect(hop.proxy.forwarded == 3 * (Self.limit + 1) + (Self.limit + 5) + 2 * (Self.limit + 2), "requests through the proxy")
     }
 
     @Test func withoutTrustedProxiesForwardedForIsIgnored() async throws {

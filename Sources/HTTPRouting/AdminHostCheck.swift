@@ -1,0 +1,47 @@
+import HTTPServer
+
+/// The admin listener answers only requests addressed to it: a `Host` that is an IP address, or
+/// `localhost`, or one of the names the operator gave (`attestd serve --base-url`). Any other
+/// `Host` gets 421 before any route runs. A request without one (HTTP/1.0) is not a browser's. A page on another site that rebinds its own name to this
+/// machine's address (DNS rebinding) sends that name as `Host`, so it cannot read /metrics or the
+/// console from an operator's browser.
+public struct AdminHostCheck: Middleware {
+    /// Lowercased host names (no port) besides IP literals and `localhost`.
+    let names: Set<String>
+
+    public init(names: [String]) { self.names = Set(names.map { $0.lowercased() }) }
+
+    public func before(_ context: RequestContext) -> RouteOutcome? {
+        guard context.listener == .admin, let host = context.request.header("host") else { return nil }
+        guard !allows(host) else { return nil }
+        return RouteOutcome(context.route.shape.refusal(421, context.requestID), reason: "misdirected_request",
+                            detail: "Host \(host.prefix(64)) is not this admin listener's")
+    }
+
+    /// Whether a `Host` header value names this listener.
+    public func allows(_ host: String) -> Bool {
+        let name = Self.hostName(host).lowercased()
+        guard !name.isEmpty else { return false }
+        return name == "localhost" || IPAddress(name) != nil || names.contains(name)
+    }
+
+    /// The host of a `Host` value without its port (`[::1]:9090` → `::1`).
+    static func hostName(_ value: String) -> String {
+        let trimmed = value.trimmingCharacters(in: " \t")
+        if trimmed.hasPrefix("[") {
+            guard let close = trimmed.firstIndex(of: "]") else { return "" }
+            return String(trimmed[trimmed.index(after: trimmed.startIndex)..<close])
+        }
+        if let colon = trimmed.lastIndex(of: ":") { return String(trimmed[..<colon]) }
+        return trimmed
+    }
+}
+
+private extension String {
+    func trimmingCharacters(in set: String) -> String {
+        var text = Substring(self)
+        while let first = text.first, set.contains(first) { text.removeFirst() }
+        while let last = text.last, set.contains(last) { text.removeLast() }
+        return String(text)
+    }
+}
