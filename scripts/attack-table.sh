@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-30} connections=${2:-5000} rounds=${3:-3}
-bin=.build/release
+bin=${BIN:-.build/release}  # BIN: another build's directory, to compare
 [ -x $bin/attestd ] && [ -x $bin/attestctl ] && [ -x $bin/attest-sim ] || swift build -c release >/dev/null
 ulimit -n 65536 2>/dev/null || true
 work=$(mktemp -d /tmp/attack-table.XXXXXX)

@@ -24,10 +24,7 @@ public enum MessagesRequestFields {
         var profiles = 0
         for header in request.headers {
             if header.name == "anthropic-beta" {
-                for beta in header.value.split(separator: ",") {
-                    let name = beta.trimmingCharacters(in: .whitespaces)
-                    if !name.isEmpty { input.betas.append(name) }
-                }
+                input.betaHeaderValues.append(header.value)
             } else if header.name == profileHeader {
                 profiles += 1
                 input.profile = header.value

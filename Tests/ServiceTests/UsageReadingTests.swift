@@ -6,6 +6,77 @@ import TokenService
 
 /// The bounded scans behind the policy and the ledger: the request's `model` and `max_tokens`,
 /// the reply's `usage`, and usage read from an SSE stream as its bytes pass.
+/// What the client 0.2.3's requests carry that the policy governs: fallbacks, server tools, betas,
+/// the user profile; and what its replies say about the serving model and server-tool use.
+@Suite struct ClientFieldReadingTests {
+    static func fields(_ json: String) -> PolicyInput { UsageReadingTests.fields(json) }
+
+    @Test func fallbacksInBothFormsAndServerToolsAreRead() {
+        let list = Self.fields(#"{"fallbacks":[{"model":"claude-opus-4-8"},{"model":"b","thinking":{"type":"disabled"}}],"model":"a","tools":[{"name":"f","input_schema":{}},{"type":"custom","name":"c"},{"type":"bash_20250124","name":"bash"},{"max_uses":3,"name":"web_search","type":"web_search_20260209"},{"name":"code_execution","type":"code_execution_20260120"}]}"#)
+        #expect(list.malformed == nil && list.problem == nil)
+        #expect(list.fallbacks == .models(["claude-opus-4-8", "b"]))
+        #expect(list.serverTools == [ServerToolInput(type: "web_search_20260209", maxUses: 3), ServerToolInput(type: "code_execution_20260120")])
+        #expect(list.serverTools.map(\.name) == ["web_search", "code_execution"])
+        #expect(Self.fields(#"{"fallbacks":"default"}"#).fallbacks == .serverDefault)
+        #expect(Self.fields(#"{"fallbacks":[],"tools":[]}"#).fallbacks == FallbacksInput.none)
+        #expect(Self.fields(#"{"fallbacks":null,"tools":null}"#).malformed == nil)
+    }
+
+    @Test(arguments: [
+        (#"{"fallbacks":{"model":"a"}}"#, "fallbacks: must be"),
+        (#"{"fallbacks":7}"#, "fallbacks: must be"),
+        (#"{"fallbacks":"other"}"#, "the only string it takes"),
+        (#"{"fallbacks":[{"model":"a"},{"model":"b"},{"model":"c"},{"model":"d"}]}"#, "at most 3"),
+        (#"{"fallbacks":[{"name":"a"}]}"#, "fallbacks[0]"),
+        (#"{"fallbacks":["a"]}"#, "fallbacks[0]"),
+        (#"{"tools":{"type":"web_search_20260209"}}"#, "tools: must be an array"),
+        (#"{"tools":[{"type":"web_search_20260209","max_uses":"2"}]}"#, "tools[0].max_uses"),
+        (#"{"tools":[{"type":"web_search_20260209","max_uses":-1}]}"#, "tools[0].max_uses"),
+        (#"{"tools":[{"type":7}]}"#, "tools[0].type"),
+        (#"{"tools":[1]}"#, "tools[0]"),
+    ])
+    func malformedGovernedFieldsAreNamed(_ body: String, _ problem: String) {
+        let malformed = Self.fields(body).malformed
+        #expect(malformed?.contains(problem) == true, "\(malformed ?? "nil")")
+    }
+
+    @Test func betasAreSplitAsTheClientJoinsThemAndTheProfileIsChecked() {
+        var input = PolicyInput()
+        input.betaHeaderValues = ["feature-1,server-side-fallback-2026-06-01, user-profiles-2026-08-18", " ,\tx ,"]
+        #expect(input.betas == ["feature-1", "server-side-fallback-2026-06-01", "user-profiles-2026-08-18", "x"])
+        for good in ["uprof_test_1", "uprof_A-b_9", "uprof_" + String(repeating: "x", count: 122)] { #expect(IntegrationPolicy.isValidProfileID(good), "\(good)") }
+        for bad in ["uprof_", "user_1", "uprof_a b", "uprof_é", "uprof_" + String(repeating: "x", count: 123), "UPROF_a"] {
+            #expect(!IntegrationPolicy.isValidProfileID(bad), "\(bad)")
+        }
+    }
+
+    @Test func theServingModelIsTheLastFallbacksTargetElseTheRepliesModel() {
+        let plain = UsageObject.servedReply(Array(#"{"model":"claude-a","content":[{"type":"text","text":"fallback \"to\""}],"usage":{"input_tokens":3,"output_tokens":4,"server_tool_use":{"web_search_requests":2,"web_fetch_requests":0,"Bad-Name":9}}}"#.utf8))
+        #expect(plain.model == "claude-a")
+        #expect(plain.usage == TokenUsage(inputTokens: 3, outputTokens: 4, serverToolUse: ["web_search_requests": 2]))
+        let handed = UsageObject.servedReply(Array(#"{"model":"claude-a","content":[{"type":"fallback","from":{"model":"claude-a"},"to":{"model":"claude-b"}},{"type":"text","text":"x"},{"type":"fallback","from":{"model":"claude-b"},"to":{"model":"claude-c"},"trigger":{"type":"refusal"}}],"usage":{}}"#.utf8))
+        #expect(handed.model == "claude-c")
+    }
+
+    @Test func aStreamsServingModelAndServerToolUseAreReadAsTheyPass() {
+        var reader = StreamUsageReader()
+        let events = [
+            #"event: message_start"# + "\n" + #"data: {"type":"message_start","message":{"model":"claude-a","usage":{"input_tokens":5,"output_tokens":1,"server_tool_use":{"web_search_requests":0}}}}"#,
+            #"event: content_block_start"# + "\n" + #"data: {"type":"content_block_start","index":0,"content_block":{"type":"fallback","from":{"model":"claude-a"},"to":{"model":"claude-b"}}}"#,
+            #"event: content_block_start"# + "\n" + #"data: {"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}"#,
+            #"event: message_delta"# + "\n" + #"data: {"type":"message_delta","usage":{"output_tokens":7,"server_tool_use":{"web_search_requests":3}}}"#,
+            #"event: message_stop"# + "\n" + #"data: {"type":"message_stop"}"#,
+        ].map { $0 + "\n\n" }.joined()
+        let bytes = Array(events.utf8)
+        // Fed in small pieces, as chunks arrive.
+        for start in stride(from: 0, to: bytes.count, by: 7) {
+            bytes[start..<min(start + 7, bytes.count)].withUnsafeBytes { _ = reader.feed($0) }
+        }
+        #expect(reader.servingModel == "claude-b")
+        #expect(reader.usage == TokenUsage(inputTokens: 5, outputTokens: 7, serverToolUse: ["web_search_requests": 3]))
+    }
+}
+
 @Suite struct UsageReadingTests {
     static func fields(_ json: String) -> PolicyInput {
         MessagesRequestFields.policyInput(Array(json.utf8), spendsTokens: true)
