@@ -3,10 +3,11 @@
 # (release build) with 64 simulated devices refreshing tokens (attest-sim load), once alone and once
 # while one address sends FLOOD junk requests (challenges for client IDs with no integration,
 # registrations and token requests with random keys and proofs) pipelined on 8 keep-alive
-# connections. Prints the audit rows and bytes the flood added and the exchange p99 of both runs,
+# connections from 127.0.0.2. Prints the audit rows and bytes the flood added and the exchange p99 of both runs,
 # in ROUNDS interleaved pairs (a failed run is reported FAILED, never as a figure).
 #
 #   scripts/audit-flood.sh [FLOOD=100000] [ROUNDS=3] [SECONDS_PER_RUN=8]
+#   BIN=/path/to/other/build/release scripts/audit-flood.sh …   # another build (its audit log as it was)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flood=${1:-100000} rounds=${2:-3} seconds=${3:-8}
@@ -26,7 +27,8 @@ run() {  # run LABEL FLOOD_COUNT: a fresh database, the load, and the flood besi
     --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
   port=$(free_port)
   $bin/attestd serve --db "$db" --listen "127.0.0.1:$port" --admin-listen none --trust-anchor Fixtures/test-authority/root.pem \
-    --mint-limit 0 --registration-quota 0 --registration-limit-per-address 0 2>>"$work/attestd.log" &
+    --mint-limit 0 --registration-quota 0 \
+    $("$bin/attestd" serve --help 2>&1 | grep registration-limit-per-address >/dev/null && echo --registration-limit-per-address 0) 2>>"$work/attestd.log" &
   local pid=$!
   pids+=($pid)
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.05; done
@@ -50,7 +52,8 @@ def junk(n):
     return ("POST %s HTTP/1.1\r\nHost: a\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s" % (path, ctype, len(body), body)).encode()
 answered = [0] * 8
 def worker(i):
-    s = socket.create_connection(("127.0.0.1", port))
+    # From an address of its own (the devices use 127.0.0.1): one attacker, its own per-address limits.
+    s = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0))
     share = total // 8 + (1 if i < total % 8 else 0)
     sent = 0
     buffer = b""
@@ -78,13 +81,14 @@ for t in threads: t.join()
 print(sum(answered))
 EOF
     flooder=$!
+    pids+=($flooder)
   fi
   local out
   out=$($bin/attest-sim load --base-url "http://127.0.0.1:$port" --client-id "$clid" --devices 64 --seconds "$seconds" 2>&1) || {
-    echo "$1: FAILED: $out" | tail -3; kill $pid; return 1; }
+    echo "$1: FAILED: $(grep -E "error|FAILED|failed" <<<"$out" | tail -4)"; [ -n "$flooder" ] && kill "$flooder" 2>/dev/null; kill -9 $pid; return 1; }
   if [ -n "$flooder" ]; then wait "$flooder"; fi
   sleep 1   # the audit log writes a few times a second; one more flush after the last refusal
-  kill -TERM $pid; wait $pid 2>/dev/null || true
+  kill -9 $pid; wait $pid 2>/dev/null || true
   local rows bytes
   rows=$(( $(sqlite3 "$db" "SELECT count(*) FROM audit_log") - rows_before ))
   bytes=$(sqlite3 "$db" "SELECT coalesce(sum(length(action) + length(coalesce(client_id,'')) + length(coalesce(key_id,'')) + length(coalesce(reason,'')) + length(coalesce(detail,'')) + 24), 0) FROM audit_log WHERE actor IS NULL")

@@ -19,7 +19,7 @@ run() {
   rm -rf $w/d; mkdir $w/d
   $B/attestctl init --db $w/d/db.sqlite --owner b@example.com >/dev/null
   clid=$($B/attestctl integrations create --db $w/d/db.sqlite --actor b@example.com --name B --team-id ABCDE12345 --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
-  $B/attestd serve --db $w/d/db.sqlite --listen 127.0.0.1:$port --trust-anchor $root/Fixtures/test-authority/root.pem --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$B/attestd" serve --help 2>&1 | grep -q registration-limit-per-address && echo --registration-limit-per-address 0) $args 2>$w/log & pid=$!
+  $B/attestd serve --db $w/d/db.sqlite --listen 127.0.0.1:$port --trust-anchor $root/Fixtures/test-authority/root.pem --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$B/attestd" serve --help 2>&1 | grep registration-limit-per-address >/dev/null && echo --registration-limit-per-address 0) $args 2>$w/log & pid=$!
   for _ in $(seq 100); do curl -sf http://127.0.0.1:$port/healthz >/dev/null && break; sleep 0.05; done
   cs0=$(cat /proc/$pid/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s+=$2} END {print s}'); cpu0=$(awk '{print $14+$15}' /proc/$pid/stat)
   out=$($root/.build/release/attest-sim load --base-url http://127.0.0.1:$port --client-id $clid --devices $n --seconds 6 2>&1); st=$?

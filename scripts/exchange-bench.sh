@@ -72,7 +72,7 @@ start() {  # start BIN DB [EXTRA…]: sets $port; the process is tracked for cle
   port=$(free_port)
   local admin=(); supports "$bin" --admin-listen && admin=(--admin-listen 127.0.0.1:0)
   "$bin/attestd" serve --db "$db" --listen "127.0.0.1:$port" --trust-anchor Fixtures/test-authority/root.pem \
-    $(secrets "$bin") "${admin[@]}" --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep -q registration-limit-per-address && echo --registration-limit-per-address 0) "$@" 2>>"$work/attestd.log" &
+    $(secrets "$bin") "${admin[@]}" --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep registration-limit-per-address >/dev/null && echo --registration-limit-per-address 0) "$@" 2>>"$work/attestd.log" &
   pids+=($!)
   for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && return 0; sleep 0.05; done
   echo "attestd did not start: $(tail -3 "$work/attestd.log")"; return 1

@@ -17,7 +17,7 @@ $bin/attestctl init --db "$db" --owner load@example.com >/dev/null
 clid=$($bin/attestctl integrations create --db "$db" --actor load@example.com --name Load --team-id ABCDE12345 \
        --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
 $bin/attestd serve --db "$db" --admin-listen 127.0.0.1:0 --listen 127.0.0.1:0 --trust-anchor Fixtures/test-authority/root.pem \
-    --mint-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep -q registration-limit-per-address && echo --registration-limit-per-address 0) --challenge-limit 0 --synchronous "${SYNC:-full}" ${THREADS:+--threads "$THREADS"} \
+    --mint-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep registration-limit-per-address >/dev/null && echo --registration-limit-per-address 0) --challenge-limit 0 --synchronous "${SYNC:-full}" ${THREADS:+--threads "$THREADS"} \
     2> "$dir/server.log" &
 server=$!
 for _ in $(seq 100); do grep -q '"event":"listening"' "$dir/server.log" 2>/dev/null && break; sleep 0.1; done

@@ -77,7 +77,7 @@ start() {
   port[$name]=$(free_port)
   $bin/attestd serve --db "$db" --listen "127.0.0.1:${port[$name]}" --admin-listen none --trust-anchor Fixtures/test-authority/root.pem \
     --upstream-url "http://127.0.0.1:$upstream_port" --upstream-key-file "$work/upstream.key" \
-    --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep -q registration-limit-per-address && echo --registration-limit-per-address 0) 2>>"$work/$name.log" &
+    --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep registration-limit-per-address >/dev/null && echo --registration-limit-per-address 0) 2>>"$work/$name.log" &
   pid[$name]=$!
   pids+=($!)
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:${port[$name]}/healthz" >/dev/null && break; sleep 0.05; done

@@ -101,7 +101,7 @@ serve() {  # serve PORT [OPTION…]: attestd ($ATTESTD, default the release buil
   if [ -z "${admin_taken:-}" ]; then admin="127.0.0.1:$admin_port"; admin_taken=1; else admin="127.0.0.1:0"; fi
   ${ATTESTD:-$bin/attestd} serve --db "$db" --listen "127.0.0.1:$1" --admin-listen "$admin" --trust-anchor Fixtures/test-authority/root.pem \
     --upstream-url "http://127.0.0.1:$upstream_port" --upstream-key-file "$work/upstream.key" \
-    --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep -q registration-limit-per-address && echo --registration-limit-per-address 0) ${THREADS:+--threads "$THREADS"} "${@:2}" 2>>"$work/attestd.log" &
+    --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep registration-limit-per-address >/dev/null && echo --registration-limit-per-address 0) ${THREADS:+--threads "$THREADS"} "${@:2}" 2>>"$work/attestd.log" &
   pids+=($!)
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$1/healthz" >/dev/null && break; sleep 0.05; done
 }

@@ -37,7 +37,7 @@ setup() {  # setup DB → client ID
 start() {  # start DB: sets $port (not in a subshell, so the process is tracked for cleanup)
   port=$(free_port)
   $bin/attestd serve --db "$1" --admin-listen 127.0.0.1:0 --listen "127.0.0.1:$port" --trust-anchor Fixtures/test-authority/root.pem \
-    --secrets-key-file "$work/attestd.key" --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep -q registration-limit-per-address && echo --registration-limit-per-address 0) 2>>"$work/attestd.log" &
+    --secrets-key-file "$work/attestd.key" --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep registration-limit-per-address >/dev/null && echo --registration-limit-per-address 0) 2>>"$work/attestd.log" &
   pids+=($!)
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.05; done
 }
