@@ -23,9 +23,10 @@ public enum RejectionReason: String, Sendable, CaseIterable {
     case policyRefused
     case storeUnavailable, internalError
 
+    /// The verification cases are spelled the same here (`everyVerificationReasonHasARejectionReason`
+    /// pins it); a case added to one and not the other falls back to `malformed` instead of trapping.
     public init(_ verification: VerificationReason) {
-        // The verification cases are spelled the same here.
-        self = RejectionReason(rawValue: verification.rawValue)!
+        self = RejectionReason(rawValue: verification.rawValue) ?? .malformed
     }
 }
 

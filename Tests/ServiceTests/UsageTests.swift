@@ -27,13 +27,19 @@ import Glibc
         lines.reduce(0) { $0 + ($1[field] as? Int ?? 0) }
     }
 
-    /// Waits (the ledger flushes every second) until attestctl sees `requests` relayed requests.
-    static func waitForRequests(_ fixture: Fixture, _ requests: Int, timeout: TimeInterval = 6) async throws -> [[String: Any]] {
+    /// Waits (the ledger flushes every second) until attestctl sees `requests` relayed requests;
+    /// a timeout is a failure of the test, not a silent return.
+    static func waitForRequests(_ fixture: Fixture, _ requests: Int, timeout: TimeInterval = 6,
+                                sourceLocation: SourceLocation = #_sourceLocation) async throws -> [[String: Any]] {
         let deadline = Date() + timeout
         while true {
             let lines = try usage(fixture)
-            if total(lines, "requests") >= requests || Date() > deadline { return lines }
-            try await Task.sleep(for: .milliseconds(200))
+            if total(lines, "requests") >= requests { return lines }
+            guard Date() <= deadline else {
+                Issue.record("the ledger never held \(requests) requests within \(timeout) s: \(total(lines, "requests"))", sourceLocation: sourceLocation)
+                return lines
+            }
+            try await Task.sleep(for: .milliseconds(100))
         }
     }
 

@@ -93,3 +93,14 @@ import TokenService
         #expect(try admin.integrations(workspace: "team-b").count == 1)
     }
 }
+
+/// Every App Attest verification step has a rejection reason of the same name: the mapping the
+/// service logs and counts by is total, so no verification failure is reported as another.
+@Suite struct RejectionReasonMappingTests {
+    @Test func everyVerificationReasonHasARejectionReason() {
+        for reason in VerificationReason.allCases {
+            #expect(RejectionReason(rawValue: reason.rawValue) != nil, "\(reason.rawValue)")
+            #expect(RejectionReason(reason).rawValue == reason.rawValue)
+        }
+    }
+}
