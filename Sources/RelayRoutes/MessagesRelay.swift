@@ -90,7 +90,7 @@ public final class MessagesRelay: Sendable {
     /// token; only the headers the Messages API needs, minus any the client named hop-by-hop.
     static func upstreamRequest(_ request: HTTPRequest, key: String) -> UpstreamRequest {
         var headers: [(name: String, value: String)] = [("x-api-key", key)]
-        headers.reserveCapacity(6)
+        headers.reserveCapacity(8)
         headers.append(("anthropic-version", request.header("anthropic-version") ?? defaultAnthropicVersion))
         for header in request.headers where isForwarded(header.name) && !isDeclaredHopByHop(header.name, in: request.headers) {
             headers.append(header)

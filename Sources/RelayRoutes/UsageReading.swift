@@ -118,7 +118,7 @@ public enum MessagesRequestFields {
                 }
                 maxUses = uses
             }
-            if type == "custom" || clientToolPrefixes.contains(where: type.hasPrefix) { continue }
+            if type == "custom" || clientToolPrefixes.contains(where: { type.utf8.starts(with: $0.utf8) }) { continue }
             input.serverTools.append(ServerToolInput(type: type, maxUses: maxUses))
         }
     }

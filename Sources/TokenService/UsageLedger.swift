@@ -70,7 +70,7 @@ public struct ServerToolInput: Sendable, Equatable {
     }
 
     /// The name on the policy's list (`web_search`), when the type is one of `IntegrationPolicy.serverToolNames`.
-    public var name: String? { IntegrationPolicy.serverToolNames.first { type.hasPrefix($0) } }
+    public var name: String? { IntegrationPolicy.serverToolNames.first { type.utf8.starts(with: $0.utf8) } }
 }
 
 /// What the policy reads from a Messages request (a bounded scan of the body, and its headers).
@@ -405,7 +405,9 @@ public final class UsageLedger: Service {
         let usage = outcome.usage
         state.withLock { state in
             let confirmed = outcome.status < 400 ? (outcome.servingModel ?? ticket.requestedModel) : nil
-            let model: String = if let confirmed {
+            let model: String = if let confirmed, ticket.requestedModelListed, confirmed == ticket.requestedModel {
+                confirmed   // a listed name needs no cap
+            } else if let confirmed {
                 Self.modelLabel(confirmed, clientID: ticket.clientID, hour: ticket.hour, seen: &state.modelsSeen)
             } else if ticket.requestedModelListed, let requested = ticket.requestedModel {
                 requested
