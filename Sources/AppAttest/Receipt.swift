@@ -55,14 +55,8 @@ public final class ReceiptVerifier: Sendable {
     ///   - pinnedIntermediates: the intermediates receipts must be signed under (their SPKI
     ///     hashes are pinned); `appleIntermediateSPKISHA256` when nil.
     public init(anchors: [Certificate], pinnedIntermediates: [Certificate]? = nil) {
-        let pins = pinnedIntermediates.map { $0.map(\.spkiSHA256) } ?? [Self.appleIntermediatePin]
+        let pins = pinnedIntermediates.map { $0.map(\.spkiSHA256Hex) } ?? [Self.appleIntermediateSPKISHA256]
         signedData = SignedDataVerifier(anchors: anchors, pin: SignerPin(intermediateSPKISHA256: pins, signerMarkerOID: Self.signerMarkerOID))
-    }
-
-    static let appleIntermediatePin: [UInt8] = stride(from: 0, to: 64, by: 2).map { i in
-        let hex = Array(appleIntermediateSPKISHA256.utf8)
-        func nibble(_ c: UInt8) -> UInt8 { c <= 0x39 ? c - 0x30 : c - 0x61 + 10 }
-        return nibble(hex[i]) << 4 | nibble(hex[i + 1])
     }
 
     /// The roots and pinned intermediates of a `--receipt-trust-anchor` file: self-signed

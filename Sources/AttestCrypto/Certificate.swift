@@ -109,6 +109,9 @@ public final class Certificate: @unchecked Sendable {
         X509_get_ext_by_NID(x509, NID_key_usage, -1) >= 0 && X509_get_key_usage(x509) & UInt32(KU_DIGITAL_SIGNATURE) != 0
     }
 
+    /// `spkiSHA256` in lowercase hex, as pins are written.
+    public var spkiSHA256Hex: String { spkiSHA256.map { String(format: "%02x", $0) }.joined() }
+
     /// SHA-256 of the DER SubjectPublicKeyInfo: what a pin names (it survives re-issuing the certificate).
     public var spkiSHA256: [UInt8] {
         guard let spki = X509_get_X509_PUBKEY(x509) else { return [] }

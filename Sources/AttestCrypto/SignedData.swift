@@ -161,12 +161,12 @@ public final class SignedDataVerifier: Sendable {
 /// marker extension. A root with other intermediates under it (some of which issue certificates
 /// whose keys their customers hold) then vouches for nothing else.
 public struct SignerPin: Sendable {
-    /// SHA-256 of each allowed intermediate's SubjectPublicKeyInfo.
-    public let intermediateSPKISHA256: [[UInt8]]
+    /// SHA-256 of each allowed intermediate's SubjectPublicKeyInfo, lowercase hex.
+    public let intermediateSPKISHA256: [String]
     /// A dotted OID the signer must carry (Apple's receipt signers: 1.2.840.113635.100.12.15).
     public let signerMarkerOID: String?
 
-    public init(intermediateSPKISHA256: [[UInt8]], signerMarkerOID: String?) {
+    public init(intermediateSPKISHA256: [String], signerMarkerOID: String?) {
         self.intermediateSPKISHA256 = intermediateSPKISHA256
         self.signerMarkerOID = signerMarkerOID
     }
@@ -177,8 +177,9 @@ public struct SignerPin: Sendable {
             throw .pin("the signer's path has \(path.count) certificates; a receipt's is signer, pinned intermediate, root")
         }
         let intermediate = path[1], signer = path[0]
-        guard intermediateSPKISHA256.contains(intermediate.spkiSHA256) else {
-            throw .pin("intermediate \(intermediate.subjectName) is not the pinned receipt intermediate (SPKI SHA-256 \(intermediate.spkiSHA256.map { String(format: "%02x", $0) }.joined()))")
+        let spki = intermediate.spkiSHA256Hex
+        guard intermediateSPKISHA256.contains(spki) else {
+            throw .pin("intermediate \(intermediate.subjectName) is not the pinned receipt intermediate (SPKI SHA-256 \(spki))")
         }
         guard signer.declaresDigitalSignature else { throw .pin("signer \(signer.subjectName) has no digitalSignature key usage") }
         if let oid = signerMarkerOID, signer.extensionValue(oid: oid) == nil {

@@ -20,28 +20,8 @@ public struct AdminHostCheck: Middleware {
 
     /// Whether a `Host` header value names this listener.
     public func allows(_ host: String) -> Bool {
-        let name = Self.hostName(host).lowercased()
+        let name = hostWithoutPort(host.trimmingSpaces).lowercased()
         guard !name.isEmpty else { return false }
         return name == "localhost" || IPAddress(name) != nil || names.contains(name)
-    }
-
-    /// The host of a `Host` value without its port (`[::1]:9090` → `::1`).
-    static func hostName(_ value: String) -> String {
-        let trimmed = value.trimmingCharacters(in: " \t")
-        if trimmed.hasPrefix("[") {
-            guard let close = trimmed.firstIndex(of: "]") else { return "" }
-            return String(trimmed[trimmed.index(after: trimmed.startIndex)..<close])
-        }
-        if let colon = trimmed.lastIndex(of: ":") { return String(trimmed[..<colon]) }
-        return trimmed
-    }
-}
-
-private extension String {
-    func trimmingCharacters(in set: String) -> String {
-        var text = Substring(self)
-        while let first = text.first, set.contains(first) { text.removeFirst() }
-        while let last = text.last, set.contains(last) { text.removeLast() }
-        return String(text)
     }
 }

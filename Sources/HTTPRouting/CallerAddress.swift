@@ -78,10 +78,7 @@ public struct CallerResolver: Sendable {
                         guard parts.count == 2, parts[0].trimmingSpaces.lowercased() == "for" else { continue }
                         var value = parts[1].trimmingSpaces
                         if value.hasPrefix("\""), value.hasSuffix("\""), value.count >= 2 { value = String(value.dropFirst().dropLast()) }
-                        // "[2001:db8::1]:4711" or "192.0.2.1:80": drop a port.
-                        if value.hasPrefix("["), let close = value.firstIndex(of: "]") { value = String(value[value.index(after: value.startIndex)..<close]) }
-                        else if value.filter({ $0 == ":" }).count == 1, let colon = value.firstIndex(of: ":") { value = String(value[..<colon]) }
-                        hops.append(value)
+                        hops.append(hostWithoutPort(value))
                     }
                 }
             }
@@ -96,7 +93,19 @@ public struct CallerResolver: Sendable {
     }
 }
 
-private extension StringProtocol {
+/// The host of a `host[:port]` value: "[2001:db8::1]:4711" and "192.0.2.1:80" lose their port;
+/// a bare IPv6 address (more than one colon, no brackets) is left as it is.
+func hostWithoutPort(_ value: String) -> String {
+    if value.hasPrefix("[") {
+        guard let close = value.firstIndex(of: "]") else { return "" }
+        return String(value[value.index(after: value.startIndex)..<close])
+    }
+    if value.filter({ $0 == ":" }).count == 1, let colon = value.firstIndex(of: ":") { return String(value[..<colon]) }
+    return value
+}
+
+extension StringProtocol {
+    /// Without leading and trailing spaces and tabs.
     var trimmingSpaces: String {
         var text = Substring(self)
         while text.first == " " || text.first == "\t" { text.removeFirst() }

@@ -71,36 +71,19 @@ struct JSONMemberScan {
     /// Every member of the object at `bytes[range]` with a plain name, in order, at most `limit`
     /// of them (the rest are skipped); nil when it is not an object.
     static func allMembers(in bytes: UnsafeRawBufferPointer, within range: Range<Int>, limit: Int) -> [(name: String, value: Range<Int>)]? {
-        guard range.lowerBound >= 0, range.upperBound <= bytes.count, range.count >= 2, bytes[range.lowerBound] == 0x7b else { return nil }
+        guard range.lowerBound >= 0, range.upperBound <= bytes.count else { return nil }
         var scanner = Scanner(bytes: UnsafeBufferPointer(rebasing: bytes.bindMemory(to: UInt8.self)[range]))
-        scanner.index = 1
         var found: [(name: String, value: Range<Int>)] = []
         do throws(Failure) {
-            scanner.skipWhitespace()
-            if scanner.index < scanner.bytes.count, scanner.bytes[scanner.index] == 0x7d { return found }
-            while true {
-                scanner.skipWhitespace()
-                guard scanner.index < scanner.bytes.count, scanner.bytes[scanner.index] == 0x22 else { return nil }
-                let nameStart = scanner.index + 1
-                try scanner.skipString()
-                let name = UnsafeBufferPointer(rebasing: scanner.bytes[nameStart..<(scanner.index - 1)])
-                scanner.skipWhitespace()
-                guard scanner.index < scanner.bytes.count, scanner.bytes[scanner.index] == 0x3a else { return nil }
-                scanner.index += 1
-                scanner.skipWhitespace()
-                let valueStart = scanner.index
-                try scanner.skipValue()
+            try scanner.eachMember { name, value throws(Failure) in
                 if found.count < limit, !name.contains(0x5c) {
-                    found.append((String(decoding: name, as: UTF8.self), (valueStart + range.lowerBound)..<(scanner.index + range.lowerBound)))
+                    found.append((String(decoding: name, as: UTF8.self), (value.lowerBound + range.lowerBound)..<(value.upperBound + range.lowerBound)))
                 }
-                scanner.skipWhitespace()
-                guard scanner.index < scanner.bytes.count else { return nil }
-                if scanner.bytes[scanner.index] == 0x2c { scanner.index += 1; continue }
-                return scanner.bytes[scanner.index] == 0x7d ? found : nil
             }
         } catch {
             return nil
         }
+        return found
     }
 
     /// An integer value (`-?[0-9]+`); nil for anything else. Saturates instead of overflowing.
@@ -192,41 +175,50 @@ struct JSONMemberScan {
         mutating func members(_ names: Names) throws(Failure) -> [Range<Int>?] {
             let wanted = names.bytes
             var found = [Range<Int>?](repeating: nil, count: wanted.count)
+            let start = bytes.baseAddress
+            try eachMember { name, value throws(Failure) in
+                if name.contains(0x5c) { throw .escapedName(at: name.baseAddress.flatMap { at in start.map { $0.distance(to: at) } } ?? 0) }
+                if let slot = wanted.firstIndex(where: { $0.elementsEqual(name) }) {
+                    guard found[slot] == nil else { throw .duplicate(names.names[slot]) }
+                    found[slot] = value
+                }
+            }
+            skipWhitespace()
+            guard index == bytes.count else { throw .malformed(at: index) }
+            return found
+        }
+
+        /// Walks the object at `index` (after leading whitespace), calling `visit` with each
+        /// member's name (its raw bytes) and value range; leaves `index` just past the `}`.
+        mutating func eachMember(_ visit: (UnsafeBufferPointer<UInt8>, Range<Int>) throws(Failure) -> Void) throws(Failure) {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == 0x7b else { throw .notAnObject }
             index += 1
             skipWhitespace()
             if index < bytes.count, bytes[index] == 0x7d {
                 index += 1
-            } else {
-                while true {
-                    skipWhitespace()
-                    guard index < bytes.count, bytes[index] == 0x22 else { throw .malformed(at: index) }
-                    let nameStart = index + 1
-                    try skipString()
-                    let name = UnsafeBufferPointer(rebasing: bytes[nameStart..<(index - 1)])
-                    if name.contains(0x5c) { throw .escapedName(at: nameStart) }
-                    skipWhitespace()
-                    guard index < bytes.count, bytes[index] == 0x3a else { throw .malformed(at: index) }
-                    index += 1
-                    skipWhitespace()
-                    let valueStart = index
-                    try skipValue()
-                    if let slot = wanted.firstIndex(where: { $0.elementsEqual(name) }) {
-                        guard found[slot] == nil else { throw .duplicate(names.names[slot]) }
-                        found[slot] = valueStart..<index
-                    }
-                    skipWhitespace()
-                    guard index < bytes.count else { throw .malformed(at: index) }
-                    if bytes[index] == 0x2c { index += 1; continue }
-                    guard bytes[index] == 0x7d else { throw .malformed(at: index) }
-                    index += 1
-                    break
-                }
+                return
             }
-            skipWhitespace()
-            guard index == bytes.count else { throw .malformed(at: index) }
-            return found
+            while true {
+                skipWhitespace()
+                guard index < bytes.count, bytes[index] == 0x22 else { throw .malformed(at: index) }
+                let nameStart = index + 1
+                try skipString()
+                let name = UnsafeBufferPointer(rebasing: bytes[nameStart..<(index - 1)])
+                skipWhitespace()
+                guard index < bytes.count, bytes[index] == 0x3a else { throw .malformed(at: index) }
+                index += 1
+                skipWhitespace()
+                let valueStart = index
+                try skipValue()
+                try visit(name, valueStart..<index)
+                skipWhitespace()
+                guard index < bytes.count else { throw .malformed(at: index) }
+                if bytes[index] == 0x2c { index += 1; continue }
+                guard bytes[index] == 0x7d else { throw .malformed(at: index) }
+                index += 1
+                return
+            }
         }
     }
 }

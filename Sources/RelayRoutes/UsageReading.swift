@@ -8,7 +8,6 @@ import TokenService
 /// goes upstream byte for byte.
 public enum MessagesRequestFields {
     static let policyMembers = JSONMemberScan.Names("model", "max_tokens", "fallbacks", "tools")
-    static let modelMember = JSONMemberScan.Names("model")
     static let toolMembers = JSONMemberScan.Names("type", "max_uses")
     /// The API takes at most three fallbacks; a longer list is refused before it is read further.
     static let maxFallbacks = 3
@@ -83,7 +82,7 @@ public enum MessagesRequestFields {
         }
         var models: [String] = []
         for (index, element) in elements.enumerated() {
-            guard let found = try? JSONMemberScan.members(of: modelMember, in: bytes, within: element), let modelRange = found[0],
+            guard let found = try? JSONMemberScan.members(of: UsageObject.model, in: bytes, within: element), let modelRange = found[0],
                   let model = JSONMemberScan.plainString(bytes, modelRange) else {
                 input.malformed = "fallbacks[\(index)]: must be an object whose model is a plain string"
                 return
@@ -144,6 +143,8 @@ enum UsageObject {
     static let reply = JSONMemberScan.Names("usage", "model", "content")
     static let block = JSONMemberScan.Names("type", "to")
     static let model = JSONMemberScan.Names("model")
+    /// Server-tool counters kept from one reply (the API reports a handful).
+    static let serverToolCountersPerReply = 16
 
     /// The counts in the object at `bytes[range]`; absent or null fields count 0.
     static func read(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> TokenUsage? {
@@ -157,7 +158,7 @@ enum UsageObject {
     /// Every counter of `usage.server_tool_use` under its own name (a snake-case name, a count).
     static func serverToolUse(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> [String: Int64] {
         var counters: [String: Int64] = [:]
-        for (name, value) in JSONMemberScan.allMembers(in: bytes, within: range, limit: 16) ?? []
+        for (name, value) in JSONMemberScan.allMembers(in: bytes, within: range, limit: serverToolCountersPerReply) ?? []
         where name.utf8.count <= 64 && name.utf8.allSatisfy({ (0x61...0x7a).contains($0) || (0x30...0x39).contains($0) || $0 == 0x5f }) {
             if let count = JSONMemberScan.integer(bytes, value), count > 0 { counters[name] = Int64(count) }
         }

@@ -127,10 +127,12 @@ public final class BufferedAuditLog: AuditSink, Service {
     /// reduced to printable ASCII, and one refused even then is logged in full, never silently lost.
     public func flush() {
         let events = buffer.withLock { buffer in
-            let counted = buffer.refusals.values.sorted { $0.at < $1.at }
+            // The counted refusal rows go with the journaled events, and count as in flight with them.
+            let taken = buffer.pending + buffer.refusals.values.sorted { $0.at < $1.at }
             buffer.refusals.removeAll(keepingCapacity: true)
-            defer { buffer.inFlight = buffer.pending.count; buffer.pending.removeAll(keepingCapacity: true) }
-            return buffer.pending + counted
+            buffer.pending.removeAll(keepingCapacity: true)
+            buffer.inFlight = taken.count
+            return taken
         }
         guard !events.isEmpty else { return }
         do {

@@ -184,8 +184,6 @@ public final class UsageLedger: Service {
     public static let modelsPerIntegrationHour = 64
     /// Distinct user profiles kept per integration and hour; more fold into `other`.
     public static let profilesPerIntegrationHour = 256
-    /// Server-tool counters kept from one reply (the API reports a handful).
-    static let serverToolCountersPerReply = 16
     /// Committed batches kept for requests whose database read spans them: one flush a second,
     /// so a read would have to take this many seconds to miss one.
     static let flushedBatchesKept = 8
