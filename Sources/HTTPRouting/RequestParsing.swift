@@ -77,6 +77,7 @@ extension RequestParsing {
     /// Whether `bytes`, without the spaces and tabs around them, are `lowercase` in any ASCII
     /// case. Byte by byte: header values are read this way on every request, and lowercasing a
     /// copy allocated.
+    @inlinable
     public static func isTrimmed<Bytes: BidirectionalCollection<UInt8>>(_ bytes: Bytes, caseInsensitively lowercase: String) -> Bool {
         withoutBlanks(bytes).elementsEqual(lowercase.utf8) { actual, wanted in
             (actual >= 0x41 && actual <= 0x5A ? actual | 0x20 : actual) == wanted
@@ -84,6 +85,7 @@ extension RequestParsing {
     }
 
     /// `bytes` without the spaces and tabs around them, in place.
+    @inlinable
     public static func withoutBlanks<Bytes: BidirectionalCollection<UInt8>>(_ bytes: Bytes) -> Bytes.SubSequence {
         func isBlank(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 }
         var start = bytes.startIndex, end = bytes.endIndex

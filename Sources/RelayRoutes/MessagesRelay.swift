@@ -92,7 +92,8 @@ public final class MessagesRelay: Sendable {
         var headers: [(name: String, value: String)] = [("x-api-key", key)]
         headers.reserveCapacity(8)
         headers.append(("anthropic-version", request.header("anthropic-version") ?? defaultAnthropicVersion))
-        for header in request.headers where isForwarded(header.name) && !isDeclaredHopByHop(header.name, in: request.headers) {
+        let hopByHop = declaredHopByHop(in: request.headers)
+        for header in request.headers where isForwarded(header.name) && !hopByHop.contains(header.name) {
             headers.append(header)
         }
         return UpstreamRequest(method: "POST", path: request.path, headers: headers, body: request.body)
@@ -106,28 +107,34 @@ public final class MessagesRelay: Sendable {
 
     /// Response headers passed back: the ones the published client reads.
     static func clientHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)] {
-        upstream.filter { header in
+        let hopByHop = declaredHopByHop(in: upstream)
+        return upstream.filter { header in
             let name = header.name
             guard name == "content-type" || name == "request-id" || name == "retry-after" || name.hasPrefix("anthropic-ratelimit-") else { return false }
-            return !isDeclaredHopByHop(name, in: upstream)
+            return !hopByHop.contains(name)
         }
     }
 
     /// Whether a `Connection` header of the message names `name` (lowercase, as names are stored)
     /// hop-by-hop (RFC 9110 §7.6.1). Both lists above hold no header that is hop-by-hop by
-    /// itself, so only such a declaration can take one out. Read in place: no list is built.
+    /// itself, so only such a declaration can take one out.
     static func isDeclaredHopByHop(_ name: String, in headers: [(name: String, value: String)]) -> Bool {
+        declaredHopByHop(in: headers).contains(name)
+    }
+
+    /// The names the message's `Connection` headers declare, lowercased, read once per message.
+    /// `keep-alive` and `close` (nearly every upstream sends one) name no header either list
+    /// passes on, so they are left out and the usual result is empty, allocating nothing.
+    static func declaredHopByHop(in headers: [(name: String, value: String)]) -> [String] {
+        var names: [String] = []
         for header in headers where header.name == "connection" {
-            let value = Substring(header.value).utf8
-            var start = value.startIndex
-            while true {
-                let end = value[start...].firstIndex(of: UInt8(ascii: ",")) ?? value.endIndex
-                if RequestParsing.isTrimmed(value[start..<end], caseInsensitively: name) { return true }
-                guard end < value.endIndex else { break }
-                start = value.index(after: end)
+            for token in header.value.utf8.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: true) {
+                if RequestParsing.isTrimmed(token, caseInsensitively: "keep-alive") || RequestParsing.isTrimmed(token, caseInsensitively: "close") { continue }
+                let trimmed = RequestParsing.withoutBlanks(token)
+                if !trimmed.isEmpty { names.append(String(decoding: trimmed, as: UTF8.self).lowercased()) }
             }
         }
-        return false
+        return names
     }
 }
 

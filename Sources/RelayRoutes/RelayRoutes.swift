@@ -95,8 +95,10 @@ public struct RelayRoutes: Sendable {
             }
         }
         var ticket: UsageTicket?
+        var asksForStream: Bool?
         if let ledger {
-            let input = MessagesRequestFields.policyInput(request, spendsTokens: route == WireProtocol.messagesPath)
+            let (input, streams) = MessagesRequestFields.read(request, spendsTokens: route == WireProtocol.messagesPath)
+            asksForStream = streams
             switch ledger.admit(grant, input, commitsBeforeRead: commitsBeforeRead, at: time) {
             case .success(let admitted): ticket = admitted
             case .failure(let refusal):
@@ -107,7 +109,7 @@ public struct RelayRoutes: Sendable {
 
         let clientID = grant.clientID
         let admitted = ticket
-        let streams = route == WireProtocol.messagesPath && MessagesRequestFields.asksForStream(request.body)
+        let streams = route == WireProtocol.messagesPath && (asksForStream ?? MessagesRequestFields.asksForStream(request.body))
         let readsAbandoned = admitted != nil && route == WireProtocol.messagesPath && !streams
         let (metrics, ledger) = (self.metrics, self.ledger)
         let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start, readsAbandonedReply: readsAbandoned,

@@ -7,7 +7,7 @@ import TokenService
 /// read with the bounded scan, and the betas and user profile from its headers. The body itself
 /// goes upstream byte for byte.
 public enum MessagesRequestFields {
-    static let policyMembers = JSONMemberScan.Names("model", "max_tokens", "fallbacks", "tools")
+    static let policyMembers = JSONMemberScan.Names("model", "max_tokens", "fallbacks", "tools", "stream")
     static let toolMembers = JSONMemberScan.Names("type", "max_uses")
     /// The API takes at most three fallbacks; a longer list is refused before it is read further.
     static let maxFallbacks = 3
@@ -19,7 +19,12 @@ public enum MessagesRequestFields {
 
     /// The policy's input from the request: its body and headers.
     public static func policyInput(_ request: HTTPRequest, spendsTokens: Bool) -> PolicyInput {
-        var input = policyInput(request.body, spendsTokens: spendsTokens)
+        read(request, spendsTokens: spendsTokens).input
+    }
+
+    /// The policy's input and whether the request asks for a stream, from one scan of the body.
+    public static func read(_ request: HTTPRequest, spendsTokens: Bool) -> (input: PolicyInput, streams: Bool) {
+        var (input, streams) = read(request.body, spendsTokens: spendsTokens)
         var profiles = 0
         for header in request.headers {
             if header.name == "anthropic-beta" {
@@ -36,14 +41,21 @@ public enum MessagesRequestFields {
             input.malformed = input.malformed ?? "\(profileHeader) must be uprof_ followed by letters, digits, _ or -, at most 128 bytes"
             input.profile = nil
         }
-        return input
+        return (input, streams)
     }
 
     public static func policyInput(_ body: [UInt8], spendsTokens: Bool) -> PolicyInput {
+        read(body, spendsTokens: spendsTokens).input
+    }
+
+    /// A body that cannot be scanned counts as a stream, as in `asksForStream`.
+    static func read(_ body: [UInt8], spendsTokens: Bool) -> (input: PolicyInput, streams: Bool) {
         var input = PolicyInput(spendsTokens: spendsTokens)
+        var streams = true
         body.withUnsafeBytes { bytes in
             do throws(JSONMemberScan.Failure) {
                 let found = try JSONMemberScan.members(of: policyMembers, in: bytes)
+                streams = found[4].map { !bytes[$0].elementsEqual("false".utf8) } ?? false
                 if let range = found[0] {
                     if let model = JSONMemberScan.plainString(bytes, range) { input.model = model } else { input.problem = "model is not a plain string" }
                 }
@@ -61,7 +73,7 @@ public enum MessagesRequestFields {
                 }
             }
         }
-        return input
+        return (input, streams)
     }
 
     static func isNull(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Bool { bytes[range].elementsEqual("null".utf8) }
