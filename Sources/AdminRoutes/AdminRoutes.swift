@@ -31,13 +31,15 @@ public struct AdminRoutes: Sendable {
 
     public var routes: [Route] {
         let both: Set<Listener> = [.public, .admin]
+        // Routes that read the database leave the loop when a read waits on the network.
+        let reads: Executor = service.store.readsCrossTheNetwork ? .worker : .loop
         return [
             // Liveness: cheap, no database (a load balancer restarts what fails it).
             Route(["GET"], "/healthz", on: both, shape: .oauth, handler: .answer { _ in RouteOutcome(.json(200, #"{"status":"ok"}"#)) }),
             // Readiness: can this instance serve? (a load balancer takes it out while not). The
             // reason names paths, hosts and users: it goes to the log and the admin listener only,
             // never to the internet.
-            Route(["GET"], "/readyz", on: both, shape: .oauth, handler: .answer { context in
+            Route(["GET"], "/readyz", on: both, executor: reads, shape: .oauth, handler: .answer { context in
                 guard let problem = service.store.readinessProblem() else { return RouteOutcome(.json(200, #"{"status":"ready"}"#)) }
                 let body = context.listener == .admin ? JSONText.object([("status", "unavailable"), ("reason", problem)]) : #"{"status":"unavailable"}"#
                 return RouteOutcome(.json(503, body), detail: problem)
@@ -49,7 +51,7 @@ public struct AdminRoutes: Sendable {
                   shape: .oauth, handler: .answer { context in try introspect(context) }),
             // Any method, any body (ignored): Envoy sends the original method and appends the
             // original path; nginx sends a GET with the original headers.
-            Route([], Self.authzCheckPath + "/*", name: Self.authzCheckPath, on: adminListeners, shape: .messagesAPI,
+            Route([], Self.authzCheckPath + "/*", name: Self.authzCheckPath, on: adminListeners, executor: reads, shape: .messagesAPI,
                   handler: .answer { context in try authzCheck(context) }),
         ]
     }

@@ -146,6 +146,9 @@ public struct RequestContext: Sendable {
     public let route: RouteInfo
     /// When the request was taken (uptime nanoseconds), for the log's duration.
     public let started: UInt64
+    /// The event loop that took the request (nil off a loop, in tests): a handler that ran its
+    /// database work on a worker comes back here to start what the loop drives (a relay transfer).
+    public var loop: EventLoop? = nil
     /// Ends a deferred answer: the middleware's epilogue (access log, metrics) runs then. Call it
     /// once; later calls are ignored.
     public let finish: @Sendable (RouteOutcome) -> Void
@@ -172,7 +175,8 @@ public enum RouteHandler: Sendable {
     /// Now (on the loop or a worker, as the route says).
     case answer(@Sendable (RequestContext) throws -> RouteOutcome)
     /// Later, through the writer, possibly as a stream: return nil and call `context.finish`
-    /// once the answer has ended; or return an outcome to answer at once after all.
+    /// once the answer has ended; or return an outcome to answer at once after all. On a worker
+    /// when the route says so (its database work), with `context.loop` to come back to.
     case deferred(@Sendable (RequestContext, HTTPResponseWriter) throws -> RouteOutcome?)
     /// On a worker when the route says so, answered through `answer` once, from any thread: the
     /// handler may return before it answers (the exchange hands its commit to the database's

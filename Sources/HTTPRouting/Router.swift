@@ -146,8 +146,9 @@ public final class Router: Sendable {
                 complete(context, route: route, outcome)
             }
         }
-        let context = RequestContext(request: request, requestID: requestID, parameters: parameters, listener: listener,
+        var context = RequestContext(request: request, requestID: requestID, parameters: parameters, listener: listener,
                                      route: info, started: started, finish: finish)
+        context.loop = EventLoop.current
         return dispatch(route, context, writer)
     }
 
@@ -198,6 +199,14 @@ public final class Router: Sendable {
         case .deferred(let start):
             // An answer given at once after all goes out with the epilogue now (the handler
             // does not call `finish` then).
+            if info.executor == .worker, let workers,
+               workers.submit(key: workerKey(request), { [self] in
+                   let now: RouteOutcome?
+                   do { now = try start(context, writer) } catch { now = failure(error, context) }
+                   if let now { writer.respond(complete(context, route: route, now).response ?? .plainRefusal(500)) }
+               }) {
+                return .deferred
+            }
             do {
                 guard let now = try start(context, writer) else { return .deferred }
                 return answer(complete(context, route: route, now))

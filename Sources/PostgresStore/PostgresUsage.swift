@@ -182,6 +182,9 @@ extension PostgresTokenStore {
         }
     }
 
+    /// Every read is a round trip to the server: routes that read run on a worker.
+    public var readsCrossTheNetwork: Bool { true }
+
     public func readinessProblem() -> String? {
         do { _ = try run { db in try db.query("SELECT 1", []) } } catch { return "the database does not answer: \(error)" }
         return nil

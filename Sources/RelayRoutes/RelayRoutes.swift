@@ -8,7 +8,8 @@ import UpstreamClient
 /// The Messages API for app tokens: `/v1/messages` and `/v1/messages/count_tokens` relayed to the
 /// upstream with the workspace's key (after the token check and the integration's policy), and
 /// every other `/v1/` path refused for an app token (the token authorizes the Messages API only).
-/// A relayed request lives on the loop that took it, from the token check to its last byte.
+/// The token check and the policy read the database: on the loop when reads are local, on a
+/// worker when they cross the network; the transfer lives on the loop that took the request.
 public struct RelayRoutes: Sendable {
     let service: DeviceTokenService
     /// Without one, `/v1/messages` answers 503 after the token check.
@@ -31,13 +32,15 @@ public struct RelayRoutes: Sendable {
 
     public var routes: [Route] {
         let relayed = RouteHandler.deferred { context, writer in try relayMessages(context, writer) }
+        // The token check (and the policy's profile read) on a worker when it waits on the network.
+        let checks: Executor = service.store.readsCrossTheNetwork ? .worker : .loop
         return [
             Route(["POST"], WireProtocol.messagesPath, bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json",
-                  shape: .messagesAPI, handler: relayed),
+                  executor: checks, shape: .messagesAPI, handler: relayed),
             Route(["POST"], WireProtocol.countTokensPath, bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json",
-                  shape: .messagesAPI, handler: relayed),
+                  executor: checks, shape: .messagesAPI, handler: relayed),
             // Any other API: an app token is refused with 403, a bad one with 401.
-            Route([], "/v1/*", name: "/v1/other", shape: .messagesAPI, handler: .answer { context in try otherAPI(context) }),
+            Route([], "/v1/*", name: "/v1/other", executor: checks, shape: .messagesAPI, handler: .answer { context in try otherAPI(context) }),
         ]
     }
 
@@ -129,14 +132,23 @@ public struct RelayRoutes: Sendable {
                                         detail: result.error.map { "upstream \($0)" } ?? (result.abandoned ? "the client left; the reply was read for its usage" : nil),
                                         bytes: result.bytes))
         }
-        let transfer = relay.start(MessagesRelay.upstreamRequest(request, key: key), delegate: exchange)
-        exchange.attach(transfer)
-        writer.onWritable { transfer.resume() }
-        // A stream is cancelled upstream with its client; a JSON reply is read to its end, for its usage.
-        writer.onCancel { if exchange.clientLeft() { transfer.cancel() } }
-        writer.onShutdown {
-            if exchange.endForShutdown() { transfer.cancel() }
+        let upstreamRequest = MessagesRelay.upstreamRequest(request, key: key)
+        let begin: @Sendable () -> Void = {
+            let transfer = relay.start(upstreamRequest, delegate: exchange)
+            exchange.attach(transfer)
+            writer.onWritable { transfer.resume() }
+            // A stream is cancelled upstream with its client; a JSON reply is read to its end, for its usage.
+            writer.onCancel { if exchange.clientLeft() { transfer.cancel() } }
+            writer.onShutdown {
+                if exchange.endForShutdown() { transfer.cancel() }
+            }
         }
+        // The checks above may have run on a worker (a network database); the transfer is driven
+        // by the loop that holds the client's connection, so its chunks reach the writer on the
+        // writer's own thread. A stopped loop: started here, where the upstream client ends it
+        // at once as cancelled.
+        if let loop = context.loop, !loop.inLoop, loop.execute(begin) { return nil }
+        begin()
         return nil
     }
 

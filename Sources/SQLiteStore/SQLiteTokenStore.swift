@@ -106,6 +106,8 @@ public final class SQLiteTokenStore: TokenStore {
 
     /// A check of the file about once a second while the service runs.
     public var backgroundServices: [any Service] { [storageWatch()] }
+    /// Reads are local: the token check stays on the event loop (see `TokenStore`).
+    public var readsCrossTheNetwork: Bool { false }
 
     func refuseIfFaulted() throws {
         if let fault = fault.withLock({ $0 }) { throw SQLiteError(code: SQLITE_CANTOPEN, message: fault + "; writes stopped") }

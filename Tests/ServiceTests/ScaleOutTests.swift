@@ -1,5 +1,6 @@
 import Foundation
 import PostgresTestSupport
+import RawHTTP
 import Testing
 import UpstreamStub
 #if canImport(Glibc)
@@ -12,13 +13,17 @@ import Glibc
     /// A fresh database on the shared cluster, initialised with attestctl, and an integration.
     final class Deployment {
         let url: String
+        let database: String
+        let cluster: PostgresCluster
         let clientID: String
         let directory: URL
         var instances: [ServerProcess] = []
 
         init(cluster: PostgresCluster? = nil, instanceArguments: [String] = []) throws {
             let cluster = try cluster ?? PostgresCluster.shared.get()
-            url = cluster.url(try cluster.createDatabase())
+            self.cluster = cluster
+            database = try cluster.createDatabase()
+            url = cluster.url(database)
             directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-pg-\(UUID().uuidString)")
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             let keyFile = directory.appendingPathComponent("attestd.key").path
@@ -227,6 +232,63 @@ import Glibc
     /// The ledger and the policy on PostgreSQL with two instances relaying to the stub: both
     /// instances' usage lands in one ledger, a policy change applies on both at the next request,
     /// and the per-device limit counts the device's requests on either instance.
+    /// A token check waiting on a stalled database holds a worker, never the event loop: with one
+    /// loop, `/healthz` answers and a relayed stream keeps flowing while the check still waits.
+    /// The proof is the order of events: all of that happens before the waiting request ends (on
+    /// a loop that waited, nothing else could be answered until it did).
+    @Test func aStalledDatabaseLeavesTheEventLoopServing() async throws {
+        let stub = try UpstreamStubServer(UpstreamStubConfiguration(deltaCount: 200, streamDuration: .seconds(20)))
+        defer { stub.stop() }
+        let deployment = try Deployment(instanceArguments: ["--upstream-url", stub.baseURL, "--threads", "1"])
+        defer { deployment.stop() }
+        let secrets = deployment.directory.appendingPathComponent("attestd.key").path
+        let keyFile = deployment.directory.appendingPathComponent("upstream.key").path
+        try Data("pg-stall-upstream-key\n".utf8).write(to: URL(fileURLWithPath: keyFile))
+        #expect(try ServerProcess.attestctl(["--db", deployment.url, "--secrets-key-file", secrets, "workspaces", "set-upstream-key",
+                                              "--actor", "owner@example.com", "--workspace", "default", "--key-file", keyFile]).0 == 0)
+        let instance = deployment.instances[0]
+        let device = try ManualDevice(clientID: deployment.clientID)
+        let token = try #require(try await TestHTTP(baseURL: instance.baseURL).registerFresh(device).json["access_token"] as? String)
+        func messages(stream: Bool) -> String {
+            let body = RelayTests.request(stream: stream)
+            return "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAuthorization: Bearer \(token)\r\n"
+                + "Content-Length: \(body.utf8.count)\r\n\r\n\(body)"
+        }
+        let stream = try RawConnection(port: instance.port, timeout: 10)
+        #expect(stream.sendAll(messages(stream: true)))
+        #expect(stream.readHead()?.status == 200)
+        #expect(stream.readChunk()?.isEmpty == false)
+
+        // The stall: every token check now waits behind this lock.
+        let release = try deployment.cluster.lockTable("tokens", in: deployment.database)
+        var released = false
+        defer { if !released { release() } }
+        let waiting = try RawConnection(port: instance.port, timeout: 10)
+        #expect(waiting.sendAll(messages(stream: false)))
+        var stalled = 0
+        for _ in 0..<500 where stalled == 0 {
+            stalled = try deployment.cluster.sessionsWaitingForALock(in: deployment.database)
+            if stalled == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        try #require(stalled > 0, "attestd's token check never reached the lock")
+
+        // While it waits: the loop answers /healthz and forwards the stream's next chunks.
+        for _ in 0..<5 {
+            let probe = try RawConnection(port: instance.port, timeout: 10)
+            #expect(probe.sendAll("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+            #expect(probe.readResponse()?.status == 200)
+        }
+        #expect(stream.readChunk()?.isEmpty == false)
+        // attestd's lock timeout (1 s) ends the wait; everything above took a small part of it.
+        #expect(try deployment.cluster.sessionsWaitingForALock(in: deployment.database) > 0,
+                "the check was still waiting while the loop answered")
+        release()
+        released = true
+        // The waiting request ends either way: relayed once the lock went, or 503 at the lock timeout.
+        let answer = waiting.readFramedResponse()
+        #expect(answer?.status == 200 || answer?.status == 503, "\(String(describing: answer?.status))")
+    }
+
     @Test func usageFromBothInstancesAddsUpAndThePolicyAndLimitsAreShared() async throws {
         let stub = try UpstreamStubServer(UpstreamStubConfiguration())
         defer { stub.stop() }

@@ -78,6 +78,33 @@ public final class PostgresCluster: Sendable {
         return try body(connection)
     }
 
+    /// Takes `LOCK TABLE table IN ACCESS EXCLUSIVE MODE` in `database` and holds it until the
+    /// returned closure is called: a stall that every query on the table waits behind.
+    public func lockTable(_ table: String, in database: String) throws -> () -> Void {
+        let generous = PostgresConfiguration(callTimeout: 30, statementTimeoutMilliseconds: 30_000, lockTimeoutMilliseconds: 30_000)
+        let connection = try PostgresConnection(PostgresConnectionString(socket(database, user: "postgres")), configuration: generous,
+                                                deadline: .after(seconds: 30))
+        do {
+            try connection.execute("BEGIN")
+            try connection.execute("LOCK TABLE \(table) IN ACCESS EXCLUSIVE MODE")
+        } catch {
+            connection.close()
+            throw error
+        }
+        return {
+            try? connection.execute("COMMIT")
+            connection.close()
+        }
+    }
+
+    /// How many sessions in `database` wait for a lock now.
+    public func sessionsWaitingForALock(in database: String) throws -> Int {
+        try superuser { connection in
+            try connection.query("SELECT count(*) AS waiting FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'",
+                                 [.text(database)]).first { try $0.int("waiting") }.map(Int.init) ?? 0
+        }
+    }
+
     /// Stops the server and keeps its data: a database outage.
     public func halt() throws { _ = try Self.run([Self.script, "halt", directory]) }
     /// Starts it again after `halt`.
