@@ -86,8 +86,8 @@ public final class TestReceiptAuthority: Sendable {
     }
 
     /// Signs any payload as a receipt (malformed-payload tests).
-    public func sign(payload: [UInt8]) throws -> [UInt8] {
-        try SignedDataSigner.sign(payload, signer: signer, key: key, chain: [intermediate, root])
+    public func sign(payload: [UInt8], signedAttributes: Bool = false) throws -> [UInt8] {
+        try SignedDataSigner.sign(payload, signer: signer, key: key, chain: [intermediate, root], signedAttributes: signedAttributes)
     }
 
     public static func payload(_ fields: Fields) -> [UInt8] {

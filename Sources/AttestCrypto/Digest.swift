@@ -6,6 +6,9 @@ public func sha256(_ bytes: [UInt8]) -> [UInt8] { oneShot(bytes, length: 32, fet
 /// SHA-384 of `bytes`.
 public func sha384(_ bytes: [UInt8]) -> [UInt8] { oneShot(bytes, length: 48, fetchedSHA384.pointer) }
 
+/// SHA-512 of `bytes`.
+public func sha512(_ bytes: [UInt8]) -> [UInt8] { oneShot(bytes, length: 64, fetchedSHA512.pointer) }
+
 /// An algorithm fetched from OpenSSL's default provider once per process. OpenSSL 3's one-shot
 /// `SHA256()` fetches it on every call, which was half the cost of hashing a token (every
 /// relayed request hashes one).
@@ -19,6 +22,7 @@ private struct FetchedDigest: @unchecked Sendable {
 }
 private let fetchedSHA256 = FetchedDigest("SHA256")
 private let fetchedSHA384 = FetchedDigest("SHA384")
+private let fetchedSHA512 = FetchedDigest("SHA512")
 
 private func oneShot(_ bytes: [UInt8], length: Int, _ type: OpaquePointer) -> [UInt8] {
     var out = [UInt8](repeating: 0, count: length)

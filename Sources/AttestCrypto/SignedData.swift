@@ -29,21 +29,30 @@ public struct SignedContent: Sendable {
     public let content: [UInt8]
 }
 
-/// CMS SignedData (RFC 5652) verification on OpenSSL's CMS API, as Apple signs App Attest
-/// receipts: BER with indefinite lengths, the content inside, one signer, no signed attributes
-/// (the signature covers the content directly), and the chain in the certificate set — of which
-/// only the pinned anchors are trusted, never a root the sender embedded.
+/// CMS SignedData (RFC 5652) verification as Apple signs App Attest receipts: BER with
+/// indefinite lengths, the content inside, one signer, no signed attributes (the signature
+/// covers the content directly; signed attributes are checked when present), and the chain in
+/// the certificate set, of which only the pinned anchors are trusted, never a root the sender
+/// embedded.
 ///
-/// Apple signs every receipt with the same few certificates, so a signer's path to its anchor is
-/// verified by `X509_verify_cert` once and remembered (keyed by the exact bytes of the signer and
-/// the set's certificates); each receipt then costs its parse, its signature and the validity
-/// periods of that path at the receipt's time, checked on every call.
+/// Apple signs every receipt with the same few certificates. So the envelope is read once by
+/// `CMSSignedData` (no certificate parsed), and the signer's validated path and public key are
+/// remembered, keyed by a digest of the signer's identifier and the set's exact bytes. A receipt
+/// then costs its read, one digest, one ECDSA verification with the remembered key and the
+/// validity periods of that path at the receipt's time. A signer that is not ECDSA goes through
+/// OpenSSL's CMS instead, with the same checks.
 public final class SignedDataVerifier: Sendable {
     public let anchors: [Certificate]
     /// What the path must look like beyond reaching an anchor (nil: any path to an anchor).
     public let pin: SignerPin?
     /// Receipts are about 4 KiB.
     public static let maxBytes = 32 * 1024
+    /// A signer whose path verified: the path (signer first) and the signer's key.
+    struct VerifiedSigner: Sendable {
+        let path: [Certificate]
+        let key: ECPublicKey
+    }
+    private let verifiedSigners = Mutex<[[UInt8]: VerifiedSigner]>([:])
     private let verifiedPaths = Mutex<[[UInt8]: [Certificate]]>([:])
     private static let maxCachedPaths = 32
 
@@ -54,6 +63,90 @@ public final class SignedDataVerifier: Sendable {
 
     public func verify(_ der: [UInt8], at time: Date) throws(SignedDataError) -> SignedContent {
         guard !der.isEmpty, der.count <= Self.maxBytes else { throw .malformed("\(der.count) bytes; expected 1 to \(Self.maxBytes)") }
+        let signedData: CMSSignedData
+        do { signedData = try CMSSignedData(der) } catch { throw .malformed(error.description) }
+        guard signedData.isECDSA else { return try verifyWithOpenSSLCMS(der, at: time) }
+        let digest: [UInt8]
+        do { digest = try signedData.signedDigest() } catch { throw .signature(error.description) }
+        let signer = try verifiedSigner(signedData) { key throws(SignedDataError) in
+            guard key.isValidSignature(signedData.signature, digest: digest) else {
+                throw .signature("the signature does not verify with the signer's key")
+            }
+        }
+        try checkValidity(signer.path, at: time)
+        return SignedContent(content: signedData.content)
+    }
+
+    /// The signer's remembered path and key, or (first time) its path built and validated;
+    /// `signature` is checked with the key either way, first: a forgery costs no path validation.
+    private func verifiedSigner(_ signedData: CMSSignedData,
+                                signature: (ECPublicKey) throws(SignedDataError) -> Void) throws(SignedDataError) -> VerifiedSigner {
+        var identity: [UInt8] = []
+        for part in [signedData.signerID] + signedData.certificates {
+            identity += [UInt8(part.count >> 24 & 0xff), UInt8(part.count >> 16 & 0xff), UInt8(part.count >> 8 & 0xff), UInt8(part.count & 0xff)]
+            identity += part
+        }
+        let key = sha256(identity)
+        if let known = verifiedSigners.withLock({ $0[key] }) {
+            try signature(known.key)
+            return known
+        }
+        let certificates: [Certificate]
+        do { certificates = try signedData.certificates.map { try Certificate(der: Array($0)) } } catch {
+            throw .malformed("a certificate of the set does not parse: \(error)")
+        }
+        let signers = certificates.filter { Self.isIdentified(by: signedData.signerID, $0) }
+        guard signers.count == 1, let signerCertificate = signers.first else {
+            throw .malformed(signers.isEmpty ? "no certificate of the set is the signer's" : "several certificates match the signer's identifier")
+        }
+        let signerKey: ECPublicKey
+        do { signerKey = try signerCertificate.publicKey() } catch { throw .signature("the signer's key is not an EC key: \(error)") }
+        try signature(signerKey)
+        guard let untrusted = attest_sk_X509_new_null() else { throw .chain("sk_X509_new_null failed") }
+        defer { attest_sk_X509_free(untrusted) }
+        for certificate in certificates { _ = attest_sk_X509_push(untrusted, certificate.x509) }
+        let path = try verifyPath(signer: signerCertificate.x509, untrusted: untrusted)
+        let verified = VerifiedSigner(path: path, key: signerKey)
+        verifiedSigners.withLock { signers in
+            // Evict one entry, not all: a flood of other signers must not keep evicting Apple's.
+            if signers.count >= Self.maxCachedPaths, let victim = signers.keys.first { signers[victim] = nil }
+            signers[key] = verified
+        }
+        return verified
+    }
+
+    /// Whether `identifier` (a SignerIdentifier, whole) names `certificate`: its issuer and serial
+    /// number, byte for byte, or its subject key identifier.
+    static func isIdentified(by identifier: ArraySlice<UInt8>, _ certificate: Certificate) -> Bool {
+        var reader = BER(identifier)
+        guard let sid = try? reader.next() else { return false }
+        if sid.tag == 0x80 {
+            // [0] SubjectKeyIdentifier: the extension's value is an OCTET STRING of the same bytes.
+            guard let value = certificate.extensionValue(oid: "2.5.29.14") else { return false }
+            return value.elementsEqual(sid.contents) || value.elementsEqual([0x04, UInt8(sid.contents.count)] + sid.contents)
+        }
+        var sidFields = BER(sid.contents)
+        guard sid.tag == 0x30, let sidIssuer = try? sidFields.read(0x30, "issuer"), let sidSerial = try? sidFields.read(0x02, "serialNumber"),
+              sidFields.isAtEnd, let sidIssuerDER = try? BER.definite(sidIssuer) else { return false }
+        var certificateReader = BER(certificate.der[...])
+        guard let outer = try? certificateReader.read(0x30, "certificate") else { return false }
+        var fields = BER(outer.contents)
+        guard let tbs = try? fields.read(0x30, "tbsCertificate") else { return false }
+        var tbsFields = BER(tbs.contents)
+        _ = try? tbsFields.optional(0xa0)
+        guard let serial = try? tbsFields.read(0x02, "serialNumber"), (try? tbsFields.read(0x30, "signature")) != nil,
+              let issuer = try? tbsFields.read(0x30, "issuer") else { return false }
+        return sidIssuerDER.elementsEqual(issuer.tlv) && sidSerial.tlv.elementsEqual(serial.tlv)
+    }
+
+    private func checkValidity(_ path: [Certificate], at time: Date) throws(SignedDataError) {
+        for certificate in path where !certificate.isValid(at: time) {
+            throw .chain("\(certificate.subjectName) is valid from \(certificate.notBefore) to \(certificate.notAfter), not at \(time)")
+        }
+    }
+
+    /// OpenSSL's CMS, for a signer that is not ECDSA: the same checks, at the cost of a full parse.
+    private func verifyWithOpenSSLCMS(_ der: [UInt8], at time: Date) throws(SignedDataError) -> SignedContent {
         defer { ERR_clear_error() }
         let (parsed, consumed): (OpaquePointer?, Int) = der.withUnsafeBufferPointer { buffer in
             var cursor: UnsafePointer<UInt8>? = buffer.baseAddress
@@ -120,9 +213,7 @@ public final class SignedDataVerifier: Sendable {
                 paths[key] = path
             }
         }
-        for certificate in path where !certificate.isValid(at: time) {
-            throw .chain("\(certificate.subjectName) is valid from \(certificate.notBefore) to \(certificate.notAfter), not at \(time)")
-        }
+        try checkValidity(path, at: time)
     }
 
     /// Full OpenSSL path validation to a pinned anchor (time ignored here: checked per call);
@@ -191,7 +282,10 @@ public struct SignerPin: Sendable {
 /// Signs content as Apple signs receipts (one signer, no signed attributes, the chain in the
 /// certificate set): for the test receipt authority and the stub of Apple's data service only.
 public enum SignedDataSigner {
-    public static func sign(_ content: [UInt8], signer: Certificate, key: ECPrivateKey, chain: [Certificate]) throws -> [UInt8] {
+    /// - Parameter signedAttributes: sign the content's digest inside signed attributes (content
+    ///   type, signing time, message digest), as most CMS signers do, instead of the content itself.
+    public static func sign(_ content: [UInt8], signer: Certificate, key: ECPrivateKey, chain: [Certificate],
+                            signedAttributes: Bool = false) throws -> [UInt8] {
         defer { ERR_clear_error() }
         guard let bio = BIO_new(BIO_s_mem()) else { throw CryptoError.openSSL("BIO_new") }
         defer { BIO_free(bio) }
@@ -200,7 +294,7 @@ public enum SignedDataSigner {
         guard let extra = attest_sk_X509_new_null() else { throw CryptoError.openSSL("sk_X509_new_null") }
         defer { attest_sk_X509_free(extra) }
         for certificate in chain { _ = attest_sk_X509_push(extra, certificate.x509) }
-        let flags = UInt32(CMS_BINARY | CMS_NOATTR | CMS_NOSMIMECAP)
+        let flags = UInt32(CMS_BINARY | CMS_NOSMIMECAP | (signedAttributes ? 0 : CMS_NOATTR))
         guard let cms = CMS_sign(signer.x509, key.pkey, extra, bio, flags) else { throw CryptoError.openSSL("CMS_sign: \(openSSLErrorText())") }
         defer { CMS_ContentInfo_free(cms) }
         var out: UnsafeMutablePointer<UInt8>?
