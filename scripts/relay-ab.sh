@@ -7,6 +7,10 @@
 #
 #   scripts/relay-ab.sh BASELINE_BIN_DIR [SECONDS_PER_RUN=5] [ROUNDS=5] [CONNECTIONS=64]
 #   REQUEST=client023 scripts/relay-ab.sh /tmp/base/.build/release   # requests shaped like the client 0.2.3's
+#   DBS="sqlite postgres" scripts/relay-ab.sh .build/release          # one build on SQLite against PostgreSQL
+#
+# DBS names the baseline's database, then the current build's: sqlite (default) or postgres (a
+# throwaway cluster of scripts/pg-test-cluster.sh, one database each).
 #
 # Both integrations have every policy check on (an allowed model list with the fallback's model, a
 # max_tokens ceiling, per-device and monthly limits too high to bind). The current build is
@@ -28,6 +32,7 @@ cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
   wait 2>/dev/null || true
+  [ -d "$work/pg" ] && scripts/pg-test-cluster.sh stop "$work/pg" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -64,10 +69,24 @@ wrk.headers["anthropic-user-profile-id"] = "uprof_bench_1"
 wrk.headers["user-agent"] = "ClaudeForFoundationModels/0.2.3 (com.example.app/1.4; Swift/6.3; iOS/27.0.1)"'
 fi
 
-# start NAME BIN: a database, an integration with every check on, attestd, a token, a wrk script.
+read -r baseline_db current_db <<<"${DBS:-sqlite sqlite}"
+for kind in $baseline_db $current_db; do
+  [ "$kind" = sqlite ] || [ "$kind" = postgres ] || { echo "relay-ab: DBS takes sqlite or postgres, not $kind" >&2; exit 1; }
+done
+pg_url=""
+if [ "$baseline_db" = postgres ] || [ "$current_db" = postgres ]; then chmod 755 "$work"; pg_url=$(scripts/pg-test-cluster.sh start "$work/pg"); fi
+database() {  # database NAME KIND: a SQLite file, or a database of its own on the shared cluster
+  if [ "$2" = sqlite ]; then echo "$work/$1.sqlite"; return; fi
+  local pgbin; pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+  "$pgbin/psql" -X -q -h "$work/pg" -p "$(cat "$work/pg/port")" -U postgres -d postgres -c "CREATE DATABASE bench_$1 OWNER attest" >/dev/null
+  echo "${pg_url%/attest}/bench_$1"
+}
+
+# start NAME BIN KIND: a database, an integration with every check on, attestd, a token, a wrk script.
 declare -A port pid
 start() {
-  local name=$1 bin=$2 db="$work/$1.sqlite"
+  local name=$1 bin=$2 db
+  db=$(database "$1" "$3")
   $bin/attestctl init --db "$db" --owner bench@example.com >/dev/null
   local clid
   clid=$($bin/attestctl integrations create --db "$db" --actor bench@example.com --name Bench --team-id ABCDE12345 \
@@ -94,8 +113,8 @@ wrk.headers["authorization"] = "Bearer $token"
 $extra
 EOF
 }
-start baseline "$baseline"
-start current "$current"
+start baseline "$baseline" "$baseline_db"
+start current "$current" "$current_db"
 
 ticks=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
