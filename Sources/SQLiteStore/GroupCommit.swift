@@ -19,13 +19,41 @@ import Foundation
 /// queued behind it (8.4 exchanges each at 64 devices) held every worker while requests waited on
 /// the loops and both cores idled.
 final class GroupCommit: @unchecked Sendable {   // the state is guarded by `lock`
-    private final class Job {
+    /// One transaction and what to do once its fate is known. Its result keeps its own type
+    /// (`TypedJob`): the batch only runs jobs and tells them how their batch ended.
+    private class Job: @unchecked Sendable {   // touched by one thread at a time: the submitter, then the leader
+        /// Runs the transaction's body on the writer, keeping its result; throws what it threw.
+        func execute(_ db: SQLiteConnection) throws {}
+        /// Records the failure of the job (its own, or the whole batch's).
+        func fail(_ error: any Error) {}
+        /// Calls the completion with what was recorded; the body is dropped.
+        func complete() {}
+    }
+
+    private final class TypedJob<T: Sendable>: Job, @unchecked Sendable {
         /// Dropped once it has run, with whatever the caller's closure holds.
-        var body: ((SQLiteConnection) throws -> Any)?
-        let completion: (Result<Any, any Error>) -> Void
-        init(_ body: @escaping (SQLiteConnection) throws -> Any, _ completion: @escaping (Result<Any, any Error>) -> Void) {
+        private var body: (@Sendable (SQLiteConnection) throws -> T)?
+        private let completion: @Sendable (Result<T, any Error>) -> Void
+        private var result: Result<T, any Error>?
+
+        init(_ body: @escaping @Sendable (SQLiteConnection) throws -> T, _ completion: @escaping @Sendable (Result<T, any Error>) -> Void) {
             self.body = body
             self.completion = completion
+        }
+
+        override func execute(_ db: SQLiteConnection) throws {
+            guard let body else { return }
+            do { result = .success(try body(db)) } catch {
+                result = .failure(error)
+                throw error
+            }
+        }
+
+        override func fail(_ error: any Error) { result = .failure(error) }
+
+        override func complete() {
+            body = nil
+            completion(result ?? .failure(SQLiteError(code: SQLITE_MISUSE, message: "a transaction of the batch was never run")))
         }
     }
 
@@ -65,19 +93,19 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
     /// no batch was being committed (this thread then commits whatever queues meanwhile too), else
     /// on the thread committing. A completion runs outside the writer's lock, so it may write
     /// again: a transaction submitted from a completion on the committing thread commits at once.
-    func submit<T>(_ body: @escaping (SQLiteConnection) throws -> T, completion: @escaping (Result<T, any Error>) -> Void) {
-        let job = Job({ try body($0) }) { result in completion(result.map { $0 as! T }) }
+    func submit<T: Sendable>(_ body: @escaping @Sendable (SQLiteConnection) throws -> T, completion: @escaping @Sendable (Result<T, any Error>) -> Void) {
+        let job: Job = TypedJob(body, completion)
         let me = pthread_self()
         lock.lock()
         if let leader, pthread_equal(leader, me) != 0 {
             // From a completion this thread is calling between two batches: the writer is free.
             lock.unlock()
-            let result = commit([job])
+            commit([job])
             lock.lock()
             batchCount += 1
             jobCount += 1
             lock.unlock()
-            finish([job], result)
+            finish([job])
             return
         }
         queue.append(job)
@@ -94,7 +122,7 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
     }
 
     /// `submit`, waiting for the commit.
-    func run<T>(_ body: @escaping (SQLiteConnection) throws -> T) throws -> T {
+    func run<T: Sendable>(_ body: @escaping @Sendable (SQLiteConnection) throws -> T) throws -> T {
         let outcome = ResultBox<T>()
         submit(body) { outcome.set($0) }
         return try outcome.wait()
@@ -106,14 +134,14 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
     private func lead(_ batch: [Job]) {
         var batch = batch
         while true {
-            let results = commit(batch)
+            commit(batch)
             lock.lock()
             batchCount += 1
             jobCount += batch.count
             let more = !queue.isEmpty
             if !more { leader = nil }
             lock.unlock()
-            finish(batch, results)
+            finish(batch)
             guard more else { return }
             lock.lock()
             batch = takeBatch()
@@ -128,16 +156,15 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
         return batch
     }
 
-    private func finish(_ batch: [Job], _ results: [Result<Any, any Error>]) {
-        for (job, result) in zip(batch, results) {
-            job.body = nil
-            job.completion(result)
-        }
+    private func finish(_ batch: [Job]) {
+        for job in batch { job.complete() }
     }
 
-    private func commit(_ batch: [Job]) -> [Result<Any, any Error>] {
+    /// Runs the batch in one transaction, each job in a savepoint of its own; every job has its
+    /// outcome recorded when this returns (a failure of the whole batch is every job's).
+    private func commit(_ batch: [Job]) {
         do {
-            return try writer.withConnection { db in
+            try writer.withConnection { db in
                 try db.execute("BEGIN IMMEDIATE")
                 // Whatever way this ends, the writer is left outside a transaction: a SAVEPOINT or
                 // RELEASE that throws must not leave it holding the write lock.
@@ -145,38 +172,30 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
                 // One transaction alone needs no savepoint: if it throws, the whole is rolled back.
                 guard batch.count > 1 else {
                     do {
-                        let value = try batch[0].body!(db)
+                        try batch[0].execute(db)
                         try db.execute("COMMIT")
-                        return [.success(value)]
                     } catch {
-                        return [.failure(error)]
+                        batch[0].fail(error)
                     }
+                    return
                 }
-                var results: [Result<Any, any Error>] = []
                 for job in batch {
                     try db.run("SAVEPOINT exchange")
                     do {
-                        let value = try job.body!(db)
+                        try job.execute(db)
                         try db.run("RELEASE exchange")
-                        results.append(.success(value))
                     } catch {
                         // Some errors (a full disk, an I/O error) make SQLite roll the whole
                         // transaction back: then nothing of the batch is committed.
-                        guard db.inTransaction else { return batch.map { _ in .failure(error) } }
+                        guard db.inTransaction else { throw error }
                         try db.run("ROLLBACK TO exchange")
                         try db.run("RELEASE exchange")
-                        results.append(.failure(error))
                     }
                 }
-                do {
-                    try db.execute("COMMIT")
-                } catch {
-                    return batch.map { _ in .failure(error) }
-                }
-                return results
+                try db.execute("COMMIT")
             }
         } catch {
-            return batch.map { _ in .failure(error) }
+            for job in batch { job.fail(error) }
         }
     }
 }

@@ -51,7 +51,7 @@ public final class SQLiteTokenStore: TokenStore {
 
     /// `body` as one transaction, committed with whichever other exchanges are waiting (see
     /// `GroupCommit`); it returns once committed. `body` opens no transaction of its own.
-    func writeInGroup<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+    func writeInGroup<T: Sendable>(_ body: @Sendable (SQLiteConnection) throws -> T) throws -> T {
         try refuseIfFaulted()
         // `run` returns only after the body has run (on this thread or the batch's), so it does not escape.
         return try withoutActuallyEscaping(body) { body in try groupCommit.run(body) }
@@ -59,7 +59,8 @@ public final class SQLiteTokenStore: TokenStore {
 
     /// `writeInGroup` without waiting: `completion` gets the result once the batch holding `body`
     /// has committed, on the thread that committed it (see `GroupCommit.submit`).
-    func submitInGroup<T>(_ body: @escaping (SQLiteConnection) throws -> T, completion: @escaping (Result<T, any Error>) -> Void) {
+    func submitInGroup<T: Sendable>(_ body: @escaping @Sendable (SQLiteConnection) throws -> T,
+                                    completion: @escaping @Sendable (Result<T, any Error>) -> Void) {
         do { try refuseIfFaulted() } catch { return completion(.failure(error)) }
         groupCommit.submit(body, completion: completion)
     }
