@@ -26,6 +26,8 @@ public final class Daemon: Sendable {
     let publicServer: HTTPServer
     let adminServer: HTTPServer?
     public let service: DeviceTokenService
+    /// Every route both listeners serve, as the router reads them.
+    public let routeTable: [RouteInfo]
 
     /// Builds everything (opening and migrating the database); nothing runs until `run`.
     public init(_ options: ServeOptions, logger: Logger) throws {
@@ -61,6 +63,7 @@ public final class Daemon: Sendable {
                                                               trustedProxies: options.trustedProxies,
                                                               trustedProxyHeader: options.trustedProxyHeader).routes)
 
+        routeTable = router.router.table
         var configuration = HTTPServerConfiguration()
         configuration.host = options.host
         configuration.port = options.port
