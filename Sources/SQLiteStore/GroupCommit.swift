@@ -1,5 +1,6 @@
 import CSQLite
 import Foundation
+import Synchronization
 
 /// Group commit for the token exchange's writes. Each exchange's transaction used to commit (and
 /// fsync the WAL) on its own: under load the writer spent its time in fdatasync (13.5% of
@@ -18,73 +19,34 @@ import Foundation
 /// blocked until their batch committed, so with 16 of them the batch committing and the one
 /// queued behind it (8.4 exchanges each at 64 devices) held every worker while requests waited on
 /// the loops and both cores idled.
-final class GroupCommit: @unchecked Sendable {   // the state is guarded by `lock`
-    /// One transaction and what to do once its fate is known. Its result keeps its own type
-    /// (`TypedJob`): the batch only runs jobs and tells them how their batch ended.
-    private class Job: @unchecked Sendable {   // touched by one thread at a time: the submitter, then the leader
-        /// Runs the transaction's body on the writer, keeping its result; throws what it threw.
-        func execute(_ db: SQLiteConnection) throws {}
-        /// Records the failure of the job (its own, or the whole batch's).
-        func fail(_ error: any Error) {}
-        /// Calls the completion with what was recorded; the body is dropped.
-        func complete() {}
-    }
-
-    private final class TypedJob<T: Sendable>: Job, @unchecked Sendable {
-        /// Dropped once it has run, with whatever the caller's closure holds.
-        private var body: (@Sendable (SQLiteConnection) throws -> T)?
-        private let completion: @Sendable (Result<T, any Error>) -> Void
-        private var result: Result<T, any Error>?
-
-        init(_ body: @escaping @Sendable (SQLiteConnection) throws -> T, _ completion: @escaping @Sendable (Result<T, any Error>) -> Void) {
-            self.body = body
-            self.completion = completion
-        }
-
-        override func execute(_ db: SQLiteConnection) throws {
-            guard let body else { return }
-            do { result = .success(try body(db)) } catch {
-                result = .failure(error)
-                throw error
-            }
-        }
-
-        override func fail(_ error: any Error) { result = .failure(error) }
-
-        override func complete() {
-            body = nil
-            completion(result ?? .failure(SQLiteError(code: SQLITE_MISUSE, message: "a transaction of the batch was never run")))
-        }
-    }
-
+final class GroupCommit: Sendable {
     private let writer: LockedSQLiteConnection
-    private let lock = NSLock()
-    private var queue: [Job] = []
-    /// The thread committing the queue now, if any.
-    private var leader: pthread_t?
+    private struct State {
+        var queue: [any GroupCommitJob] = []
+        /// The thread committing the queue now, if any.
+        var leader: pthread_t?
+        /// Batches committed and the transactions in them (a measure of how much is shared).
+        var batchCount = 0, jobCount = 0
+
+        /// The next batch, out of the queue.
+        mutating func takeBatch() -> [any GroupCommitJob] {
+            let batch = Array(queue.prefix(GroupCommit.maxBatch))
+            queue.removeFirst(batch.count)
+            return batch
+        }
+    }
+    private let state = Mutex(State())
+    /// What a submitting thread does next.
+    private enum SubmitStep { case alone, queued, lead([any GroupCommitJob]) }
     /// A batch's transactions hold the write lock together; a bound keeps one batch short.
     static let maxBatch = 32
-    /// Batches committed and the transactions in them (a measure of how much is shared).
-    private var batchCount = 0, jobCount = 0
-    var counts: (batches: Int, jobs: Int) {
-        lock.lock()
-        defer { lock.unlock() }
-        return (batchCount, jobCount)
-    }
+    var counts: (batches: Int, jobs: Int) { state.withLock { ($0.batchCount, $0.jobCount) } }
 
     /// Transactions waiting for a batch (tests).
-    var waiting: Int {
-        lock.lock()
-        defer { lock.unlock() }
-        return queue.count
-    }
+    var waiting: Int { state.withLock { $0.queue.count } }
 
     /// Whether some thread is committing the queue (tests).
-    var isCommitting: Bool {
-        lock.lock()
-        defer { lock.unlock() }
-        return leader != nil
-    }
+    var isCommitting: Bool { state.withLock { $0.leader != nil } }
 
     init(writer: LockedSQLiteConnection) { self.writer = writer }
 
@@ -94,31 +56,28 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
     /// on the thread committing. A completion runs outside the writer's lock, so it may write
     /// again: a transaction submitted from a completion on the committing thread commits at once.
     func submit<T: Sendable>(_ body: @escaping @Sendable (SQLiteConnection) throws -> T, completion: @escaping @Sendable (Result<T, any Error>) -> Void) {
-        let job: Job = TypedJob(body, completion)
+        let job = TypedJob(body, completion)
         let me = pthread_self()
-        lock.lock()
-        if let leader, pthread_equal(leader, me) != 0 {
+        let next: SubmitStep = state.withLock { state in
             // From a completion this thread is calling between two batches: the writer is free.
-            lock.unlock()
+            if let leader = state.leader, pthread_equal(leader, me) != 0 { return .alone }
+            state.queue.append(job)
+            guard state.leader == nil else { return .queued }
+            // The batch is taken under the same lock as the lead: a transaction queued from now
+            // on waits for the next batch (tests count on it).
+            state.leader = me
+            return .lead(state.takeBatch())
+        }
+        switch next {
+        case .alone:
             commit([job])
-            lock.lock()
-            batchCount += 1
-            jobCount += 1
-            lock.unlock()
-            finish([job])
-            return
+            state.withLock { $0.batchCount += 1; $0.jobCount += 1 }
+            job.complete()
+        case .queued:
+            break
+        case .lead(let batch):
+            lead(batch)
         }
-        queue.append(job)
-        guard leader == nil else {
-            lock.unlock()
-            return
-        }
-        // The batch is taken under the same lock as the lead: a transaction queued from now on
-        // waits for the next batch (tests count on it).
-        leader = me
-        let batch = takeBatch()
-        lock.unlock()
-        lead(batch)
     }
 
     /// `submit`, waiting for the commit.
@@ -131,38 +90,25 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
     /// Commits `batch`, then the next ones until the queue is empty (`leader` is this thread). The
     /// next batch is taken after this one's completions have run, so that it holds the
     /// transactions that arrived meanwhile too (only the leader takes from the queue).
-    private func lead(_ batch: [Job]) {
+    private func lead(_ batch: [any GroupCommitJob]) {
         var batch = batch
         while true {
             commit(batch)
-            lock.lock()
-            batchCount += 1
-            jobCount += batch.count
-            let more = !queue.isEmpty
-            if !more { leader = nil }
-            lock.unlock()
-            finish(batch)
+            let more = state.withLock { state in
+                state.batchCount += 1
+                state.jobCount += batch.count
+                if state.queue.isEmpty { state.leader = nil }
+                return !state.queue.isEmpty
+            }
+            for job in batch { job.complete() }
             guard more else { return }
-            lock.lock()
-            batch = takeBatch()
-            lock.unlock()
+            batch = state.withLock { $0.takeBatch() }
         }
-    }
-
-    /// The next batch, out of the queue (`lock` held).
-    private func takeBatch() -> [Job] {
-        let batch = Array(queue.prefix(Self.maxBatch))
-        queue.removeFirst(batch.count)
-        return batch
-    }
-
-    private func finish(_ batch: [Job]) {
-        for job in batch { job.complete() }
     }
 
     /// Runs the batch in one transaction, each job in a savepoint of its own; every job has its
     /// outcome recorded when this returns (a failure of the whole batch is every job's).
-    private func commit(_ batch: [Job]) {
+    private func commit(_ batch: [any GroupCommitJob]) {
         do {
             try writer.withConnection { db in
                 try db.execute("BEGIN IMMEDIATE")
@@ -200,18 +146,62 @@ final class GroupCommit: @unchecked Sendable {   // the state is guarded by `loc
     }
 }
 
+/// One transaction of a batch and what to do once its fate is known. Its result keeps its own
+/// type (`TypedJob`): the batch only runs jobs and tells each how it ended.
+protocol GroupCommitJob: Sendable {
+    /// Runs the transaction's body on the writer, keeping its result; throws what it threw.
+    func execute(_ db: SQLiteConnection) throws
+    /// Records the failure of the job (its own, or the whole batch's).
+    func fail(_ error: any Error)
+    /// Calls the completion with what was recorded; the body is dropped.
+    func complete()
+}
+
+private final class TypedJob<T: Sendable>: GroupCommitJob {
+    private struct State {
+        /// Dropped once it has run, with whatever the caller's closure holds.
+        var body: (@Sendable (SQLiteConnection) throws -> T)?
+        var result: Result<T, any Error>?
+    }
+    private let state: Mutex<State>
+    private let completion: @Sendable (Result<T, any Error>) -> Void
+
+    init(_ body: @escaping @Sendable (SQLiteConnection) throws -> T, _ completion: @escaping @Sendable (Result<T, any Error>) -> Void) {
+        state = Mutex(State(body: body))
+        self.completion = completion
+    }
+
+    func execute(_ db: SQLiteConnection) throws {
+        guard let body = state.withLock({ $0.body }) else { return }
+        let result: Result<T, any Error>
+        do { result = .success(try body(db)) } catch { result = .failure(error) }
+        state.withLock { $0.result = result }
+        _ = try result.get()
+    }
+
+    func fail(_ error: any Error) { state.withLock { $0.result = .failure(error) } }
+
+    func complete() {
+        let result = state.withLock { state in
+            state.body = nil
+            return state.result
+        }
+        completion(result ?? .failure(SQLiteError(code: SQLITE_MISUSE, message: "a transaction of the batch was never run")))
+    }
+}
+
 /// One result, set once on some thread and waited for on another.
-final class ResultBox<T>: @unchecked Sendable {   // `result` is written before `ready` is signalled and read after
-    private var result: Result<T, any Error>?
+final class ResultBox<T: Sendable>: Sendable {
+    private let result = Mutex<Result<T, any Error>?>(nil)
     private let ready = DispatchSemaphore(value: 0)
 
     func set(_ value: Result<T, any Error>) {
-        result = value
+        result.withLock { $0 = value }
         ready.signal()
     }
 
     func wait() throws -> T {
         ready.wait()
-        return try result!.get()
+        return try result.withLock { $0! }.get()
     }
 }
