@@ -10,7 +10,8 @@
 #   DBS="sqlite postgres" scripts/relay-ab.sh .build/release          # one build on SQLite against PostgreSQL
 #
 # DBS names the baseline's database, then the current build's: sqlite (default) or postgres (a
-# throwaway cluster of scripts/pg-test-cluster.sh, one database each).
+# throwaway cluster of scripts/pg-test-cluster.sh, one database each). ARGS_BASELINE and
+# ARGS_CURRENT add attestd options to one side (DBS="postgres postgres" ARGS_CURRENT="--threads 2").
 #
 # Both integrations have every policy check on (an allowed model list with the fallback's model, a
 # max_tokens ceiling, per-device and monthly limits too high to bind). The current build is
@@ -85,8 +86,9 @@ database() {  # database NAME KIND: a SQLite file, or a database of its own on t
 # start NAME BIN KIND: a database, an integration with every check on, attestd, a token, a wrk script.
 declare -A port pid
 start() {
-  local name=$1 bin=$2 db
+  local name=$1 bin=$2 db extra
   db=$(database "$1" "$3")
+  extra=$([ "$name" = baseline ] && echo "${ARGS_BASELINE:-}" || echo "${ARGS_CURRENT:-}")
   $bin/attestctl init --db "$db" --owner bench@example.com >/dev/null
   local clid
   clid=$($bin/attestctl integrations create --db "$db" --actor bench@example.com --name Bench --team-id ABCDE12345 \
@@ -96,7 +98,7 @@ start() {
   port[$name]=$(free_port)
   $bin/attestd serve --db "$db" --listen "127.0.0.1:${port[$name]}" --admin-listen none --trust-anchor Fixtures/test-authority/root.pem \
     --upstream-url "http://127.0.0.1:$upstream_port" --upstream-key-file "$work/upstream.key" \
-    --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep registration-limit-per-address >/dev/null && echo --registration-limit-per-address 0) 2>>"$work/$name.log" &
+    --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep registration-limit-per-address >/dev/null && echo --registration-limit-per-address 0) $extra 2>>"$work/$name.log" &
   pid[$name]=$!
   pids+=($!)
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:${port[$name]}/healthz" >/dev/null && break; sleep 0.05; done
