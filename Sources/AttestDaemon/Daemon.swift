@@ -30,7 +30,9 @@ public final class Daemon: Sendable {
     public let routeTable: [RouteInfo]
 
     /// Builds everything (opening and migrating the database); nothing runs until `run`.
-    public init(_ options: ServeOptions, logger: Logger) throws {
+    /// - Parameter extraServices: started after the store's own, before the ledger (tests: a
+    ///   service that dies on cue).
+    public init(_ options: ServeOptions, logger: Logger, extraServices: [any Service] = []) throws {
         self.options = options
         self.logger = logger
         let verifier = try AppAttestVerifier(additionalAnchors: try Self.anchors(options, logger), receipts: try Self.receiptPolicy(options, logger))
@@ -103,6 +105,7 @@ public final class Daemon: Sendable {
             BasicService("event-loops", stop: { _ in loops.shutdown() }),
         ]
         services += store.backgroundServices
+        services += extraServices
         services.append(audit)
         if let ledger { services.append(ledger) }
         services.append(purgeJob(store: store, logger: logger, auditRetentionDays: options.auditRetentionDays))
@@ -140,18 +143,33 @@ public final class Daemon: Sendable {
                                       ("mint_limit_per_minute", options.exchange.mintLimitPerMinute),
                                       ("registration_quota_per_hour", options.exchange.registrationQuotaPerHour)])
         }, failed: { "\($0)" }))
-        group = ServiceGroup(services, report: { event in
-            logger.info("service_\(event.kind.rawValue)", [("service", event.service)])
+        group = ServiceGroup(services, grace: .milliseconds(Int(options.shutdownGrace * 1000)), report: { event in
+            if let detail = event.detail {
+                logger.error("service_\(event.kind.rawValue)", [("service", event.service), ("error", detail)])
+            } else {
+                logger.info("service_\(event.kind.rawValue)", [("service", event.service)])
+            }
         })
     }
 
     /// Starts every service in order; on failure, those started are stopped and the error thrown.
-    public func run() throws {
+    public func start() throws {
         if options.admin == nil {
             logger.warning("no_admin_listener", [("note", "/metrics, /v1/oauth/introspect and /v1/authz/check are served nowhere (--admin-listen none)")])
         }
-        try group.run()
+        try group.start()
     }
+
+    /// Stops within `--shutdown-grace` on SIGINT or SIGTERM.
+    public func stopOnSignals() {
+        group.stopOnSignals([SIGINT, SIGTERM]) { [logger, options] number in
+            logger.info("stopping", [("signal", Int(number)), ("grace_seconds", options.shutdownGrace)])
+        }
+    }
+
+    /// Until the daemon has stopped: asked to, or because a service ended on its own (then
+    /// everything else was stopped after it, and the outcome names it).
+    public func wait() -> ServiceGroupOutcome { group.wait() }
 
     /// Stops gracefully within `--shutdown-grace`: the listeners drain (requests in flight finish,
     /// open streams end with an SSE `overloaded_error` event), then the rest in reverse order.
@@ -261,15 +279,18 @@ final class HTTPListener: Service {
         self.failed = failed
     }
 
-    func run() throws {
+    private let life = ServiceLife()
+
+    func start() throws {
         do { try server.start() } catch { throw StartupError(failed(error)) }
         started(server.port)
     }
 
+    func run() throws { try life.wait() }
+
     func stop(by deadline: ContinuousClock.Instant) {
-        let left = deadline - ContinuousClock.now
-        let seconds = max(0, Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18)
-        server.shutdown(grace: min(grace, seconds))
+        defer { life.end() }
+        server.shutdown(grace: min(grace, seconds(until: deadline)))
         let stats = server.stats()
         logger.info("listener_stopped", [("listener", name), ("requests", Int(stats.requestsCompleted)),
                                          ("unanswered", Int(stats.unansweredRequests)), ("cancelled", Int(stats.cancelledAnswers))])

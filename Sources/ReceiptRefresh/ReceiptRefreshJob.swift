@@ -71,6 +71,7 @@ public final class ReceiptRefreshJob: Service {
     private let wake = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
     private let started = Mutex(0)
+    private let life = ServiceLife()
 
     public init(store: ReceiptRefreshStore, verifier: ReceiptVerifier, secrets: SecretsKeySource?, configuration: ReceiptRefreshConfiguration,
                 metrics: Metrics, now: @escaping @Sendable () -> Date = { Date() },
@@ -87,7 +88,9 @@ public final class ReceiptRefreshJob: Service {
         metrics.describe("attestd_risk_metric", "Apple's fraud-risk metric in each refreshed receipt (keys attested on the device lately).")
     }
 
-    public func run() throws {
+    public func run() throws { try life.wait() }
+
+    public func start() throws {
         let workers = max(1, configuration.workers)
         for index in 0..<workers {
             // Each worker owns its HTTP client (a curl handle is one thread's), so its connection is reused.
@@ -96,6 +99,8 @@ public final class ReceiptRefreshJob: Service {
             let thread = Thread { [self] in
                 work(box.client)
                 finished.signal()
+                // A worker leaves its loop only when stopping; any other end is the job's death.
+                if !state.withLock({ $0.stopping }) { life.end(ServiceEndedError("receipt refresh worker \(index) ended")) }
             }
             thread.name = "receipt-refresh-\(index)"
             started.withLock { $0 += 1 }
@@ -107,6 +112,7 @@ public final class ReceiptRefreshJob: Service {
     /// is left: its claim lapses after the lease, and its answer, if it comes, is still stored);
     /// claims not yet posted are released for another instance at once.
     public func stop(by deadline: ContinuousClock.Instant) {
+        defer { life.end() }
         let queued = state.withLock { s -> [DueReceipt] in
             s.stopping = true
             defer { s.queue.removeAll() }
@@ -115,9 +121,7 @@ public final class ReceiptRefreshJob: Service {
         let workers = started.withLock { $0 }
         for _ in 0..<(workers * 4) { wake.signal() }
         for _ in 0..<workers {
-            let left = deadline - ContinuousClock.now
-            let seconds = max(0, Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18)
-            guard finished.wait(timeout: .now() + seconds) == .success else { break }
+            guard finished.wait(timeout: .now() + seconds(until: deadline)) == .success else { break }
         }
         let time = now()
         for item in queued { _ = try? store.finishReceiptRefresh(ReceiptRefreshOutcome(keyID: item.keyID, claim: item.claim, receipt: nil,

@@ -57,19 +57,23 @@ public final class BufferedAuditLog: AuditSink, Service {
         self.interval = interval
     }
 
+    /// Lasts until stopped (the flush's task ends then).
+    public func run() throws { try timer.withLock { $0 }?.run() }
+
     /// Flushes every `interval` until stopped.
-    public func run() {
+    public func start() {
         let task = PeriodicTask("audit-flush", every: interval) { [weak self] in self?.flush() }
         guard timer.withLock({ current -> Bool in
             guard current == nil else { return false }
             current = task
             return true
         }) else { return }
-        task.run()
+        task.start()
     }
 
-    /// The last flush (after the last request that records events has ended).
-    public func stop(by deadline: ContinuousClock.Instant) { close() }
+    /// The last flush (after the last request that records events has ended), retried until
+    /// `deadline` while the store refuses it.
+    public func stop(by deadline: ContinuousClock.Instant) { close(by: deadline) }
 
     /// Events waiting to be written (a gauge for /metrics: it grows only while the store refuses them).
     public var pendingCount: Int { buffer.withLock { $0.pending.count + $0.refusals.count + $0.inFlight } }
@@ -173,10 +177,22 @@ public final class BufferedAuditLog: AuditSink, Service {
         (error as? any StoreAvailabilityError)?.isUnavailable ?? false
     }
 
-    /// Stops the periodic flush (one under way ends first) and writes what is left.
-    public func close() {
-        timer.withLock { $0 }?.stop(by: .now)
-        flush()
+    /// Stops the periodic flush (one under way ends first) and writes what is left, trying
+    /// again with growing pauses until `deadline`; what is still unwritten then is reported.
+    public func close(by deadline: ContinuousClock.Instant = .now + .seconds(5)) {
+        timer.withLock { $0 }?.stop(by: deadline)
+        var pause = 0.05
+        while true {
+            flush()
+            let left = pendingCount
+            guard left > 0 else { return }
+            guard seconds(until: deadline) > pause else {
+                onError("\(left) audit events not written at shutdown: the store refused them until the deadline")
+                return
+            }
+            Thread.sleep(forTimeInterval: pause)
+            pause = min(pause * 2, 1)
+        }
     }
 }
 

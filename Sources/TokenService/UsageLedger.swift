@@ -500,11 +500,11 @@ public final class UsageLedger: Service {
     /// 16 random bytes, URL-safe base64: unique across instances and restarts.
     static func newBatchID() -> String { Base64.encode(secureRandomBytes(16), urlSafe: true, padded: false) }
 
-    /// Flushes every `flushInterval` until stopped.
-    public func run() { start() }
+    /// Lasts until stopped (the flush's task ends then).
+    public func run() throws { try timer.withLock { $0 }?.run() }
 
-    /// The last flush, after the last relayed request has ended (retried for up to 5 s).
-    public func stop(by deadline: ContinuousClock.Instant) { stop(retryFor: 5) }
+    /// The last flush, after the last relayed request has ended, retried until `deadline`.
+    public func stop(by deadline: ContinuousClock.Instant) { stop(until: deadline) }
 
     /// Flushes every `flushInterval` until `stop`.
     public func start() {
@@ -514,25 +514,30 @@ public final class UsageLedger: Service {
             current = task
             return true
         }) else { return }
-        task.run()
+        task.start()
+    }
+
+    /// `stop(until:)` with a deadline `seconds` from now.
+    @discardableResult
+    public func stop(retryFor seconds: TimeInterval = 5) -> Bool {
+        stop(until: .now + .milliseconds(Int(seconds * 1000)))
     }
 
     /// Stops the timer and flushes what is left (at shutdown, after the last relayed request ended).
-    /// A flush the store refuses is tried again, with growing pauses, for up to `retryFor`
-    /// seconds: the process exits next, so what is unwritten then is lost, and reported.
+    /// A flush the store refuses is tried again, with growing pauses, until `deadline`: the
+    /// process exits next, so what is unwritten then is lost, and reported.
     @discardableResult
-    public func stop(retryFor seconds: TimeInterval = 5) -> Bool {
-        // A flush under way ends first; no other starts.
-        timer.withLock { $0 }?.stop(by: .now)
-        let deadline = Date() + seconds
+    public func stop(until deadline: ContinuousClock.Instant) -> Bool {
+        // A flush under way ends first (by the deadline); no other starts.
+        timer.withLock { $0 }?.stop(by: deadline)
         var pause: TimeInterval = 0.05
         while !flush() {
-            guard Date() + pause < deadline else {
+            guard seconds(until: deadline) > pause else {
                 let requests = state.withLock { state in
                     (state.flushing?.usage.values.reduce(Int64(0)) { $0 + $1.requests } ?? 0)
                         + state.pending.usage.values.reduce(Int64(0)) { $0 + $1.requests }
                 }
-                report("usage not written at shutdown after \(seconds) s of retries: \(requests) requests' counts lost")
+                report("usage not written at shutdown, the store refused it until the deadline: \(requests) requests' counts lost")
                 return false
             }
             Thread.sleep(forTimeInterval: pause)

@@ -16,23 +16,16 @@ let logger = Logger.standardErrorWithWriterThread()
 
 func serve(_ options: ServeOptions) throws -> Never {
     let daemon = try Daemon(options, logger: logger)
-    // SIGINT/SIGTERM: stop in order within --shutdown-grace, then exit.
-    let signalQueue = DispatchQueue(label: "signals")
-    var sources: [DispatchSourceSignal] = []
-    for signalNumber in [SIGINT, SIGTERM] {
-        signal(signalNumber, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: signalQueue)
-        source.setEventHandler {
-            logger.info("stopping", [("signal", Int(signalNumber)), ("grace_seconds", options.shutdownGrace)])
-            daemon.stop()
-            logger.drain()
-            exit(0)
-        }
-        source.resume()
-        sources.append(source)
+    // SIGINT/SIGTERM: stop in order within --shutdown-grace, then exit 0. A service that ends on
+    // its own stops the rest the same way, and the exit status says so (systemd restarts it).
+    daemon.stopOnSignals()
+    try daemon.start()
+    let outcome = daemon.wait()
+    if case .failed(let service, let detail) = outcome {
+        logger.error("stopped_after_failure", [("service", service), ("error", detail)])
     }
-    try daemon.run()
-    withExtendedLifetime(sources) { dispatchMain() }
+    logger.drain()
+    exit(outcome.exitStatus)
 }
 
 let arguments = Array(CommandLine.arguments.dropFirst())

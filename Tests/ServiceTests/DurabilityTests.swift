@@ -120,7 +120,7 @@ import TokenService
         let store = try SQLiteTokenStore(path: db, readers: 1)
         let before = try store.auditEvents(limit: 10_000, clientID: nil).count
         let audit = BufferedAuditLog(store: store, interval: 0.05)
-        audit.run()
+        audit.start()
         // Another process holds the write lock for a while: every flush in that time fails.
         let lock = try WriteLockHolder(db)
         try await Task.sleep(nanoseconds: 200_000_000)

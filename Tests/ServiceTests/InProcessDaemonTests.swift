@@ -21,7 +21,7 @@ import UpstreamStub
                                         "--upstream-key-file", keyFile, "--shutdown-grace", "10"])
         let logs = LogLines()
         let daemon = try Daemon(options, logger: Logger(write: { line in logs.lines.withLock { $0.append(line) } }))
-        try daemon.run()
+        try daemon.start()
         #expect(daemon.port != 0 && daemon.adminPort != 0)
         let http = TestHTTP(baseURL: URL(string: "http://127.0.0.1:\(daemon.port)")!)
         let token = try #require(try await http.registerFresh(try ManualDevice(clientID: clientID)).json["access_token"] as? String)
