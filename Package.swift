@@ -57,8 +57,10 @@ let package = Package(
         .target(name: "HTTPRouting", dependencies: ["HTTPServer", "EventLoops", "AttestWire", "AttestCrypto"]),
         // The route groups, each a few lines per route: decode, call one service method, encode.
         .target(name: "ExchangeRoutes", dependencies: ["HTTPRouting", "TokenService", "AttestWire"]),
-        .target(name: "RelayRoutes", dependencies: ["HTTPRouting", "TokenService", "AttestWire", "AttestCrypto", "UpstreamClient", "EventLoops"]),
-        .target(name: "AdminRoutes", dependencies: ["HTTPRouting", "RelayRoutes", "TokenService", "AttestWire", "AttestCrypto"]),
+        .target(name: "TokenAuthentication", dependencies: ["HTTPRouting", "HTTPServer", "TokenService", "AttestWire"]),
+        .target(name: "RelayRoutes", dependencies: ["HTTPRouting", "TokenAuthentication", "TokenService", "AttestWire", "AttestCrypto", "UpstreamClient",
+                                                    "EventLoops"]),
+        .target(name: "AdminRoutes", dependencies: ["HTTPRouting", "TokenAuthentication", "TokenService", "AttestWire", "AttestCrypto"]),
         // The operator's console at /console/ on the admin listener: server-rendered pages and
         // forms over the same AdminService as attestctl.
         .target(name: "ConsoleRoutes", dependencies: ["HTTPRouting", "HTTPServer", "TokenService", "AppAttest", "AttestWire", "AttestCrypto"]),

@@ -3,8 +3,8 @@ import AttestWire
 import Foundation
 import HTTPRouting
 import HTTPServer
-import RelayRoutes
 import Synchronization
+import TokenAuthentication
 import TokenService
 
 /// What the operator's side asks: the probes (`/healthz`, `/readyz`, on both listeners),
@@ -52,6 +52,7 @@ public struct AdminRoutes: Sendable {
             // Any method, any body (ignored): Envoy sends the original method and appends the
             // original path; nginx sends a GET with the original headers.
             Route([], Self.authzCheckPath + "/*", name: Self.authzCheckPath, on: adminListeners, executor: reads, shape: .messagesAPI,
+                  middleware: [BearerTokenAuthentication(service: service)],
                   handler: .answer { context in try authzCheck(context) }),
         ]
     }
@@ -91,18 +92,18 @@ public struct AdminRoutes: Sendable {
     /// without them would otherwise authorise every API behind it.
     func authzCheck(_ context: RequestContext) throws -> RouteOutcome {
         let request = context.request, requestID = context.requestID
-        guard let grant = try RelayRoutes.authenticated(request, service) else {
-            return RouteOutcome(RelayRoutes.unauthenticated(requestID), reason: RejectionReason.tokenRejected.rawValue)
+        // The bearer middleware answered 401 for a token that is not live.
+        guard let grant = context[AppToken.self]?.grant else {
+            return RouteOutcome(MessagesAPIError.unauthenticated(requestID), reason: RejectionReason.tokenRejected.rawValue)
         }
         guard let original = Self.originalPath(request) else {
-            return RouteOutcome(RelayRoutes.apiError(403, "permission_error",
-                                                     "the proxy did not say which request it asks about (X-Original-URI or X-Forwarded-Uri)",
-                                                     requestID: requestID),
+            return RouteOutcome(MessagesAPIError.response(403, "permission_error",
+                                                          "the proxy did not say which request it asks about (X-Original-URI or X-Forwarded-Uri)",
+                                                          requestID: requestID),
                                 clientID: grant.clientID, reason: RejectionReason.outOfScope.rawValue, detail: "no original URI")
         }
-        guard MessagesRelay.relayedPaths.contains(original) else {
-            return RouteOutcome(RelayRoutes.apiError(403, "permission_error", "this access token authorizes the Messages API only", requestID: requestID),
-                                clientID: grant.clientID, reason: RejectionReason.outOfScope.rawValue)
+        guard AppToken.scope.contains(original) else {
+            return RouteOutcome(MessagesAPIError.outOfScope(requestID), clientID: grant.clientID, reason: RejectionReason.outOfScope.rawValue)
         }
         return RouteOutcome(HTTPResponse(status: 200, headers: [
             ("x-attest-workspace", grant.workspaceName), ("x-attest-client-id", grant.clientID), ("cache-control", "no-store"),

@@ -25,40 +25,44 @@ public struct ConsoleRoutes: Sendable {
         security = ConsoleSecurity(callers: CallerResolver(trustedProxies: trustedProxies, header: trustedProxyHeader))
     }
 
+    /// The console's own pages and assets, and its sign-in: no session needed.
+    var shell: RouteGroup { RouteGroup("/console", on: [.admin], shape: .console) }
+    /// Every page and form for a signed-in member: the session middleware in front, on workers.
+    var member: RouteGroup {
+        RouteGroup("/console", on: [.admin], shape: .console, executor: .worker, middleware: [ConsoleMemberSession(admin: admin, security: security)])
+    }
+
     public var routes: [Route] {
         [
-            Route(["GET"], "/console", name: "/console", on: [.admin], shape: .console, handler: .answer { _ in
-                RouteOutcome(Self.redirect(Self.root))
-            }),
-            Route(["GET"], "/console/static/{file}", name: "/console/static", on: [.admin], shape: .console, handler: .answer { context in
+            shell.route(["GET"], "", name: "/console", handler: .answer { _ in RouteOutcome(Self.redirect(Self.root)) }),
+            shell.route(["GET"], "/static/{file}", name: "/console/static", handler: .answer { context in
                 RouteOutcome(ConsoleAssets.response(context.parameters["file"] ?? ""))
             }),
             // GET shows one "Sign in" button; only its POST uses the link up, so a chat app's or
             // mail client's link preview (a GET) cannot spend it.
-            Route(["GET", "POST"], "/console/sign-in", on: [.admin], bodyLimit: 4096, executor: .worker, shape: .console,
-                  handler: .answer { context in try signIn(context) }),
-            route("/console/sign-out", post: { request in
+            shell.route(["GET", "POST"], "/sign-in", bodyLimit: 4096, executor: .worker, handler: .answer { context in try signIn(context) }),
+            route("/sign-out", post: { request in
                 try admin.signOut(token: request.sessionToken, actor: request.session.email)
                 return RouteOutcome(Self.finish(ConsolePages.signedOut(), status: 200, extra: [security.clearCookie(for: request.context.request)]))
             }),
-            route("/console/", get: { request in try IntegrationPages.list(request, admin) }),
-            route("/console/integrations", get: { request in try IntegrationPages.list(request, admin) },
+            route("/", get: { request in try IntegrationPages.list(request, admin) }),
+            route("/integrations", get: { request in try IntegrationPages.list(request, admin) },
                   post: { request in try IntegrationPages.create(request, admin) }),
-            route("/console/integrations/new", get: { request in try IntegrationPages.createForm(request, admin) }),
-            route("/console/integrations/{client_id}", get: { request in try IntegrationPages.overview(request, admin) }),
-            route("/console/integrations/{client_id}/policy", get: { request in try IntegrationPages.policy(request, admin) },
+            route("/integrations/new", get: { request in try IntegrationPages.createForm(request, admin) }),
+            route("/integrations/{client_id}", get: { request in try IntegrationPages.overview(request, admin) }),
+            route("/integrations/{client_id}/policy", get: { request in try IntegrationPages.policy(request, admin) },
                   post: { request in try IntegrationPages.updatePolicy(request, admin) }),
-            route("/console/integrations/{client_id}/usage", get: { request in try UsagePage.render(request, admin) }),
-            route("/console/integrations/{client_id}/devices", get: { request in try IntegrationPages.devices(request, admin) }),
-            route("/console/integrations/{client_id}/audit", get: { request in try IntegrationPages.audit(request, admin) }),
-            route("/console/integrations/{client_id}/revoke", get: { request in try IntegrationPages.revokeConfirmation(request, admin) },
+            route("/integrations/{client_id}/usage", get: { request in try UsagePage.render(request, admin) }),
+            route("/integrations/{client_id}/devices", get: { request in try IntegrationPages.devices(request, admin) }),
+            route("/integrations/{client_id}/audit", get: { request in try IntegrationPages.audit(request, admin) }),
+            route("/integrations/{client_id}/revoke", get: { request in try IntegrationPages.revokeConfirmation(request, admin) },
                   post: { request in try IntegrationPages.revoke(request, admin) }),
-            route("/console/settings", get: { request in try SettingsPage.render(request, admin) }),
-            route("/console/settings/upstream-key", post: { request in try SettingsPage.setUpstreamKey(request, admin, secrets) }),
-            route("/console/settings/members", post: { request in try SettingsPage.addMember(request, admin) }),
-            route("/console/settings/members/remove", post: { request in try SettingsPage.removeMember(request, admin) }),
+            route("/settings", get: { request in try SettingsPage.render(request, admin) }),
+            route("/settings/upstream-key", post: { request in try SettingsPage.setUpstreamKey(request, admin, secrets) }),
+            route("/settings/members", post: { request in try SettingsPage.addMember(request, admin) }),
+            route("/settings/members/remove", post: { request in try SettingsPage.removeMember(request, admin) }),
             // Any other path under the console: its own not-found page.
-            Route([], "/console/*", name: "/console/*", on: [.admin], shape: .console, handler: .answer { _ in
+            shell.route([], "/*", name: "/console/*", handler: .answer { _ in
                 RouteOutcome(Self.finish(ConsolePages.message("Not found", "There is no such page in the console."), status: 404))
             }),
         ]
@@ -96,55 +100,13 @@ public struct ConsoleRoutes: Sendable {
 
     typealias Handler = @Sendable (ConsoleRequest) throws -> RouteOutcome
 
-    /// A console path: its page (GET) and/or its form (POST), both for a signed-in member. A POST
-    /// must come from our own origin, as a form, with the session's CSRF token.
-    func route(_ pattern: String, get: Handler? = nil, post: Handler? = nil) -> Route {
+    /// A member's path: its page (GET) and/or its form (POST), behind `ConsoleMemberSession`.
+    func route(_ path: String, get: Handler? = nil, post: Handler? = nil) -> Route {
         let methods = (get == nil ? [] : ["GET"]) + (post == nil ? [] : ["POST"])
-        return Route(methods, pattern, on: [.admin], bodyLimit: post == nil ? 0 : Self.formLimit, executor: .worker, shape: .console,
-                     handler: .answer { context in
-            guard context.request.method == "POST", let post else { return try guarded(context, form: [:], get!) }
-            guard RequestParsing.hasMediaType(context.request.header("content-type"), "application/x-www-form-urlencoded") else {
-                return RouteOutcome(Self.finish(ConsolePages.message("Request refused", "The console takes forms only."), status: 415),
-                                    reason: "console_not_a_form")
-            }
-            guard security.originAllowed(context.request) else {
-                return RouteOutcome(Self.finish(ConsolePages.message("Request refused",
-                    "This request did not come from the console's own pages (its Origin is missing or another site's), so nothing was changed."),
-                    status: 403), reason: "console_origin_refused")
-            }
-            let fields: [String: String]
-            do { fields = try RequestParsing.formFields(context.request.body) } catch {
-                return RouteOutcome(Self.finish(ConsolePages.message("Request refused", "The form could not be read."), status: 400),
-                                    reason: "console_bad_form")
-            }
-            return try guarded(context, form: fields, post)
+        return member.route(methods, path, bodyLimit: post == nil ? 0 : Self.formLimit, handler: .answer { context in
+            guard let request = context[ConsoleMember.self] else { throw ConsoleMemberSession.Missing() }
+            return try (request.context.request.method == "POST" ? post : get)!(request)
         })
-    }
-
-    /// The session check around every page and form; the domain's refusals as pages.
-    func guarded(_ context: RequestContext, form: [String: String], _ body: (ConsoleRequest) throws -> RouteOutcome) throws -> RouteOutcome {
-        guard let token = security.sessionCookie(context.request), let session = try admin.consoleSession(token: token) else {
-            return RouteOutcome(Self.finish(ConsolePages.signInNeeded(), status: 401, extra: [security.clearCookie(for: context.request)]),
-                                reason: "console_no_session")
-        }
-        if context.request.method == "POST" && !ConsoleSecurity.csrfValid(form["csrf"], sessionToken: token) {
-            return RouteOutcome(Self.finish(ConsolePages.message("Request refused",
-                "This form has expired or did not come from this session. Go back, reload the page and try again; nothing was changed."),
-                status: 403), reason: "console_csrf_refused")
-        }
-        let request = ConsoleRequest(context: context, session: session, sessionToken: token, form: form)
-        do {
-            return try body(request)
-        } catch let error as AdminError {
-            let (status, title) = switch error.kind {
-            case .forbidden: (403, "Not allowed")
-            case .notFound: (404, "Not found")
-            case .invalid: (422, "Not done")
-            }
-            return RouteOutcome(Self.finish(ConsolePages.layout(title: title, request: request, nav: nil,
-                                                                ConsolePages.notice(error.description, kind: "error")), status: status),
-                                reason: "console_refused")
-        }
     }
 
     // MARK: Responses

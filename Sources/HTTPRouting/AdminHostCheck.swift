@@ -11,9 +11,8 @@ public struct AdminHostCheck: Middleware {
 
     public init(names: [String]) { self.names = Set(names.map { $0.lowercased() }) }
 
-    public func before(_ context: RequestContext) -> RouteOutcome? {
-        guard context.listener == .admin, let host = context.request.header("host") else { return nil }
-        guard !allows(host) else { return nil }
+    public func respond(to context: RequestContext, next: (RequestContext) throws -> RouteOutcome?) throws -> RouteOutcome? {
+        guard context.listener == .admin, let host = context.request.header("host"), !allows(host) else { return try next(context) }
         return RouteOutcome(context.route.shape.refusal(421, context.requestID), reason: "misdirected_request",
                             detail: "Host \(host.prefix(64)) is not this admin listener's")
     }

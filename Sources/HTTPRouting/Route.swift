@@ -152,6 +152,20 @@ public struct RequestContext: Sendable {
     /// Ends a deferred answer: the middleware's epilogue (access log, metrics) runs then. Call it
     /// once; later calls are ignored.
     public let finish: @Sendable (RouteOutcome) -> Void
+    /// What middleware learnt of the caller (a token's grant, a console session), by key.
+    var values: [ObjectIdentifier: any Sendable] = [:]
+
+    /// The value a middleware put in for `key` (nil when none did).
+    public subscript<Key: ContextKey>(_ key: Key.Type) -> Key.Value? {
+        get { values[ObjectIdentifier(key)] as? Key.Value }
+        set { values[ObjectIdentifier(key)] = newValue }
+    }
+}
+
+/// A kind of value middleware puts into a request's context for the handler after it: who is
+/// calling, as the middleware established it.
+public protocol ContextKey {
+    associatedtype Value: Sendable
 }
 
 /// What a route is, without its handler: what the table, the metrics and the transport read.
@@ -206,16 +220,46 @@ public struct Route: Sendable {
     }
 }
 
-/// Runs around every request (the router's list) or a route's requests (the route's list).
+/// Runs around every request (the router's list) or a route's requests (the route's list), on
+/// the thread the route runs on, so that what it reads (a token's grant) leaves the loop with
+/// the handler.
 public protocol Middleware: Sendable {
-    /// Before the handler: an outcome answers the request instead of the handler.
-    func before(_ context: RequestContext) -> RouteOutcome?
+    /// Around the rest of the chain: returns an outcome without calling `next` to answer instead
+    /// (a refusal), or calls `next` with the context, to which it may have added what it learnt
+    /// of the caller. Nil from `next` (a deferred answer) is passed back as it is.
+    func respond(to context: RequestContext, next: (RequestContext) throws -> RouteOutcome?) throws -> RouteOutcome?
     /// As the answer goes out (an immediate response can still be changed) or, for a deferred
     /// one, when it has ended.
     func after(_ context: RequestContext, _ outcome: inout RouteOutcome)
 }
 
 extension Middleware {
-    public func before(_ context: RequestContext) -> RouteOutcome? { nil }
+    public func respond(to context: RequestContext, next: (RequestContext) throws -> RouteOutcome?) throws -> RouteOutcome? { try next(context) }
     public func after(_ context: RequestContext, _ outcome: inout RouteOutcome) {}
+}
+
+/// Routes that share a path prefix, their listeners, their error shape, where they run and their
+/// middleware (bearer authentication, a console session), each said once.
+public struct RouteGroup: Sendable {
+    public let prefix: String
+    public let listeners: Set<Listener>
+    public let shape: ErrorShape
+    public let executor: Executor
+    public let middleware: [any Middleware]
+
+    public init(_ prefix: String, on listeners: Set<Listener> = [.public], shape: ErrorShape, executor: Executor = .loop,
+                middleware: [any Middleware] = []) {
+        self.prefix = prefix
+        self.listeners = listeners
+        self.shape = shape
+        self.executor = executor
+        self.middleware = middleware
+    }
+
+    /// A route of the group at `prefix + path`; the group's executor unless the route says.
+    public func route(_ methods: [String], _ path: String, name: String? = nil, bodyLimit: Int = 65_536, contentType: String? = nil,
+                      executor: Executor? = nil, endpoint: String? = nil, handler: RouteHandler) -> Route {
+        Route(methods, prefix + path, name: name, on: listeners, bodyLimit: bodyLimit, contentType: contentType, executor: executor ?? self.executor,
+              shape: shape, endpoint: endpoint, middleware: middleware, handler: handler)
+    }
 }

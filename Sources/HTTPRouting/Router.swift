@@ -163,19 +163,23 @@ public final class Router: Sendable {
             return answer(complete(context, route: route, RouteOutcome(info.shape.refusal(415, context.requestID), reason: "invalidRequest",
                                                                        detail: "content-type \(request.header("content-type")?.prefix(64) ?? "missing") is not \(type)")))
         }
-        for middleware in middleware + route.middleware {
-            if let early = middleware.before(context) { return answer(complete(context, route: route, early)) }
+        // The handler inside the middleware, the router's outermost: all of it runs where the route runs.
+        let chain = middleware + route.middleware
+        let inner: @Sendable (RequestContext, (RequestContext) throws -> RouteOutcome?) throws -> RouteOutcome? = { context, handler in
+            try Self.run(chain, from: 0, context, handler)
         }
         switch route.handler {
         case .answer(let answer):
+            let run: @Sendable () -> RouteOutcome = { [self] in
+                let outcome: RouteOutcome
+                do { outcome = try inner(context) { try answer($0) } ?? failure(MiddlewareError(), context) } catch { outcome = failure(error, context) }
+                return complete(context, route: route, outcome)
+            }
             if info.executor == .worker, let workers,
-               workers.submit(key: workerKey(request), { [self] in
-                   let outcome = complete(context, route: route, run(answer, context))
-                   writer.respond(outcome.response ?? .plainRefusal(500))
-               }) {
+               workers.submit(key: workerKey(request), { writer.respond(run().response ?? .plainRefusal(500)) }) {
                 return .deferred
             }
-            return .response(complete(context, route: route, run(answer, context)).response ?? .plainRefusal(500))
+            return .response(run().response ?? .plainRefusal(500))
         case .later(let start):
             // The exchange's answer waits for its batch's commit, a bounded wait with nothing to
             // cancel: the hang-up watch (two epoll_ctl calls and the monitor's lock, paid by every
@@ -191,7 +195,10 @@ public final class Router: Sendable {
                 writer.respond(complete(context, route: route, outcome).response ?? .plainRefusal(500))
             }
             let task: @Sendable () -> Void = {
-                do { try start(context, reply) } catch { reply(.failure(error)) }
+                do {
+                    // A middleware's own answer goes out at once; the handler's comes through `reply`.
+                    if let early = try inner(context, { try start($0, reply); return nil }) { reply(.success(early)) }
+                } catch { reply(.failure(error)) }
             }
             if info.executor == .worker, let workers, workers.submit(key: workerKey(request), task) { return .deferred }
             task()   // the writer takes an answer given before the handler returns .deferred
@@ -199,21 +206,28 @@ public final class Router: Sendable {
         case .deferred(let start):
             // An answer given at once after all goes out with the epilogue now (the handler
             // does not call `finish` then).
+            let run: @Sendable () -> RouteOutcome? = { [self] in
+                do {
+                    guard let now = try inner(context, { try start($0, writer) }) else { return nil }
+                    return complete(context, route: route, now)
+                } catch {
+                    return complete(context, route: route, failure(error, context))
+                }
+            }
             if info.executor == .worker, let workers,
-               workers.submit(key: workerKey(request), { [self] in
-                   let now: RouteOutcome?
-                   do { now = try start(context, writer) } catch { now = failure(error, context) }
-                   if let now { writer.respond(complete(context, route: route, now).response ?? .plainRefusal(500)) }
-               }) {
+               workers.submit(key: workerKey(request), { if let now = run() { writer.respond(now.response ?? .plainRefusal(500)) } }) {
                 return .deferred
             }
-            do {
-                guard let now = try start(context, writer) else { return .deferred }
-                return answer(complete(context, route: route, now))
-            } catch {
-                return answer(complete(context, route: route, failure(error, context)))
-            }
+            guard let now = run() else { return .deferred }
+            return answer(now)
         }
+    }
+
+    /// `chain[index...]` around `handler`, each layer given the rest as its `next`.
+    private static func run(_ chain: [any Middleware], from index: Int, _ context: RequestContext,
+                            _ handler: (RequestContext) throws -> RouteOutcome?) throws -> RouteOutcome? {
+        guard index < chain.count else { return try handler(context) }
+        return try chain[index].respond(to: context) { context in try run(chain, from: index + 1, context, handler) }
     }
 
     private func answer(_ outcome: RouteOutcome) -> HTTPHandlerResult {
@@ -251,6 +265,11 @@ public struct RequestIDHeader: Middleware {
         guard outcome.response != nil, !(outcome.response!.headers.contains { $0.name == "request-id" }) else { return }
         outcome.response!.headers.append(("request-id", context.requestID))
     }
+}
+
+/// A middleware answered nil for a route that answers at once (a bug in the middleware).
+struct MiddlewareError: Error, CustomStringConvertible {
+    var description: String { "a middleware gave no answer for a route that answers at once" }
 }
 
 /// True the first time only.

@@ -5,6 +5,7 @@ import EventLoops
 import Foundation
 import HTTPServer
 import Synchronization
+import TokenAuthentication
 import TokenService
 import UpstreamClient
 
@@ -32,7 +33,6 @@ public struct RelayConfiguration: Sendable {
 /// chunk on the event loop that took the request, which is free for other connections while the
 /// transfer waits.
 public final class MessagesRelay: Sendable {
-    public static let relayedPaths: Set<String> = [WireProtocol.messagesPath, WireProtocol.countTokensPath]
     /// The largest request body relayed: image input arrives as base64 in the JSON.
     public static let maxBodyBytes = 32_000_000
     static let defaultAnthropicVersion = "2023-06-01"

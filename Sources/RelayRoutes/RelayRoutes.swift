@@ -2,6 +2,7 @@ import AttestWire
 import Foundation
 import HTTPRouting
 import HTTPServer
+import TokenAuthentication
 import TokenService
 import UpstreamClient
 
@@ -33,50 +34,33 @@ public struct RelayRoutes: Sendable {
     public var routes: [Route] {
         let relayed = RouteHandler.deferred { context, writer in try relayMessages(context, writer) }
         // The token check (and the policy's profile read) on a worker when it waits on the network.
-        let checks: Executor = service.store.readsCrossTheNetwork ? .worker : .loop
+        let ledger = self.ledger
+        let api = RouteGroup("/v1", shape: .messagesAPI, executor: service.store.readsCrossTheNetwork ? .worker : .loop,
+                             middleware: [BearerTokenAuthentication(service: service, markBeforeCheck: { ledger?.commitCount ?? 0 })])
         return [
-            Route(["POST"], WireProtocol.messagesPath, bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json",
-                  executor: checks, shape: .messagesAPI, handler: relayed),
-            Route(["POST"], WireProtocol.countTokensPath, bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json",
-                  executor: checks, shape: .messagesAPI, handler: relayed),
-            // Any other API: an app token is refused with 403, a bad one with 401.
-            Route([], "/v1/*", name: "/v1/other", executor: checks, shape: .messagesAPI, handler: .answer { context in try otherAPI(context) }),
+            api.route(["POST"], "/messages", bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json", handler: relayed),
+            api.route(["POST"], "/messages/count_tokens", bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json", handler: relayed),
+            // Any other API: a live app token is refused with 403 (a bad one got 401 from the middleware).
+            api.route([], "/*", name: "/v1/other", handler: .answer { context in
+                RouteOutcome(MessagesAPIError.outOfScope(context.requestID), clientID: context[AppToken.self]?.grant.clientID,
+                             reason: RejectionReason.outOfScope.rawValue)
+            }),
         ]
     }
 
     /// An error in the Messages API's envelope, carrying the request ID as the real API does.
     public static func apiError(_ status: Int, _ type: String, _ message: String, requestID: String) -> HTTPResponse {
-        .json(status, APIErrorResponse(type: type, message: message, requestID: requestID).json)
-    }
-
-    public static func unauthenticated(_ requestID: String) -> HTTPResponse {
-        apiError(401, "authentication_error", "invalid, expired or revoked access token", requestID: requestID)
-    }
-
-    /// The grant for the request's bearer token; nil when it must be answered with `unauthenticated`.
-    public static func authenticated(_ request: HTTPRequest, _ service: DeviceTokenService, at time: Date? = nil) throws -> TokenGrant? {
-        guard let token = RequestParsing.bearer(request.header("authorization")), token.utf8.count <= FieldLimits.token else { return nil }
-        return try service.authenticate(bearer: token, at: time)
-    }
-
-    func otherAPI(_ context: RequestContext) throws -> RouteOutcome {
-        guard let grant = try Self.authenticated(context.request, service) else {
-            return RouteOutcome(Self.unauthenticated(context.requestID), reason: RejectionReason.tokenRejected.rawValue)
-        }
-        return RouteOutcome(Self.apiError(403, "permission_error", "this access token authorizes the Messages API only", requestID: context.requestID),
-                            clientID: grant.clientID, reason: RejectionReason.outOfScope.rawValue)
+        MessagesAPIError.response(status, type, message, requestID: requestID)
     }
 
     /// The token check, the workspace's key and the policy, then the transfer: answered later,
     /// as the upstream's reply streams in (nil), or at once when refused.
     func relayMessages(_ context: RequestContext, _ writer: HTTPResponseWriter) throws -> RouteOutcome? {
         let request = context.request, requestID = context.requestID, route = request.path, start = context.started
-        let time = service.now()
-        // Taken before the query: usage flushed while it runs is counted, never missed.
-        let commitsBeforeRead = ledger?.commitCount ?? 0
-        guard let grant = try Self.authenticated(request, service, at: time) else {
-            return RouteOutcome(Self.unauthenticated(requestID), reason: RejectionReason.tokenRejected.rawValue)
-        }
+        // The bearer middleware checked the token (and took the ledger's commit count before its
+        // query: usage flushed while it ran is counted, never missed).
+        guard let caller = context[AppToken.self] else { throw MissingAuthentication() }
+        let grant = caller.grant, time = caller.checkedAt, commitsBeforeRead = caller.markBeforeCheck
         guard let relay else {
             return RouteOutcome(Self.apiError(503, "api_error", "no upstream Messages API is configured on this service", requestID: requestID),
                                 clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue)
@@ -152,7 +136,12 @@ public struct RelayRoutes: Sendable {
         return nil
     }
 
-    /// A policy refusal in the Messages API's error shape: 400 for what the request asks, 429 with
+    /// A relay route without the bearer middleware in front (a wiring mistake): answered 500.
+struct MissingAuthentication: Error, CustomStringConvertible {
+    var description: String { "the relay ran without the bearer token middleware" }
+}
+
+/// A policy refusal in the Messages API's error shape: 400 for what the request asks, 429 with
     /// `retry-after` for a limit (the published client maps that to `.rateLimited`).
     public static func policyResponse(_ refusal: PolicyRefusal, requestID: String) -> HTTPResponse {
         switch refusal {

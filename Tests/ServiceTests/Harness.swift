@@ -52,7 +52,7 @@ final class TestService: @unchecked Sendable {
     /// Every log line the router wrote.
     let logs = LogLines()
 
-    init(configure: (inout ExchangeConfiguration) -> Void = { _ in }, trustTestAuthority: Bool = true) throws {
+    init(configure: (inout ExchangeConfiguration) -> Void = { _ in }, trustTestAuthority: Bool = true, extraRoutes: [Route] = []) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-test-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         store = try SQLiteTokenStore(path: directory.appendingPathComponent("attestd.sqlite").path, synchronous: "NORMAL")
@@ -70,7 +70,7 @@ final class TestService: @unchecked Sendable {
         let workers = try WorkerPool(threads: 2, name: "test-exchange")
         self.workers = workers
         router = ServiceRouter(service: service, logger: Logger(write: { line in logs.lines.withLock { $0.append(line) } }),
-                                   introspectionKey: TestService.introspectionKey, exchangeWorkers: workers)
+                                   introspectionKey: TestService.introspectionKey, exchangeWorkers: workers, extraRoutes: extraRoutes)
         var http = HTTPServerConfiguration()
         http.port = 0
         http.maxConnectionsPerIP = 256
