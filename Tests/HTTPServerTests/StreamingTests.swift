@@ -235,7 +235,9 @@ struct StreamingTests {
     @Test func clientDisconnectMidStreamFiresOnCancelPromptly() throws {
         let cancelledAt = Shared<Date?>(nil)
         let writeAfterCancel = Shared<Bool?>(nil)
+        let taken = Shared<HTTPResponseWriter?>(nil)
         let server = try startServer { _, writer in
+            taken.set(writer)
             writer.onCancel {
                 cancelledAt.set(Date())
                 writeAfterCancel.set(writer.write(Array("late".utf8)))
@@ -250,8 +252,9 @@ struct StreamingTests {
         #expect(connection.sendAll("GET /stream HTTP/1.1\r\nHost: a\r\n\r\n"))
         #expect(connection.readHead()?.status == 200)
         #expect(connection.readChunk() == Array("first".utf8))
-        // The stream is now suspended waiting for its producer; the client hangs up.
-        usleep(50_000)
+        // Once the stream is suspended waiting for its producer, the client hangs up.
+        #expect(waitUntil(timeout: 8) { taken.get?.state.withLock { $0.suspended } == true })
+        taken.set(nil)   // the writer must be free to go (the leak check counts it)
         let closedAt = Date()
         connection.disconnect()
         #expect(waitUntil(timeout: 8) { cancelledAt.get != nil })
@@ -266,7 +269,9 @@ struct StreamingTests {
 
     @Test func clientDisconnectBeforeADeferredAnswerFiresOnCancel() throws {
         let cancelled = Shared(false)
+        let taken = Shared<HTTPResponseWriter?>(nil)
         let server = try startServer { _, writer in
+            taken.set(writer)
             writer.onCancel { cancelled.set(true) }
             return .deferred  // never answered
         }
@@ -275,7 +280,9 @@ struct StreamingTests {
         let connection = try RawConnection(port: server.port)
         #expect(connection.sendAll("GET /never HTTP/1.1\r\nHost: a\r\n\r\n"))
         #expect(waitUntil(timeout: 8) { server.liveRequestContexts == 1 })
-        usleep(50_000)
+        // Suspended, waiting for the answer that never comes: now the client hangs up.
+        #expect(waitUntil(timeout: 8) { taken.get?.state.withLock { $0.suspended } == true })
+        taken.set(nil)   // the writer must be free to go (the leak check counts it)
         let closedAt = Date()
         connection.disconnect()
         #expect(waitUntil(timeout: 8) { cancelled.get })

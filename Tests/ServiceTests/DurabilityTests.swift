@@ -1,6 +1,7 @@
 import AttestWire
 import AttestCrypto
 import Foundation
+import Synchronization
 import SQLiteStore
 import Testing
 import TokenService
@@ -105,7 +106,6 @@ import TokenService
         #expect(try await http.registerFresh(device).status == 200)
         // Another process holds the write lock (an operator's sqlite3 shell in a transaction).
         let lock = try WriteLockHolder(db)
-        try await Task.sleep(nanoseconds: 300_000_000)
         let started = Date()
         let refused = try await http.challenge(device)
         #expect(refused.status == 503 && refused.error == "server_error")
@@ -119,13 +119,16 @@ import TokenService
         defer { try? FileManager.default.removeItem(at: directory) }
         let store = try SQLiteTokenStore(path: db, readers: 1)
         let before = try store.auditEvents(limit: 10_000, clientID: nil).count
-        let audit = BufferedAuditLog(store: store, interval: 0.05)
+        let failures = Mutex(0)
+        let audit = BufferedAuditLog(store: store, interval: 0.05, onError: { _ in failures.withLock { $0 += 1 } })
         audit.start()
         // Another process holds the write lock for a while: every flush in that time fails.
         let lock = try WriteLockHolder(db)
-        try await Task.sleep(nanoseconds: 200_000_000)
         for index in 0..<50 { audit.record(AuditEvent(at: Date(), action: "test.event", detail: "event \(index)")) }
-        try await Task.sleep(nanoseconds: 2_000_000_000)
+        // Three flushes have failed (each waits out the busy timeout), and the events are all still here.
+        let deadline = Date() + 30
+        while failures.withLock({ $0 }) < 3, Date() < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(failures.withLock { $0 } >= 3)
         #expect(audit.pendingCount == 50, "events were dropped or written through the lock")
         lock.release()
         audit.close()
@@ -159,12 +162,13 @@ import TokenService
     }
 
     /// At shutdown a refused flush is retried for a while rather than lost: the store is locked
-    /// when the ledger stops and unlocked a second later, and the usage is still written.
+    /// when the ledger stops and unlocked once two attempts have failed, and the usage is still written.
     @Test func theLastFlushIsRetriedAtShutdown() async throws {
         let (directory, db, clientID) = try makeDatabase()
         defer { try? FileManager.default.removeItem(at: directory) }
         let store = try SQLiteTokenStore(path: db, readers: 1)
-        let ledger = UsageLedger(store: store, metrics: Metrics())
+        let metrics = Metrics()
+        let ledger = UsageLedger(store: store, metrics: metrics)
         let grant = TokenGrant(clientID: clientID, workspaceName: "default", issuedAt: Date(), expiresAt: Date() + 3600,
                                keyID: Array(repeating: 7, count: 32), policy: IntegrationPolicy())
         guard case .success(let ticket) = ledger.admit(grant, PolicyInput(model: "claude-x"), commitsBeforeRead: ledger.commitCount, at: Date()) else {
@@ -172,9 +176,12 @@ import TokenService
         }
         ledger.finish(ticket, RelayOutcome(status: 200, usage: TokenUsage(inputTokens: 10, outputTokens: 5), incomplete: false))
         let lock = try WriteLockHolder(db)
-        try await Task.sleep(nanoseconds: 200_000_000)
-        let stopped = Task.detached { ledger.stop(retryFor: 10) }
-        try await Task.sleep(nanoseconds: 1_500_000_000)
+        let stopped = Task.detached { ledger.stop(retryFor: 30) }
+        // Released once the last flush has been refused twice: it is being retried.
+        let deadline = Date() + 30
+        while !metrics.prometheusText().contains("attestd_usage_flush_failures_total 2"), Date() < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
         lock.release()
         #expect(await stopped.value, "the last flush was given up")
         #expect(try store.usage(UsageFilter(clientID: clientID)).map(\.counters.requests) == [1])
@@ -202,7 +209,6 @@ import TokenService
             ledger.finish(ticket, RelayOutcome(status: 200, usage: TokenUsage(inputTokens: 10, outputTokens: 5), incomplete: false))
         }
         let lock = try WriteLockHolder(db)
-        try await Task.sleep(nanoseconds: 200_000_000)
         #expect(ledger.flush() == false)
         #expect(metrics.prometheusText().contains("attestd_usage_flush_failures_total 1"))
         // Still counted by the limit while unwritten.
@@ -237,9 +243,14 @@ import TokenService
         }
 
         try FileManager.default.removeItem(atPath: db)
-        try await Task.sleep(nanoseconds: 1_500_000_000)   // the file is checked about once a second
+        // The file is checked about once a second: the public probe turns 503 then.
+        var ready = try await http.send("GET", "/readyz")
+        let deadline = Date() + 30
+        while ready.status == 200, Date() < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+            ready = try await http.send("GET", "/readyz")
+        }
         // The internet learns only that this instance is unavailable; the path is for the operator.
-        let ready = try await http.send("GET", "/readyz")
         #expect(ready.status == 503)
         #expect(String(decoding: ready.body, as: UTF8.self) == #"{"status":"unavailable"}"#)
         let reason = try await admin.send("GET", "/readyz")
@@ -282,6 +293,7 @@ import TokenService
     }
 
     /// Another process (an operator's sqlite3 shell) holding the database's write lock.
+    /// The sqlite3 shell in an exclusive transaction; returns once the shell says it holds the lock.
     struct WriteLockHolder {
         let process = Process()
         let input = Pipe()
@@ -290,10 +302,19 @@ import TokenService
             process.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
             process.arguments = [db]
             process.standardInput = input
-            process.standardOutput = FileHandle.nullDevice
+            let output = Pipe()
+            process.standardOutput = output
             try process.run()
-            input.fileHandleForWriting.write(Data("BEGIN EXCLUSIVE;\nSELECT 1;\n".utf8))
+            input.fileHandleForWriting.write(Data(".bail on\nBEGIN EXCLUSIVE;\nSELECT 'locked';\n".utf8))
+            var said = Data()
+            while !String(decoding: said, as: UTF8.self).contains("locked") {
+                let more = output.fileHandleForReading.availableData
+                guard !more.isEmpty else { throw LockNotTaken() }   // the shell exited: BEGIN EXCLUSIVE failed
+                said += more
+            }
         }
+
+        struct LockNotTaken: Error {}
 
         func release() {
             input.fileHandleForWriting.write(Data("ROLLBACK;\n.quit\n".utf8))
