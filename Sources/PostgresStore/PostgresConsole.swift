@@ -8,7 +8,9 @@ extension PostgresTokenStore {
         try run { db in
             try db.query("SELECT email, role, created_at FROM members WHERE workspace_id = $1 ORDER BY created_at, email", [.int(workspaceID)])
                 .rows.compactMap { row in
-                    try Role(rawValue: try row.text(1)).map { Member(email: try row.text(0), role: $0, addedAt: try Self.date(row, 2)) }
+                    try Role(rawValue: try row.text("role")).map {
+                        Member(email: try row.text("email"), role: $0, addedAt: Date(timeIntervalSince1970: try row.double("created_at")))
+                    }
                 }
         }
     }
@@ -41,11 +43,11 @@ extension PostgresTokenStore {
             if let (email, workspaceID) = try db.query("""
                 UPDATE console_sign_in_links SET used_at = $1 WHERE token_hash = $2 AND used_at IS NULL AND expires_at > $1
                 RETURNING email, workspace_id
-                """, [Self.seconds(time), .bytes(hash)]).first({ (try $0.text(0), try $0.int(1)) }) {
+                """, [Self.seconds(time), .bytes(hash)]).first({ (try $0.text("email"), try $0.int("workspace_id")) }) {
                 return .redeemed(email: email, workspaceID: workspaceID)
             }
-            return try db.query("SELECT (CASE WHEN used_at IS NULL THEN 0 ELSE 1 END)::bigint FROM console_sign_in_links WHERE token_hash = $1",
-                                [.bytes(hash)]).first { try $0.int(0) == 1 ? SignInLinkState.alreadyUsed : .expired } ?? .unknown
+            return try db.query("SELECT (CASE WHEN used_at IS NULL THEN 0 ELSE 1 END)::bigint AS used FROM console_sign_in_links WHERE token_hash = $1",
+                                [.bytes(hash)]).first { try $0.int("used") == 1 ? SignInLinkState.alreadyUsed : .expired } ?? .unknown
         }
     }
 
@@ -65,11 +67,11 @@ extension PostgresTokenStore {
                 UPDATE console_sessions s SET last_seen_at = $2 FROM members m, workspaces w
                 WHERE s.token_hash = $1 AND s.ended_at IS NULL AND s.expires_at > $2 AND s.last_seen_at > $3
                   AND m.workspace_id = s.workspace_id AND m.email = s.email AND w.id = s.workspace_id
-                RETURNING s.created_at, m.role, w.id, w.name, s.email
+                RETURNING s.created_at AS created_at, m.role AS role, w.id AS workspace_id, w.name AS workspace_name, s.email AS email
                 """, [.bytes(hash), Self.seconds(time), Self.seconds(time - idle)]).first { row -> ConsoleSession? in
-                guard let role = Role(rawValue: try row.text(1)) else { return nil }
-                return ConsoleSession(email: try row.text(4), workspace: Workspace(id: try row.int(2), name: try row.text(3)), role: role,
-                                      createdAt: try Self.date(row, 0))
+                guard let role = Role(rawValue: try row.text("role")) else { return nil }
+                return ConsoleSession(email: try row.text("email"), workspace: Workspace(id: try row.int("workspace_id"), name: try row.text("workspace_name")),
+                                      role: role, createdAt: Date(timeIntervalSince1970: try row.double("created_at")))
             } ?? nil
         }
     }

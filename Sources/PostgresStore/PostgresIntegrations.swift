@@ -127,11 +127,11 @@ extension PostgresTokenStore {
     public func counts(clientID: String, at time: Date) throws -> (devices: Int, liveTokens: Int) {
         try run { db in
             let row = try db.query("""
-                SELECT (SELECT count(*) FROM devices WHERE client_id = $1),
+                SELECT (SELECT count(*) FROM devices WHERE client_id = $1) AS devices,
                        (SELECT count(*) FROM tokens t JOIN integrations i ON i.client_id = t.client_id
-                        WHERE t.client_id = $1 AND t.expires_at > $2 AND t.revoked_at IS NULL AND i.revoked_at IS NULL)
+                        WHERE t.client_id = $1 AND t.expires_at > $2 AND t.revoked_at IS NULL AND i.revoked_at IS NULL) AS live_tokens
                 """, [.text(clientID), Self.seconds(time)])[0]
-            return (Int(try row.int(0)), Int(try row.int(1)))
+            return (Int(try row.int("devices")), Int(try row.int("live_tokens")))
         }
     }
 }

@@ -41,7 +41,7 @@ enum PostgresMigrator {
                 }
                 var applied: [Int: (name: String, checksum: String)] = [:]
                 for row in try db.query("SELECT version, name, checksum FROM schema_migrations").rows {
-                    applied[Int(try row.int(0))] = (try row.text(1), try row.text(2))
+                    applied[Int(try row.int("version"))] = (try row.text("name"), try row.text("checksum"))
                 }
                 let known = Dictionary(uniqueKeysWithValues: migrations.map { ($0.version, $0) })
                 for (version, record) in applied.sorted(by: { $0.key < $1.key }) {

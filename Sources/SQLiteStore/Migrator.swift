@@ -23,7 +23,7 @@ enum Migrator {
         try connection.transaction {
             var applied: [Int: (name: String, checksum: String)] = [:]
             try connection.query("SELECT version, name, checksum FROM schema_migrations") { row in
-                applied[Int(row.int(0))] = (row.text(1), row.text(2))
+                applied[Int(try row.int("version"))] = (try row.text("name"), try row.text("checksum"))
             }
             let known = Dictionary(uniqueKeysWithValues: migrations.map { ($0.version, $0) })
             for (version, record) in applied.sorted(by: { $0.key < $1.key }) {

@@ -8,8 +8,8 @@ extension SQLiteTokenStore {
         try read { db in
             var members: [Member] = []
             try db.query("SELECT email, role, created_at FROM members WHERE workspace_id = ? ORDER BY created_at, email", [.int(workspaceID)]) { row in
-                guard let role = Role(rawValue: row.text(1)) else { return }
-                members.append(Member(email: row.text(0), role: role, addedAt: Date(timeIntervalSince1970: row.real(2))))
+                guard let role = Role(rawValue: try row.text("role")) else { return }
+                members.append(Member(email: try row.text("email"), role: role, addedAt: Date(timeIntervalSince1970: try row.double("created_at"))))
             }
             return members
         }
@@ -41,11 +41,11 @@ extension SQLiteTokenStore {
             if let (email, workspaceID) = try db.first("""
                 UPDATE console_sign_in_links SET used_at = ? WHERE token_hash = ? AND used_at IS NULL AND expires_at > ?
                 RETURNING email, workspace_id
-                """, [.real(time.timeIntervalSince1970), .blob(hash), .real(time.timeIntervalSince1970)], { ($0.text(0), $0.int(1)) }) {
+                """, [.real(time.timeIntervalSince1970), .blob(hash), .real(time.timeIntervalSince1970)], { (try $0.text("email"), try $0.int("workspace_id")) }) {
                 return .redeemed(email: email, workspaceID: workspaceID)
             }
-            return try db.first("SELECT used_at IS NOT NULL FROM console_sign_in_links WHERE token_hash = ?", [.blob(hash)]) { row in
-                row.int(0) == 1 ? SignInLinkState.alreadyUsed : .expired
+            return try db.first("SELECT used_at IS NOT NULL AS used FROM console_sign_in_links WHERE token_hash = ?", [.blob(hash)]) { row in
+                try row.int("used") == 1 ? SignInLinkState.alreadyUsed : .expired
             } ?? .unknown
         }
     }
@@ -63,15 +63,18 @@ extension SQLiteTokenStore {
         // passed since it was last marked (the idle end is then at most a minute late).
         let found = try read { db in
             try db.first("""
-                SELECT s.last_seen_at, s.created_at, m.role, w.id, w.name, s.email FROM console_sessions s
+                SELECT s.last_seen_at AS last_seen_at, s.created_at AS created_at, m.role AS role, w.id AS workspace_id,
+                       w.name AS workspace_name, s.email AS email FROM console_sessions s
                 JOIN members m ON m.workspace_id = s.workspace_id AND m.email = s.email
                 JOIN workspaces w ON w.id = s.workspace_id
                 WHERE s.token_hash = ? AND s.ended_at IS NULL AND s.expires_at > ? AND s.last_seen_at > ?
                 """, [.blob(hash), .real(now), .real(now - idle)]) { row in
-                (lastSeen: row.real(0), session: Role(rawValue: row.text(2)).map {
-                    ConsoleSession(email: row.text(5), workspace: Workspace(id: row.int(3), name: row.text(4)), role: $0,
-                                   createdAt: Date(timeIntervalSince1970: row.real(1)))
-                })
+                let role = Role(rawValue: try row.text("role"))
+                let session = try role.map {
+                    ConsoleSession(email: try row.text("email"), workspace: Workspace(id: try row.int("workspace_id"), name: try row.text("workspace_name")),
+                                   role: $0, createdAt: Date(timeIntervalSince1970: try row.double("created_at")))
+                }
+                return (lastSeen: try row.double("last_seen_at"), session: session)
             }
         }
         guard let found, let session = found.session else { return nil }
