@@ -300,7 +300,7 @@ final class HTTPListener: Service {
 /// Used and expired challenges, and challenge requests past their window, are purged once a
 /// minute so those tables stay small; so are audit rows past their retention, in bounded batches
 /// (a first run on a large old log deletes it over many minutes, never in one long transaction).
-func purgeJob(store: TokenStore, logger: Logger, every interval: Double = 60, auditRetentionDays: Int = 400,
+func purgeJob(store: any ExchangeStore & AuditStore & ConsoleStore, logger: Logger, every interval: Double = 60, auditRetentionDays: Int = 400,
               auditBatch: Int = 1000, auditBatchesPerRun: Int = 10) -> PeriodicTask {
     PeriodicTask("purge", every: interval) {
         do {

@@ -13,7 +13,7 @@ import TokenService
 /// - a key registers once (`devices` primary key, `ON CONFLICT DO NOTHING`);
 /// - each exchange (redeem, advance or register, token, next challenge) is one statement built
 ///   from data-modifying CTEs: one transaction and one round trip.
-public final class PostgresTokenStore: TokenStore {
+public final class PostgresTokenStore: Database {
     public let pool: PostgresPool
 
     /// Connects, then applies (or with `.verify` only checks) the migrations.

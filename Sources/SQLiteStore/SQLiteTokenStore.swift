@@ -9,7 +9,7 @@ import TokenService
 /// `TokenStore` on SQLite: WAL mode, foreign keys on, one writer connection and a few readers.
 /// Everything that must not race is one conditional statement or one IMMEDIATE transaction on
 /// the writer. Another process (attestctl) may write the same file; SQLite's locks serialise it.
-public final class SQLiteTokenStore: TokenStore {
+public final class SQLiteTokenStore: Database {
     public let path: String
     let writer: LockedSQLiteConnection
     /// The database file's device and inode when it was opened: a file deleted or replaced under

@@ -19,7 +19,7 @@ public enum Stores {
     ///   service: 1 s, then 503; the operator's tool longer).
     /// - Parameter warm: open a PostgreSQL pool's connections now (a server, before it listens).
     public static func open(_ database: String, connections: Int = 4, synchronous: String = "FULL",
-                            mode: MigrationMode = .apply, busyTimeoutMilliseconds: Int32 = 1000, warm: Bool = false) throws -> TokenStore {
+                            mode: MigrationMode = .apply, busyTimeoutMilliseconds: Int32 = 1000, warm: Bool = false) throws -> any Database {
         if isPostgres(database) {
             let store = try PostgresTokenStore(connectionString: PostgresConnectionString(database),
                                                configuration: PostgresConfiguration(poolSize: max(1, connections)), mode: mode)

@@ -17,13 +17,13 @@ public struct AdminError: Error, CustomStringConvertible, Sendable {
 /// Operator actions: the organisation model and integrations. Every action is checked against the
 /// actor's role and written to the audit trail synchronously.
 public final class AdminService: Sendable {
-    public let store: TokenStore
+    public let store: any AdministrationStore
     let now: @Sendable () -> Date
 
     public static let defaultWorkspace = "default"
     public static let maxBundleIDs = 32
 
-    public init(store: TokenStore, now: @escaping @Sendable () -> Date = { Date() }) {
+    public init(store: any AdministrationStore, now: @escaping @Sendable () -> Date = { Date() }) {
         self.store = store
         self.now = now
     }

@@ -40,7 +40,7 @@ public struct IssuedToken: Sendable {
 /// The device token exchange: challenge → attestation → first token; challenge → assertion → token.
 /// Knows nothing of HTTP: the transport decodes, calls one method, and encodes the result.
 public final class DeviceTokenService: Sendable {
-    public let store: TokenStore
+    public let store: any DeviceExchangeStore
     public let verifier: AppAttestVerifier
     public let configuration: ExchangeConfiguration
     public let metrics: Metrics
@@ -52,7 +52,7 @@ public final class DeviceTokenService: Sendable {
     public static let tokenPrefix = "aat_"
     public static let clientIDPrefix = "clid_"
 
-    public init(store: TokenStore, verifier: AppAttestVerifier, configuration: ExchangeConfiguration = ExchangeConfiguration(),
+    public init(store: any DeviceExchangeStore, verifier: AppAttestVerifier, configuration: ExchangeConfiguration = ExchangeConfiguration(),
                 metrics: Metrics = Metrics(), audit: AuditSink, now: @escaping @Sendable () -> Date = { Date() }) {
         self.store = store
         self.verifier = verifier

@@ -6,7 +6,7 @@ import Lifecycle
 
 /// Persistence for the token service, by capability: each part of the service asks only for
 /// what it uses (the usage ledger a `UsageStore`, the audit log an `AuditStore`), and each
-/// database implements them all as one `TokenStore`. Every method that must not race
+/// database implements them all (`Database`). Every method that must not race
 /// (challenge use, counter advance, registration, revocation) is one atomic operation in the
 /// implementation.
 public protocol OrganisationStore: AnyObject, Sendable {
@@ -143,9 +143,9 @@ extension AuditStore {
     }
 }
 
-/// One database holding every capability.
-public protocol TokenStore: OrganisationStore, IntegrationStore, ExchangeStore, DeviceInventoryStore, UsageStore, AuditStore,
-                            ReceiptRefreshStore, ConsoleStore {
+/// What every store says about itself, apart from what it stores: whether it can serve, what it
+/// runs in the background, and whether its reads wait on another machine.
+public protocol StoreHealth: AnyObject, Sendable {
     /// Nil when the store can serve (open, writable, the same database, room on disk); else why not.
     func readinessProblem() -> String?
     /// What the store runs in the background while the service runs (a watch on its file).
@@ -155,8 +155,20 @@ public protocol TokenStore: OrganisationStore, IntegrationStore, ExchangeStore, 
     /// held by a writer) stays on the loop, where a hop to a worker and back would cost more
     /// than the read itself.
     var readsCrossTheNetwork: Bool { get }
-
 }
+
+/// The device token exchange's store: challenges, registration, tokens, and the integrations
+/// they belong to.
+public typealias DeviceExchangeStore = ExchangeStore & IntegrationStore & StoreHealth
+
+/// What the operators' service reads and changes (attestctl, the console).
+public typealias AdministrationStore = OrganisationStore & IntegrationStore & DeviceInventoryStore & UsageStore & AuditStore
+    & ReceiptRefreshStore & ConsoleStore
+
+/// One database with every capability: what `Stores.open` returns and each database
+/// implements. Only the composition root (attestd, attestctl) holds it whole; each service
+/// takes the capabilities it uses.
+public typealias Database = DeviceExchangeStore & AdministrationStore
 
 /// The integration, the pending challenge and the device an exchange starts from (each nil when absent).
 public struct ExchangeContext: Sendable {
@@ -236,7 +248,7 @@ public struct RegistrationQuota: Sendable, Equatable {
     }
 }
 
-extension TokenStore {
+extension StoreHealth {
     public var backgroundServices: [any Service] { [] }
 }
 

@@ -458,7 +458,7 @@ enum AdminCommands {
     }
 
     /// Opening creates and migrates the database, so it happens only after the arguments are known to be good.
-    static func open(_ arguments: Arguments, mode: MigrationMode = .apply) throws -> (AdminService, TokenStore) {
+    static func open(_ arguments: Arguments, mode: MigrationMode = .apply) throws -> (AdminService, any Database) {
         let store = try Stores.open(try databasePath(arguments), connections: 1, mode: mode, busyTimeoutMilliseconds: 10_000)
         return (AdminService(store: store), store)
     }

@@ -58,7 +58,7 @@ import Testing
 /// or given another error shape, body limit, media type or executor fails here, where the test
 /// above would follow the table wherever it went.
 @Suite struct DocumentedRoutesTests {
-    /// On SQLite (token checks on the loop: see `TokenStore.readsCrossTheNetwork`).
+    /// On SQLite (token checks on the loop: see `StoreHealth.readsCrossTheNetwork`).
     static let documented = [
         // The device token exchange (PROTOCOL.md §1-3), on workers: verification and the commit.
         "POST /v1/oauth/app-attest/challenge on public: oauth, 64 KiB of application/json, worker",

@@ -7,7 +7,7 @@ import SQLiteStore
 import Testing
 import TokenService
 
-/// Every `TokenStore` behaviour, on SQLite and on PostgreSQL: one suite, one expectation per
+/// Every store behaviour, on SQLite and on PostgreSQL: one suite, one expectation per
 /// behaviour, so the two implementations cannot drift apart unnoticed.
 @Suite(.timeLimit(.minutes(2)))
 struct StoreBehaviourTests {

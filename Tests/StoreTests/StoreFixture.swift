@@ -9,7 +9,7 @@ import SQLiteStore
 import Synchronization
 import TokenService
 
-/// The two `TokenStore` implementations every behaviour test runs on.
+/// The two `Database` implementations every behaviour test runs on.
 enum Backend: String, Sendable, CaseIterable, CustomStringConvertible {
     case sqlite, postgres
     var description: String { rawValue }
@@ -19,7 +19,7 @@ enum Backend: String, Sendable, CaseIterable, CustomStringConvertible {
 /// the non-superuser role on the shared test cluster (reached by URL, with a password).
 final class StoreFixture: Sendable {
     let backend: Backend
-    let store: any TokenStore
+    let store: any Database
     let directory: URL?
     let database: String?
 

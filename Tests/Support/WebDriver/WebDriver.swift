@@ -166,7 +166,7 @@ public final class Browser: @unchecked Sendable {
 
     /// Waits until `condition` holds (checked as events arrive, up to `timeout`); throws with
     /// `what` when it never does.
-    public func wait(_ what: String, timeout: TimeInterval = 15, _ condition: () async throws -> Bool) async throws {
+    public func wait(_ what: String, timeout: TimeInterval = 60, _ condition: () async throws -> Bool) async throws {
         let deadline = Date() + timeout
         var lastError: (any Error)?
         while Date() < deadline {
