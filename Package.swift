@@ -35,9 +35,10 @@ let package = Package(
         // Services that run in the background and stop in order (listeners, flushes, jobs).
         .target(name: "Lifecycle"),
         .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "Lifecycle"]),
-        .target(name: "SQLiteStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CSQLite", "Lifecycle"]),
+        .target(name: "StoreRecords", dependencies: ["TokenService", "AttestCrypto", "AppAttest", "AttestWire"]),
+        .target(name: "SQLiteStore", dependencies: ["TokenService", "StoreRecords", "AttestCrypto", "AttestWire", "CSQLite", "Lifecycle"]),
         // `TokenStore` on PostgreSQL through libpq, for several attestd instances on one database.
-        .target(name: "PostgresStore", dependencies: ["TokenService", "AttestCrypto", "AttestWire", "CPostgres"]),
+        .target(name: "PostgresStore", dependencies: ["TokenService", "StoreRecords", "AttestCrypto", "AttestWire", "CPostgres"]),
         // The store a --db value names: PostgreSQL for a connection URL, SQLite for a path.
         .target(name: "Stores", dependencies: ["TokenService", "SQLiteStore", "PostgresStore"]),
         // Event loops (one thread, one epoll set each) that the HTTP server and the upstream
@@ -123,7 +124,7 @@ let package = Package(
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService", "ProcessCPU"]),
         .testTarget(name: "UpstreamClientTests", dependencies: ["UpstreamClient", "UpstreamStub"]),
         .testTarget(name: "AppleDataServiceTests", dependencies: ["AppleDataService", "AttestCrypto", "AttestWire", "UpstreamClient", "UpstreamStub"]),
-        .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "PostgresTestSupport", "TokenService", "AttestCrypto", "CSQLite",
+        .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "StoreRecords", "PostgresTestSupport", "TokenService", "AttestCrypto", "CSQLite",
                                                        "AttestWire"]),
     ]
 )

@@ -2,6 +2,7 @@ import CPostgres
 import Dispatch
 import Foundation
 import Synchronization
+import StoreRecords
 import TokenService
 
 /// A value bound to a statement parameter. Every parameter is sent in binary format with an

@@ -1,3 +1,4 @@
+import StoreRecords
 import TokenService
 /// A PostgreSQL failure: what kind, the server's SQLSTATE when it sent one, and a message that
 /// never carries a password (the connection string appears only redacted).

@@ -1,6 +1,7 @@
 import AttestWire
 import AttestCrypto
 import Foundation
+import StoreRecords
 import TokenService
 
 extension Migration {

@@ -3,6 +3,7 @@ import AttestCrypto
 import AttestWire
 import CPostgres
 import Foundation
+import StoreRecords
 import TokenService
 
 extension PostgresTokenStore {

@@ -2,6 +2,7 @@ import AppAttest
 import AttestCrypto
 import AttestWire
 import Foundation
+import StoreRecords
 import TokenService
 
 /// `TokenStore` on PostgreSQL, for several attestd instances on one database. Behaves as

@@ -1,5 +1,6 @@
 import CSQLite
 import Foundation
+import StoreRecords
 import TokenService
 
 /// A SQLite error with the database's own message.

@@ -2,6 +2,7 @@ import AppAttest
 import AttestCrypto
 import CSQLite
 import Foundation
+import StoreRecords
 import TokenService
 
 extension SQLiteTokenStore {

@@ -1,4 +1,5 @@
 import Foundation
+import StoreRecords
 import TokenService
 
 extension SQLiteTokenStore {

@@ -4,6 +4,7 @@ import CSQLite
 import Foundation
 import Lifecycle
 import Synchronization
+import StoreRecords
 import TokenService
 
 /// `TokenStore` on SQLite: WAL mode, foreign keys on, one writer connection and a few readers.

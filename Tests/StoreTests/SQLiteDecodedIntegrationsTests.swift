@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import StoreRecords
 import TokenService
 @testable import SQLiteStore
 

@@ -2,6 +2,7 @@ import CSQLite
 import Foundation
 @testable import SQLiteStore
 import Testing
+import StoreRecords
 import TokenService
 
 private typealias F = StoreFixture

@@ -1,6 +1,11 @@
 import AttestCrypto
 import AppAttest
 import Foundation
+import TokenService
+
+// The stores' shared vocabulary: rows read by column name, the columns of each record, the
+// SQL both dialects build from them, and each record decoded once. The domain (TokenService)
+// knows none of it.
 
 /// A row of a store's result, read by column name: both databases decode every record with
 /// the same code, from the same list of columns (`StoreColumns`), so a new column is one more
