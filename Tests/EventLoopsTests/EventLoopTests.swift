@@ -71,7 +71,8 @@ import Glibc
         // After removal nothing is delivered.
         _ = loop.run(andWait: { loop.remove(probe); return true })
         #expect(write(pair[1], &byte, 1) == 1)
-        usleep(100_000)
+        // Two full turns of the loop: a readiness it still watched would have been handled by then.
+        for _ in 0..<2 { _ = loop.run(andWait: { true }) }
         #expect(probe.bytesRead.load(ordering: .relaxed) == 1)
     }
 

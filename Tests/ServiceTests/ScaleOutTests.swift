@@ -199,7 +199,9 @@ import Glibc
                 }
             }
         }
-        try await Task.sleep(nanoseconds: 300_000_000)
+        // The outage comes once the refreshes are flowing.
+        let flowing = Date() + 30
+        while collector.tokens.count < 8 && Date() < flowing { try await Task.sleep(for: .milliseconds(10)) }
         try cluster.halt()
         for _ in 0..<3 {
             var started = Date()
