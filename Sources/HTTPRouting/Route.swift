@@ -152,13 +152,27 @@ public struct RequestContext: Sendable {
     /// Ends a deferred answer: the middleware's epilogue (access log, metrics) runs then. Call it
     /// once; later calls are ignored.
     public let finish: @Sendable (RouteOutcome) -> Void
-    /// What middleware learnt of the caller (a token's grant, a console session), by key.
-    var values: [ObjectIdentifier: any Sendable] = [:]
+    /// What middleware learnt of the caller (a token's grant, a console session), by key: the
+    /// first value in a slot of its own (a request rarely carries more, and the relay pays for
+    /// every allocation), any others in a table.
+    var firstValue: (key: ObjectIdentifier, value: any Sendable)?
+    var otherValues: [ObjectIdentifier: any Sendable] = [:]
 
     /// The value a middleware put in for `key` (nil when none did).
     public subscript<Key: ContextKey>(_ key: Key.Type) -> Key.Value? {
-        get { values[ObjectIdentifier(key)] as? Key.Value }
-        set { values[ObjectIdentifier(key)] = newValue }
+        get {
+            let id = ObjectIdentifier(key)
+            if let first = firstValue, first.key == id { return first.value as? Key.Value }
+            return otherValues.isEmpty ? nil : otherValues[id] as? Key.Value
+        }
+        set {
+            let id = ObjectIdentifier(key)
+            if firstValue == nil || firstValue?.key == id {
+                firstValue = newValue.map { (id, $0) }
+            } else {
+                otherValues[id] = newValue
+            }
+        }
     }
 }
 
@@ -204,8 +218,10 @@ public enum RouteHandler: Sendable {
 public struct Route: Sendable {
     public let info: RouteInfo
     public let handler: RouteHandler
-    /// Run before the handler, after the router's own (authentication, CSRF).
+    /// Run around the handler, inside the router's own (authentication, CSRF).
     public let middleware: [any Middleware]
+    /// The router's middleware, then the route's: set once by the router (not per request).
+    var chain: [any Middleware] = []
 
     /// - Parameters:
     ///   - name: the metric label and access-log name; the pattern by default.

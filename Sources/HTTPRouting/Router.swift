@@ -55,7 +55,11 @@ public final class Router: Sendable {
         for listener in Listener.allCases {
             patterns[listener]?.sort { routes[$0].info.pattern.specificity > routes[$1].info.pattern.specificity }
         }
-        self.routes = routes
+        self.routes = routes.map { route in
+            var route = route
+            route.chain = middleware + route.middleware
+            return route
+        }
         self.exact = exact
         self.patterns = patterns
         self.middleware = middleware
@@ -164,7 +168,7 @@ public final class Router: Sendable {
                                                                        detail: "content-type \(request.header("content-type")?.prefix(64) ?? "missing") is not \(type)")))
         }
         // The handler inside the middleware, the router's outermost: all of it runs where the route runs.
-        let chain = middleware + route.middleware
+        let chain = route.chain
         let inner: @Sendable (RequestContext, (RequestContext) throws -> RouteOutcome?) throws -> RouteOutcome? = { context, handler in
             try Self.run(chain, from: 0, context, handler)
         }
