@@ -9,6 +9,9 @@
 #   REQUEST=client023 scripts/relay-ab.sh /tmp/base/.build/release   # requests shaped like the client 0.2.3's
 #   DBS="sqlite postgres" scripts/relay-ab.sh .build/release          # one build on SQLite against PostgreSQL
 #
+# PIN=1 pins attestd to core 0 and nginx and wrk to core 1 (taskset), so that the two builds'
+# rounds do not differ by how the scheduler mixed the processes: far steadier CPU figures.
+#
 # DBS names the baseline's database, then the current build's: sqlite (default) or postgres (a
 # throwaway cluster of scripts/pg-test-cluster.sh, one database each). ARGS_BASELINE and
 # ARGS_CURRENT add attestd options to one side (DBS="postgres postgres" ARGS_CURRENT="--threads 2").
@@ -59,7 +62,9 @@ http {
   }
 }
 EOF
-nginx -c "$work/nginx.conf" -p "$work/nginx"
+server_cpu=() client_cpu=()
+if [ "${PIN:-0}" = 1 ]; then server_cpu=(taskset -c 0) client_cpu=(taskset -c 1); fi
+"${client_cpu[@]}" nginx -c "$work/nginx.conf" -p "$work/nginx"
 echo "bench-key-not-a-real-key-0000000000" > "$work/upstream.key"
 
 body='{"model":"claude-bench","max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}' extra=""
@@ -96,7 +101,7 @@ start() {
   $bin/attestctl integrations update "$clid" --db "$db" --actor bench@example.com --models claude-bench,claude-haiku-4-5 --max-tokens 4096 \
     --device-requests-per-minute 1000000000 --monthly-token-budget 1000000000000000 >/dev/null
   port[$name]=$(free_port)
-  $bin/attestd serve --db "$db" --listen "127.0.0.1:${port[$name]}" --admin-listen none --trust-anchor Fixtures/test-authority/root.pem \
+  "${server_cpu[@]}" $bin/attestd serve --db "$db" --listen "127.0.0.1:${port[$name]}" --admin-listen none --trust-anchor Fixtures/test-authority/root.pem \
     --upstream-url "http://127.0.0.1:$upstream_port" --upstream-key-file "$work/upstream.key" \
     --mint-limit 0 --challenge-limit 0 --registration-quota 0 $("$bin/attestd" serve --help 2>&1 | grep registration-limit-per-address >/dev/null && echo --registration-limit-per-address 0) $extra 2>>"$work/$name.log" &
   pid[$name]=$!
@@ -127,7 +132,7 @@ for round in $(seq 1 "$rounds"); do
   order=(baseline current); [ $((round % 2)) = 0 ] && order=(current baseline)
   for name in "${order[@]}"; do
     before=$(cpu "${pid[$name]}")
-    out=$(wrk -t2 -c"$connections" -d"${seconds}s" --latency -s "$work/$name.lua" "http://127.0.0.1:${port[$name]}/v1/messages" 2>&1)
+    out=$("${client_cpu[@]}" wrk -t2 -c"$connections" -d"${seconds}s" --latency -s "$work/$name.lua" "http://127.0.0.1:${port[$name]}/v1/messages" 2>&1)
     after=$(cpu "${pid[$name]}")
     read -r r p99 bad < <(python3 -c '
 import re, sys
