@@ -82,10 +82,7 @@ public final class SignedDataVerifier: Sendable {
     private func verifiedSigner(_ signedData: CMSSignedData,
                                 signature: (ECPublicKey) throws(SignedDataError) -> Void) throws(SignedDataError) -> VerifiedSigner {
         var identity: [UInt8] = []
-        for part in [signedData.signerID] + signedData.certificates {
-            identity += [UInt8(part.count >> 24 & 0xff), UInt8(part.count >> 16 & 0xff), UInt8(part.count >> 8 & 0xff), UInt8(part.count & 0xff)]
-            identity += part
-        }
+        for part in [signedData.signerID] + signedData.certificates { Self.appendLengthPrefixed(part, to: &identity) }
         let key = sha256(identity)
         if let known = verifiedSigners.withLock({ $0[key] }) {
             try signature(known.key)
@@ -107,12 +104,22 @@ public final class SignedDataVerifier: Sendable {
         for certificate in certificates { _ = attest_sk_X509_push(untrusted, certificate.x509) }
         let path = try verifyPath(signer: signerCertificate.x509, untrusted: untrusted)
         let verified = VerifiedSigner(path: path, key: signerKey)
-        verifiedSigners.withLock { signers in
-            // Evict one entry, not all: a flood of other signers must not keep evicting Apple's.
-            if signers.count >= Self.maxCachedPaths, let victim = signers.keys.first { signers[victim] = nil }
-            signers[key] = verified
-        }
+        verifiedSigners.withLock { Self.remember(verified, at: key, in: &$0) }
         return verified
+    }
+
+    /// `bytes` after their length in four bytes, so that joined parts cannot be taken for others.
+    private static func appendLengthPrefixed(_ bytes: some Collection<UInt8>, to key: inout [UInt8]) {
+        let count = bytes.count
+        key += [UInt8(count >> 24 & 0xff), UInt8(count >> 16 & 0xff), UInt8(count >> 8 & 0xff), UInt8(count & 0xff)]
+        key += bytes
+    }
+
+    /// Keeps `value` under `key`. When full, one entry goes, not all: a flood of other signers
+    /// must not keep evicting Apple's.
+    private static func remember<Value>(_ value: Value, at key: [UInt8], in cache: inout [[UInt8]: Value]) {
+        if cache.count >= maxCachedPaths, let victim = cache.keys.first { cache[victim] = nil }
+        cache[key] = value
     }
 
     /// Whether `identifier` (a SignerIdentifier, whole) names `certificate`: its issuer and serial
@@ -194,8 +201,7 @@ public final class SignedDataVerifier: Sendable {
             let length = Int(i2d_X509(x509, &out))
             guard length > 0, let out else { throw .malformed("a certificate of the set does not encode") }
             defer { attest_openssl_free(out) }
-            key += [UInt8(length >> 24 & 0xff), UInt8(length >> 16 & 0xff), UInt8(length >> 8 & 0xff), UInt8(length & 0xff)]
-            key.append(contentsOf: UnsafeBufferPointer(start: out, count: length))
+            Self.appendLengthPrefixed(UnsafeBufferPointer(start: out, count: length), to: &key)
         }
         try append(signer)
         for index in 0..<(untrusted.map { attest_sk_X509_num($0) } ?? 0) {
@@ -207,11 +213,7 @@ public final class SignedDataVerifier: Sendable {
             path = cached
         } else {
             path = try verifyPath(signer: signer, untrusted: untrusted)
-            verifiedPaths.withLock { paths in
-                // Evict one entry, not all: a flood of other signers must not keep evicting Apple's.
-                if paths.count >= Self.maxCachedPaths, let victim = paths.keys.first { paths[victim] = nil }
-                paths[key] = path
-            }
+            verifiedPaths.withLock { Self.remember(path, at: key, in: &$0) }
         }
         try checkValidity(path, at: time)
     }

@@ -174,7 +174,7 @@ public final class Daemon: Sendable {
     /// Stops gracefully within `--shutdown-grace`: the listeners drain (requests in flight finish,
     /// open streams end with an SSE `overloaded_error` event), then the rest in reverse order.
     public func stop() {
-        group.stop(grace: .milliseconds(Int(options.shutdownGrace * 1000)))
+        group.stop()
     }
 
     /// The public listener's port (0 before `run`).

@@ -167,16 +167,14 @@ public final class Router: Sendable {
             return answer(complete(context, route: route, RouteOutcome(info.shape.refusal(415, context.requestID), reason: "invalidRequest",
                                                                        detail: "content-type \(request.header("content-type")?.prefix(64) ?? "missing") is not \(type)")))
         }
-        // The handler inside the middleware, the router's outermost: all of it runs where the route runs.
+        // The handler inside the middleware (`route.chain`, the router's outermost): all of it
+        // runs where the route runs.
         let chain = route.chain
-        let inner: @Sendable (RequestContext, (RequestContext) throws -> RouteOutcome?) throws -> RouteOutcome? = { context, handler in
-            try Self.run(chain, from: 0, context, handler)
-        }
         switch route.handler {
         case .answer(let answer):
             let run: @Sendable () -> RouteOutcome = { [self] in
                 let outcome: RouteOutcome
-                do { outcome = try inner(context) { try answer($0) } ?? failure(MiddlewareError(), context) } catch { outcome = failure(error, context) }
+                do { outcome = try Self.run(chain, from: 0, context) { try answer($0) } ?? failure(MiddlewareError(), context) } catch { outcome = failure(error, context) }
                 return complete(context, route: route, outcome)
             }
             if info.executor == .worker, let workers,
@@ -201,7 +199,7 @@ public final class Router: Sendable {
             let task: @Sendable () -> Void = {
                 do {
                     // A middleware's own answer goes out at once; the handler's comes through `reply`.
-                    if let early = try inner(context, { try start($0, reply); return nil }) { reply(.success(early)) }
+                    if let early = try Self.run(chain, from: 0, context, { try start($0, reply); return nil }) { reply(.success(early)) }
                 } catch { reply(.failure(error)) }
             }
             if info.executor == .worker, let workers, workers.submit(key: workerKey(request), task) { return .deferred }
@@ -212,7 +210,7 @@ public final class Router: Sendable {
             // does not call `finish` then).
             let run: @Sendable () -> RouteOutcome? = { [self] in
                 do {
-                    guard let now = try inner(context, { try start($0, writer) }) else { return nil }
+                    guard let now = try Self.run(chain, from: 0, context, { try start($0, writer) }) else { return nil }
                     return complete(context, route: route, now)
                 } catch {
                     return complete(context, route: route, failure(error, context))

@@ -55,6 +55,20 @@ public func seconds(until deadline: ContinuousClock.Instant) -> Double {
     return max(0, Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18)
 }
 
+/// Tries `attempt` until it succeeds, pausing 50 ms, then twice as long each time (at most 1 s),
+/// while a pause still ends before `deadline`: a stop's last write against a store that refuses
+/// it for a while. True once it succeeded.
+@discardableResult
+public func retry(until deadline: ContinuousClock.Instant, _ attempt: () -> Bool) -> Bool {
+    var pause = 0.05
+    while !attempt() {
+        guard seconds(until: deadline) > pause else { return false }
+        Thread.sleep(forTimeInterval: pause)
+        pause = min(pause * 2, 1)
+    }
+    return true
+}
+
 /// A service made of two closures (for what already has a start and a stop of its own). It
 /// lives from its start until its stop.
 public final class BasicService: Service {
@@ -174,7 +188,7 @@ public final class ServiceGroup: Sendable {
         }
         if unexpected {
             record(.failed, service, detail: failure ?? "it ended without being stopped")
-            stop(grace: grace)
+            stop()
         }
         let last = state.withLock { state -> Bool in
             state.running -= 1
@@ -182,6 +196,9 @@ public final class ServiceGroup: Sendable {
         }
         if last { allEnded.signal() }
     }
+
+    /// `stop(grace:)` with the group's own grace.
+    public func stop() { stop(grace: grace) }
 
     /// Stops the started services in reverse order, all by one deadline (`grace` from now).
     /// Idempotent: a second call returns at once.
@@ -209,7 +226,7 @@ public final class ServiceGroup: Sendable {
             source.setEventHandler { [self] in
                 received(number)
                 // Off the signal queue: a second signal during the stop is then only logged.
-                Thread { [self] in stop(grace: grace) }.start()
+                Thread { [self] in stop() }.start()
             }
             source.resume()
             // Held for the process's life (a released source stops delivering); one per signal.

@@ -48,11 +48,6 @@ public struct RelayRoutes: Sendable {
         ]
     }
 
-    /// An error in the Messages API's envelope, carrying the request ID as the real API does.
-    public static func apiError(_ status: Int, _ type: String, _ message: String, requestID: String) -> HTTPResponse {
-        MessagesAPIError.response(status, type, message, requestID: requestID)
-    }
-
     /// The token check, the workspace's key and the policy, then the transfer: answered later,
     /// as the upstream's reply streams in (nil), or at once when refused.
     func relayMessages(_ context: RequestContext, _ writer: HTTPResponseWriter) throws -> RouteOutcome? {
@@ -62,7 +57,7 @@ public struct RelayRoutes: Sendable {
         guard let caller = context[AppToken.self] else { throw MissingAuthentication() }
         let grant = caller.grant, time = caller.checkedAt, commitsBeforeRead = caller.markBeforeCheck
         guard let relay else {
-            return RouteOutcome(Self.apiError(503, "api_error", "no upstream Messages API is configured on this service", requestID: requestID),
+            return RouteOutcome(MessagesAPIError.response(503, "api_error", "no upstream Messages API is configured on this service", requestID: requestID),
                                 clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue)
         }
         let key: String
@@ -71,13 +66,13 @@ public struct RelayRoutes: Sendable {
         } catch {
             switch error {
             case .none:
-                return RouteOutcome(Self.apiError(503, "api_error", """
+                return RouteOutcome(MessagesAPIError.response(503, "api_error", """
                 no upstream API key is configured for this workspace: an operator sets one with \
                 `attestctl workspaces set-upstream-key`, or starts attestd with --upstream-key-file
                 """, requestID: requestID), clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue)
             case .unopenable(let why):
                 logger.error("upstream_key_unavailable", [("request_id", requestID), ("workspace", grant.workspaceName), ("error", why)])
-                return RouteOutcome(Self.apiError(503, "api_error", "the upstream API key of this workspace is unavailable", requestID: requestID),
+                return RouteOutcome(MessagesAPIError.response(503, "api_error", "the upstream API key of this workspace is unavailable", requestID: requestID),
                                     clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue, detail: why)
             }
         }
@@ -136,59 +131,59 @@ public struct RelayRoutes: Sendable {
         return nil
     }
 
-    /// A relay route without the bearer middleware in front (a wiring mistake): answered 500.
-struct MissingAuthentication: Error, CustomStringConvertible {
-    var description: String { "the relay ran without the bearer token middleware" }
-}
-
-/// A policy refusal in the Messages API's error shape: 400 for what the request asks, 429 with
+    /// A policy refusal in the Messages API's error shape: 400 for what the request asks, 429 with
     /// `retry-after` for a limit (the published client maps that to `.rateLimited`).
     public static func policyResponse(_ refusal: PolicyRefusal, requestID: String) -> HTTPResponse {
         switch refusal {
         case .unreadableBody(let problem):
-            return apiError(400, "invalid_request_error", "the request could not be checked against this app's policy: \(problem)", requestID: requestID)
+            return MessagesAPIError.response(400, "invalid_request_error", "the request could not be checked against this app's policy: \(problem)", requestID: requestID)
         case .malformed(let problem):
-            return apiError(400, "invalid_request_error", problem, requestID: requestID)
+            return MessagesAPIError.response(400, "invalid_request_error", problem, requestID: requestID)
         case .modelNotAllowed(let model):
             let message = model.isEmpty ? "model: this app must name one of the models it may use"
                 : "model: \(model.prefix(128)) is not available to this app"
-            return apiError(400, "invalid_request_error", message, requestID: requestID)
+            return MessagesAPIError.response(400, "invalid_request_error", message, requestID: requestID)
         case .fallbackNotAllowed(let model):
-            return apiError(400, "invalid_request_error", "fallbacks: \(model.prefix(128)) is not available to this app", requestID: requestID)
+            return MessagesAPIError.response(400, "invalid_request_error", "fallbacks: \(model.prefix(128)) is not available to this app", requestID: requestID)
         case .defaultFallbackNotAllowed:
-            return apiError(400, "invalid_request_error",
+            return MessagesAPIError.response(400, "invalid_request_error",
                             "fallbacks: \"default\" is not available to this app, which may use only the models it lists; name them instead",
                             requestID: requestID)
         case .serverToolNotAllowed(let type):
-            return apiError(400, "invalid_request_error", "tools: the server tool \(type.prefix(128)) is not available to this app", requestID: requestID)
+            return MessagesAPIError.response(400, "invalid_request_error", "tools: the server tool \(type.prefix(128)) is not available to this app", requestID: requestID)
         case .serverToolUsesOverLimit(let type, let requested, let limit):
             let message = requested.map { "tools: \(type.prefix(128)) asks for max_uses \($0), above this app's limit of \(limit)" }
                 ?? "tools: \(type.prefix(128)) must set max_uses (at most \(limit)) for this app"
-            return apiError(400, "invalid_request_error", message, requestID: requestID)
+            return MessagesAPIError.response(400, "invalid_request_error", message, requestID: requestID)
         case .betaNotAllowed(let beta):
-            return apiError(400, "invalid_request_error", "anthropic-beta: \(beta.prefix(128)) is not available to this app", requestID: requestID)
+            return MessagesAPIError.response(400, "invalid_request_error", "anthropic-beta: \(beta.prefix(128)) is not available to this app", requestID: requestID)
         case .profileRateLimited(let limit, let retryAfter):
-            var response = apiError(429, "rate_limit_error", "this user profile is over its limit of \(limit) requests a minute", requestID: requestID)
+            var response = MessagesAPIError.response(429, "rate_limit_error", "this user profile is over its limit of \(limit) requests a minute", requestID: requestID)
             response.headers.append(("retry-after", String(retryAfter)))
             return response
         case .profileBudgetSpent(let budget, let retryAfter):
-            var response = apiError(429, "rate_limit_error",
+            var response = MessagesAPIError.response(429, "rate_limit_error",
                                     "this user profile has used its monthly budget of \(budget) tokens; it renews on the 1st (UTC)", requestID: requestID)
             response.headers.append(("retry-after", String(retryAfter)))
             return response
         case .limitsUnavailable:
-            return apiError(503, "api_error", "this app's limits cannot be checked right now; retry shortly", requestID: requestID)
+            return MessagesAPIError.response(503, "api_error", "this app's limits cannot be checked right now; retry shortly", requestID: requestID)
         case .maxTokensOverLimit(let requested, let limit):
-            return apiError(400, "invalid_request_error", "max_tokens: \(requested) is above this app's limit of \(limit)", requestID: requestID)
+            return MessagesAPIError.response(400, "invalid_request_error", "max_tokens: \(requested) is above this app's limit of \(limit)", requestID: requestID)
         case .deviceRateLimited(let limit, let retryAfter):
-            var response = apiError(429, "rate_limit_error", "this device is over its limit of \(limit) requests a minute", requestID: requestID)
+            var response = MessagesAPIError.response(429, "rate_limit_error", "this device is over its limit of \(limit) requests a minute", requestID: requestID)
             response.headers.append(("retry-after", String(retryAfter)))
             return response
         case .monthlyBudgetSpent(let budget, let retryAfter):
-            var response = apiError(429, "rate_limit_error", "this app has used its monthly budget of \(budget) tokens; it renews on the 1st (UTC)",
+            var response = MessagesAPIError.response(429, "rate_limit_error", "this app has used its monthly budget of \(budget) tokens; it renews on the 1st (UTC)",
                                     requestID: requestID)
             response.headers.append(("retry-after", String(retryAfter)))
             return response
         }
     }
+}
+
+/// A relay route without the bearer middleware in front (a wiring mistake): answered 500.
+struct MissingAuthentication: Error, CustomStringConvertible {
+    var description: String { "the relay ran without the bearer token middleware" }
 }

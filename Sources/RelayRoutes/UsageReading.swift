@@ -17,12 +17,8 @@ public enum MessagesRequestFields {
     static let clientToolPrefixes = ["bash_", "text_editor_", "computer_", "memory_"]
     public static let profileHeader = "anthropic-user-profile-id"
 
-    /// The policy's input from the request: its body and headers.
-    public static func policyInput(_ request: HTTPRequest, spendsTokens: Bool) -> PolicyInput {
-        read(request, spendsTokens: spendsTokens).input
-    }
-
-    /// The policy's input and whether the request asks for a stream, from one scan of the body.
+    /// The policy's input (from the body and the headers) and whether the request asks for a
+    /// stream, from one scan of the body.
     public static func read(_ request: HTTPRequest, spendsTokens: Bool) -> (input: PolicyInput, streams: Bool) {
         var (input, streams) = read(request.body, spendsTokens: spendsTokens)
         var profiles = 0

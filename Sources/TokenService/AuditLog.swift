@@ -181,18 +181,8 @@ public final class BufferedAuditLog: AuditSink, Service {
     /// again with growing pauses until `deadline`; what is still unwritten then is reported.
     public func close(by deadline: ContinuousClock.Instant = .now + .seconds(5)) {
         timer.withLock { $0 }?.stop(by: deadline)
-        var pause = 0.05
-        while true {
-            flush()
-            let left = pendingCount
-            guard left > 0 else { return }
-            guard seconds(until: deadline) > pause else {
-                onError("\(left) audit events not written at shutdown: the store refused them until the deadline")
-                return
-            }
-            Thread.sleep(forTimeInterval: pause)
-            pause = min(pause * 2, 1)
-        }
+        guard !retry(until: deadline, { flush(); return pendingCount == 0 }) else { return }
+        onError("\(pendingCount) audit events not written at shutdown: the store refused them until the deadline")
     }
 }
 

@@ -530,19 +530,12 @@ public final class UsageLedger: Service {
     public func stop(until deadline: ContinuousClock.Instant) -> Bool {
         // A flush under way ends first (by the deadline); no other starts.
         timer.withLock { $0 }?.stop(by: deadline)
-        var pause: TimeInterval = 0.05
-        while !flush() {
-            guard seconds(until: deadline) > pause else {
-                let requests = state.withLock { state in
-                    (state.flushing?.usage.values.reduce(Int64(0)) { $0 + $1.requests } ?? 0)
-                        + state.pending.usage.values.reduce(Int64(0)) { $0 + $1.requests }
-                }
-                report("usage not written at shutdown, the store refused it until the deadline: \(requests) requests' counts lost")
-                return false
-            }
-            Thread.sleep(forTimeInterval: pause)
-            pause = min(pause * 2, 1)
+        guard !retry(until: deadline, { flush() }) else { return true }
+        let requests = state.withLock { state in
+            (state.flushing?.usage.values.reduce(Int64(0)) { $0 + $1.requests } ?? 0)
+                + state.pending.usage.values.reduce(Int64(0)) { $0 + $1.requests }
         }
-        return true
+        report("usage not written at shutdown, the store refused it until the deadline: \(requests) requests' counts lost")
+        return false
     }
 }
