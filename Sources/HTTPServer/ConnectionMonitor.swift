@@ -20,16 +20,20 @@ import Glibc
 /// A connection joins this set once it has stayed suspended for `DaemonDriver.hangUpWatchDelay`
 /// (its loop registers it, `HTTPResponseWriter.watchIfLongSuspended`): a relayed answer that comes
 /// back within milliseconds never pays for the watch, and a hang-up during a long wait is seen
-/// that much later at most. Registration and removal happen under the writer's lock while its
-/// `suspended` flag is set — and a suspended connection's socket is never closed by
-/// libmicrohttpd (the server resumes every open request before it stops the daemon), so a
-/// descriptor here can never have been reused for another connection.
+/// that much later at most. The writer marks itself watched under its lock and registers here
+/// after releasing it; a resume that takes the connection out of suspension in between calls
+/// `unwatch` first, which leaves a tombstone, and the late `watch` then adds nothing. A resume
+/// always unwatches before it calls MHD_resume_connection, and a suspended connection's socket is
+/// never closed by libmicrohttpd (the server resumes every open request before it stops the
+/// daemon), so a descriptor here can never have been reused for another connection.
 final class ConnectionMonitor: Sendable {
     private struct State {
         var exit = false
         /// Run `tick` as soon as possible (a worker is near its connection limit).
         var tickNow = false
         var watched: [UInt64: HTTPResponseWriter] = [:]
+        /// Writers unwatched before their `watch` arrived (see the type's comment).
+        var unwatchedEarly: Set<UInt64> = []
     }
 
     private let epollFD: Int32
@@ -71,14 +75,15 @@ final class ConnectionMonitor: Sendable {
         thread.withLock { $0 = handle }
     }
 
-    /// Watches `fd` for the peer going away while its connection is suspended. False when the
-    /// server is stopping (its open requests are being aborted anyway).
-    func watch(_ writer: HTTPResponseWriter, key: UInt64, fd: Int32) -> Bool {
+    /// Watches `fd` for the peer going away while its connection is suspended. Nothing happens
+    /// when the server is stopping (its open requests are being aborted anyway) or when the
+    /// writer was already unwatched (it was resumed meanwhile).
+    func watch(_ writer: HTTPResponseWriter, key: UInt64, fd: Int32) {
         state.withLock { s in
-            guard !isStopping else { return false }
+            if s.unwatchedEarly.remove(key) != nil { return }
+            guard !isStopping else { return }
             if fd >= 0 { _ = attest_watch_add(epollFD, fd, key) }
             s.watched[key] = writer
-            return true
         }
     }
 
@@ -87,8 +92,11 @@ final class ConnectionMonitor: Sendable {
 
     func unwatch(key: UInt64, fd: Int32) {
         state.withLock { s in
+            guard s.watched.removeValue(forKey: key) != nil else {
+                if !isStopping { s.unwatchedEarly.insert(key) }
+                return
+            }
             if fd >= 0 { _ = attest_watch_remove(epollFD, fd) }
-            s.watched[key] = nil
         }
     }
 

@@ -82,6 +82,9 @@ public final class HTTPServer: Sendable {
             // every suspended connection is in the monitor's watch, so every open request is).
             current.core.monitor.beginStop()
             for writer in current.core.registry.currentWriters() { writer.abort(serverStopping: true) }
+            // A producer may have taken a connection out of suspension just before; its
+            // MHD_resume_connection must happen before the daemon frees the connection.
+            while current.core.resumesInFlight.load(ordering: .acquiring) > 0 { sched_yield() }
             // Each daemon stops on its loop; completion callbacks release the remaining request contexts.
             for driver in current.drivers { driver.stop() }
             current.core.monitor.shutdown()

@@ -12,7 +12,7 @@ import Glibc
 extension HTTPResponseWriter {
     func access(connection: OpaquePointer, method: UnsafePointer<CChar>?, version: UnsafePointer<CChar>?,
                             uploadData: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>) -> MHD_Result {
-        let headersSeen = state.withLock { $0.headersSeen }
+        let headersSeen = state.withLock { $0.headSeen }
         if !headersSeen { return headersArrived(connection: connection, method: method, version: version) }
 
         let chunkSize = uploadSize.pointee
@@ -63,15 +63,9 @@ extension HTTPResponseWriter {
             }
         }
         let chunked = headers.contains { $0.name == "transfer-encoding" }
-        state.withLock { s in
-            s.headersSeen = true
-            s.method = method
-            s.path = path
-            s.query = query
-            s.headers = headers
-            s.bodyLimit = limit
-            s.reservedBodyBytes = reserved
-            if reserved > 0 { s.body.reserveCapacity(reserved) }
+        state.withLock { m in
+            m.headAccepted(method: method, path: path, query: query, headers: headers, bodyLimit: limit,
+                           reservedBodyBytes: reserved)
         }
         record?.enter(.body)
         if chunked || (declared ?? 0) > 0 { record?.driver?.noteReceiving(self) }
@@ -122,33 +116,34 @@ extension HTTPResponseWriter {
         // out once the body ends; a client that keeps streaming far past the limit is
         // disconnected instead.
         var released = 0
-        let keepGoing = state.withLock { s -> Bool in
-            if s.refusal != nil {
-                s.discardedBytes += chunk.count
-                return s.discardedBytes <= max(s.bodyLimit, 1 << 20)
+        let keepGoing = state.withLock { m -> Bool in
+            // Only this thread touches what is being received; the lock keeps the writer Sendable.
+            if m.receiving.refusal != nil {
+                m.receiving.discardedBytes += chunk.count
+                return m.receiving.discardedBytes <= max(m.receiving.bodyLimit, 1 << 20)
             }
-            let total = s.body.count + chunk.count
+            let total = m.receiving.body.count + chunk.count
             var refusal: HTTPResponse?
-            if total > s.bodyLimit {
-                refusal = core.refusal(413, path: s.path)
-            } else if total > s.reservedBodyBytes {
-                let more = total - s.reservedBodyBytes
+            if total > m.receiving.bodyLimit {
+                refusal = core.refusal(413, path: m.receiving.path)
+            } else if total > m.receiving.reservedBodyBytes {
+                let more = total - m.receiving.reservedBodyBytes
                 if core.reserveBodyBytes(more) {
-                    s.reservedBodyBytes += more
+                    m.receiving.reservedBodyBytes += more
                 } else {
-                    refusal = core.configuration.overloadedResponse(s.path)
+                    refusal = core.configuration.overloadedResponse(m.receiving.path)
                     core.totals.overloaded.add(1, ordering: .relaxed)
                 }
             }
             if let refusal {
-                s.refusal = refusal
-                s.discardedBytes = total
-                s.body = []
-                released = s.reservedBodyBytes
-                s.reservedBodyBytes = 0
+                m.receiving.refusal = refusal
+                m.receiving.discardedBytes = total
+                m.receiving.body = []
+                released = m.receiving.reservedBodyBytes
+                m.receiving.reservedBodyBytes = 0
                 return true
             }
-            s.body.append(contentsOf: chunk)
+            m.receiving.body.append(contentsOf: chunk)
             return true
         }
         record?.addBodyBytes(chunk.count)
@@ -158,43 +153,25 @@ extension HTTPResponseWriter {
     }
 
     private func requestComplete(connection: OpaquePointer) -> MHD_Result {
-        enum Next {
-            case refuse(HTTPResponse)
-            case callHandler(HTTPRequestParts)
-            case deliver
-            case hold
-            case close
-        }
         // Only a request that follows another on its connection can find answers still unread.
+        // (The ioctl runs before the lock: no C call under it.)
         let unreadLimit = core.configuration.maxUnreadResponseBytes
-        let mayHold = unreadLimit > 0 && record?.hasServedRequests == true
-        let next = state.withLock { s -> Next in
-            if let refusal = s.refusal {
-                s.refusal = nil
-                s.queued = true
-                return .refuse(refusal)
-            }
-            guard !s.handlerCalled else { return .deliver }
-            if s.cancelled { return .close }   // held, and the client hung up
-            // Pipelined behind answers the client has not read: no work for it until it reads.
-            if mayHold, let record, unreadBytes(record.fd) > unreadLimit, suspend(&s) {
-                s.heldForUnread = true
-                return .hold
-            }
-            s.handlerCalled = true
-            let parts = HTTPRequestParts(method: s.method, path: s.path, query: s.query, headers: s.headers, body: s.body)
-            s.body = []  // the handler owns the bytes now
-            s.headers = []
-            return .callHandler(parts)
+        var holdForUnread = false
+        if unreadLimit > 0, let record, record.hasServedRequests, state.withLock({ $0.awaitsHandler }) {
+            holdForUnread = unreadBytes(record.fd) > unreadLimit
         }
+        let stopping = core.monitor.isStopping
+        let next = state.withLock { $0.requestComplete(holdForUnread: holdForUnread, serverStopping: stopping) }
         switch next {
         case .refuse(let response):
             return send(response, on: connection, close: true)
         case .deliver:
             return deliverAnswer(connection: connection)
         case .hold:
+            // Pipelined behind answers the client has not read: no work for it until it reads.
             core.totals.held.add(1, ordering: .relaxed)
             record?.enter(.held)
+            parkConnection()
             return .YES
         case .close:
             return .NO
@@ -206,17 +183,10 @@ extension HTTPResponseWriter {
             switch core.handler(request, self) {
             case .response(let response):
                 // The common case: one lock to note that the writer was not used.
-                let writerUsed = state.withLock { s -> Bool in
-                    if case .none = s.answer {
-                        s.queued = true
-                        return false
-                    }
-                    s.handlerOwnsAnswer = true
-                    return true
-                }
+                let writerUsed = state.withLock { $0.handlerAnswered() }
                 return writerUsed ? deliverAnswer(connection: connection) : send(response, on: connection)
             case .deferred:
-                state.withLock { $0.handlerOwnsAnswer = true }
+                state.withLock { $0.handlerDeferred() }
                 return deliverAnswer(connection: connection)
             }
         }
@@ -224,35 +194,12 @@ extension HTTPResponseWriter {
 
     /// Queues the producer's answer if there is one, or suspends the connection until there is.
     private func deliverAnswer(connection: OpaquePointer) -> MHD_Result {
-        enum Step {
-            case alreadyQueued, close, wait
-            case complete(HTTPResponse)
-            case stream(Int, [(name: String, value: String)])
-            case stopping((@Sendable () -> Void)?)
-        }
-        let step = state.withLock { s -> Step in
-            if s.queued { return .alreadyQueued }
-            if s.cancelled {
-                guard s.stopping else { return .close }   // the client is gone
-                s.queued = true
-                return .stopping(nil)
-            }
-            switch s.answer {
-            case .complete(let response):
-                s.queued = true
-                return .complete(response)
-            case .stream(let status, let headers):
-                s.queued = true
-                return .stream(status, headers)
-            case .none:
-                if suspend(&s) { return .wait }
-                s.cancelled = true
-                s.queued = true
-                return .stopping(s.takeCancelCallback())
-            }
-        }
-        switch step {
-        case .alreadyQueued, .wait: return .YES
+        let stopping = core.monitor.isStopping
+        switch state.withLock({ $0.deliver(serverStopping: stopping) }) {
+        case .alreadyQueued: return .YES
+        case .wait:
+            parkConnection()
+            return .YES
         case .close: return .NO  // libmicrohttpd closes the connection; completion follows
         case .complete(let response): return send(response, on: connection)
         case .stream(let status, let headers): return queueStream(status: status, headers: headers, on: connection)
@@ -304,11 +251,7 @@ extension HTTPResponseWriter {
 
     /// The producer's stream cannot start (bad status or header): 500, and the producer is told.
     private func failStream(on connection: OpaquePointer) -> MHD_Result {
-        let callback = state.withLock { s -> (@Sendable () -> Void)? in
-            s.cancelled = true
-            return s.takeCancelCallback()
-        }
-        callback?()
+        state.withLock { $0.streamFailed() }?()
         return send(internalError, on: connection)
     }
 }

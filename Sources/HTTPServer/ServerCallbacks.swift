@@ -23,6 +23,9 @@ final class ServerCore: Sendable {
     /// libmicrohttpd log lines while the daemon starts (nil otherwise: runtime messages such as
     /// "connection limit reached" are routine under load and dropped).
     let startupLog = Mutex<[String]?>(nil)
+    /// Resumes decided under a writer's lock and not yet made (`HTTPResponseWriter.perform`);
+    /// the server's stop waits for none before it stops the daemons, which free the connections.
+    let resumesInFlight = Atomic<Int>(0)
     /// The daemon on each loop, by loop index (set before the daemon accepts anything).
     private let drivers = Mutex<[Int: DaemonDriver]>([:])
 

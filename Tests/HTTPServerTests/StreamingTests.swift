@@ -253,7 +253,7 @@ struct StreamingTests {
         #expect(connection.readHead()?.status == 200)
         #expect(connection.readChunk() == Array("first".utf8))
         // Once the stream is suspended waiting for its producer, the client hangs up.
-        #expect(waitUntil(timeout: 8) { taken.get?.state.withLock { $0.suspended } == true })
+        #expect(waitUntil(timeout: 8) { taken.get?.state.withLock { $0.isSuspended } == true })
         taken.set(nil)   // the writer must be free to go (the leak check counts it)
         let closedAt = Date()
         connection.disconnect()
@@ -281,7 +281,7 @@ struct StreamingTests {
         #expect(connection.sendAll("GET /never HTTP/1.1\r\nHost: a\r\n\r\n"))
         #expect(waitUntil(timeout: 8) { server.liveRequestContexts == 1 })
         // Suspended, waiting for the answer that never comes: now the client hangs up.
-        #expect(waitUntil(timeout: 8) { taken.get?.state.withLock { $0.suspended } == true })
+        #expect(waitUntil(timeout: 8) { taken.get?.state.withLock { $0.isSuspended } == true })
         taken.set(nil)   // the writer must be free to go (the leak check counts it)
         let closedAt = Date()
         connection.disconnect()
