@@ -6,7 +6,7 @@ DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev
 DB ?= attestd.sqlite
 ARGS ?=
 
-.PHONY: all build release run test deps migrations fuzz fuzz-leaf fuzz-wire fuzz-assertion fuzz-all bench clean
+.PHONY: all build release run test deps migrations venv fuzz fuzz-leaf fuzz-wire fuzz-assertion fuzz-eventstream fuzz-all bench clean
 
 all: build
 
@@ -33,6 +33,15 @@ deps:
 migrations:
 	@scripts/embed-migrations.sh
 
+# The Python the cloud test stubs run on (Tests/Support/cloud-stubs: Bedrock and Vertex AI over
+# TLS); the stamp keeps it a no-op until requirements.txt changes.
+CLOUD_STUB_REQUIREMENTS := Tests/Support/cloud-stubs/requirements.txt
+venv: .venv/.stamp
+
+.venv/.stamp: $(CLOUD_STUB_REQUIREMENTS)
+	python3 -m venv .venv && .venv/bin/pip install -q --disable-pip-version-check -r $(CLOUD_STUB_REQUIREMENTS)
+	touch $@
+
 build: deps migrations
 	$(SWIFT) build
 
@@ -44,7 +53,7 @@ run: release
 
 # The suite takes well under a minute; the timeout turns a hang into a clear failure.
 # The release attestctl is built too: a test checks that the operator's binary carries no private key.
-test: deps migrations
+test: deps migrations venv
 	@if [ -n "$$CI" ] && [ ! -d ../shared/fixtures/apple ]; then \
 	  echo "CI: ../shared/fixtures/apple is missing; the real-device verification tests would be skipped" >&2; exit 1; fi
 	$(SWIFT) build --build-tests
@@ -106,8 +115,17 @@ fuzz-receipt: deps
 	-python3 scripts/fuzz-seeds.py receipt fuzz-corpus-receipt ../shared/fixtures/apple
 	SWIFT_BACKTRACE=enable=no ./.build/fuzz/receipt-fuzz -runs=$(RUNS) -max_len=16384 -rss_limit_mb=6144 fuzz-corpus-receipt
 
+# libFuzzer over the AWS event-stream decoder and the Bedrock stream translator: the files of
+# Sources/CloudUpstreams that need no OpenSSL, seeded with fuzz-seeds-eventstream/.
+fuzz-eventstream: deps
+	mkdir -p .build/fuzz fuzz-corpus-eventstream
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name EventStreamFuzz \
+	  $(addprefix Sources/CloudUpstreams/,CRC32.swift EventStream.swift JSONScan.swift Base64.swift BedrockStreamTranslator.swift) \
+	  Fuzz/EventStreamFuzz/*.swift -o .build/fuzz/eventstream-fuzz
+	SWIFT_BACKTRACE=enable=no ./.build/fuzz/eventstream-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-eventstream fuzz-seeds-eventstream
+
 # Every fuzzer for a bounded count (CI: about 200,000 inputs each, a few minutes in all).
-fuzz-all: fuzz fuzz-leaf fuzz-wire fuzz-assertion fuzz-receipt
+fuzz-all: fuzz fuzz-leaf fuzz-wire fuzz-assertion fuzz-receipt fuzz-eventstream
 
 bench: release
 	./.build/release/attest-sim bench verify --seconds 5

@@ -49,6 +49,8 @@ let package = Package(
         .target(name: "HTTPServer", dependencies: ["CMicroHTTPD", "CEventLoop", "EventLoops"]),
         // Client for the upstream Messages API: a libcurl multi handle on each event loop.
         .target(name: "UpstreamClient", dependencies: ["CCurl", "EventLoops"]),
+        // Cloud upstreams' protocols, no I/O: AWS SigV4 and event streams (Bedrock), Google service-account grants (Vertex AI).
+        .target(name: "CloudUpstreams", dependencies: ["COpenSSL", "AttestCrypto"]),
         // Apple's App Attest data service: the ES256 provider token and one blocking HTTPS POST.
         .target(name: "AppleDataService", dependencies: ["CCurl", "UpstreamClient", "AttestCrypto", "AttestWire"]),
         // The background job that posts due receipts to Apple and stores the refreshed ones and their metric.
@@ -60,7 +62,7 @@ let package = Package(
         .target(name: "ExchangeRoutes", dependencies: ["HTTPRouting", "TokenService", "AttestWire"]),
         .target(name: "TokenAuthentication", dependencies: ["HTTPRouting", "HTTPServer", "TokenService", "AttestWire"]),
         .target(name: "RelayRoutes", dependencies: ["HTTPRouting", "TokenAuthentication", "TokenService", "AttestWire", "AttestCrypto", "UpstreamClient",
-                                                    "EventLoops"]),
+                                                    "EventLoops", "CloudUpstreams"]),
         .target(name: "AdminRoutes", dependencies: ["HTTPRouting", "TokenAuthentication", "TokenService", "AttestWire", "AttestCrypto"]),
         // The operator's console at /console/ on the admin listener: server-rendered pages and
         // forms over the same AdminService as attestctl.
@@ -123,6 +125,7 @@ let package = Package(
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer"]),
         .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService", "ProcessCPU"]),
         .testTarget(name: "UpstreamClientTests", dependencies: ["UpstreamClient", "UpstreamStub"]),
+        .testTarget(name: "CloudUpstreamsTests", dependencies: ["CloudUpstreams", "COpenSSL"]),
         .testTarget(name: "AppleDataServiceTests", dependencies: ["AppleDataService", "AttestCrypto", "AttestWire", "UpstreamClient", "UpstreamStub"]),
         .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "StoreRecords", "PostgresTestSupport", "TokenService", "AttestCrypto", "CSQLite",
                                                        "AttestWire"]),

@@ -1,0 +1,201 @@
+// Bedrock's answers in the Messages API's shapes: the streamed body as server-sent events, and
+// error responses as Anthropic error bodies.
+// No imports: the event-stream fuzzer compiles this file with EventStream.swift, CRC32.swift,
+// JSONScan.swift and Base64.swift.
+
+public enum BedrockStreamError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// A `chunk` event whose payload is not `{"bytes":"<base64 of a JSON object with a type>"}`.
+    case malformedChunk(String)
+
+    public var description: String {
+        switch self {
+        case .malformedChunk(let why): "malformed Bedrock chunk: \(why)"
+        }
+    }
+}
+
+/// Turns the body of InvokeModelWithResponseStream (event-stream frames) into the Messages API's
+/// server-sent events. Each chunk's inner event JSON is passed on byte for byte, named by its
+/// `type`; a stream exception becomes an SSE `error` event and ends the translation.
+public struct BedrockStreamTranslator: Sendable {
+    private var decoder: EventStreamDecoder
+    /// True once an exception has been sent as an error event: later input is ignored.
+    public private(set) var isFinished = false
+    /// A chunk that could not be read: thrown again by every later call.
+    private var chunkFailure: BedrockStreamError?
+
+    public init(maxMessageBytes: Int = 1 << 20) {
+        decoder = EventStreamDecoder(maxMessageBytes: maxMessageBytes)
+    }
+
+    /// Whether a frame is unfinished: at the end of the body, a truncated stream.
+    public var hasPartialMessage: Bool { decoder.hasPartialMessage }
+
+    /// SSE bytes for every frame these bytes complete (possibly none). Throws `EventStreamError`
+    /// for broken framing and `BedrockStreamError` for a chunk it cannot read; the events of
+    /// earlier frames in the same bytes are then lost with the stream.
+    public mutating func translate(_ bytes: UnsafeRawBufferPointer) throws -> [UInt8] {
+        if let chunkFailure { throw chunkFailure }
+        var out: [UInt8] = []
+        var failure: BedrockStreamError?
+        var finished = false
+        // The decoder stops at the exception, before any bytes after it are checked.
+        try decoder.feed(bytes) { message in
+            switch message.stringHeader(":message-type") {
+            case "event":
+                guard message.stringHeader(":event-type") == "chunk" else { return true }
+                do throws(BedrockStreamError) {
+                    try appendChunk(message.payload, to: &out)
+                    return true
+                } catch {
+                    failure = error
+                    return false
+                }
+            case "exception":
+                let exception = message.stringHeader(":exception-type") ?? "unknownException"
+                let text = bedrockMessage(message.payload) ?? "Bedrock ended the stream with \(exception)"
+                appendErrorEvent(type: anthropicType(forStreamException: exception), message: text, to: &out)
+                finished = true
+                return false
+            case "error":
+                // The event-stream protocol's own error frame: code and message in headers.
+                let code = message.stringHeader(":error-code") ?? "unknown"
+                let text = message.stringHeader(":error-message") ?? "Bedrock ended the stream with error \(code)"
+                appendErrorEvent(type: "api_error", message: text, to: &out)
+                finished = true
+                return false
+            default:
+                return true
+            }
+        }
+        if let failure {
+            chunkFailure = failure
+            throw failure
+        }
+        if finished { isFinished = true }
+        return out
+    }
+}
+
+private func appendChunk(_ payload: [UInt8], to out: inout [UInt8]) throws(BedrockStreamError) {
+    guard let encoded = JSONScan.stringMember("bytes", of: payload) else {
+        throw .malformedChunk("the payload has no \"bytes\" string")
+    }
+    guard let event = CloudBase64.decode(encoded) else {
+        throw .malformedChunk("\"bytes\" is not base64")
+    }
+    // The name goes on the `event:` line, so only characters that cannot end it or confuse a reader.
+    guard let type = JSONScan.stringMember("type", of: event), !type.isEmpty, type.allSatisfy(isEventNameByte) else {
+        throw .malformedChunk("the event has no \"type\" usable as an SSE event name")
+    }
+    out.reserveCapacity(out.count + event.count + type.count + 17)
+    out += Array("event: ".utf8)
+    out += type
+    out.append(0x0a)
+    appendDataLines(event, to: &out)
+    out.append(0x0a)
+}
+
+private func isEventNameByte(_ byte: UInt8) -> Bool {
+    switch byte {
+    case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+         UInt8(ascii: "_"), UInt8(ascii: "-"), UInt8(ascii: "."):
+        return true
+    default:
+        return false
+    }
+}
+
+/// `data:` lines carrying `payload`. Compact JSON has no line breaks and takes one line; a line
+/// break (only possible as whitespace between JSON tokens) starts another `data:` line, which a
+/// reader joins back with "\n".
+private func appendDataLines(_ payload: [UInt8], to out: inout [UInt8]) {
+    let prefix = Array("data: ".utf8)
+    var lineStart = 0
+    var index = 0
+    while index < payload.count {
+        let byte = payload[index]
+        guard byte == 0x0a || byte == 0x0d else {
+            index += 1
+            continue
+        }
+        out += prefix
+        out += payload[lineStart..<index]
+        out.append(0x0a)
+        index += byte == 0x0d && index + 1 < payload.count && payload[index + 1] == 0x0a ? 2 : 1
+        lineStart = index
+    }
+    out += prefix
+    out += payload[lineStart...]
+    out.append(0x0a)
+}
+
+private func appendErrorEvent(type: String, message: String, to out: inout [UInt8]) {
+    out += Array("event: error\ndata: ".utf8)
+    out += anthropicErrorBody(type: type, message: message)
+    out += Array("\n\n".utf8)
+}
+
+/// The Messages API's error body: `{"type":"error","error":{"type":…,"message":…}}`.
+func anthropicErrorBody(type: String, message: String) -> [UInt8] {
+    var body = Array(#"{"type":"error","error":{"type":""#.utf8)
+    JSONScan.appendEscaped(type.utf8, to: &body)
+    body += Array(#"","message":""#.utf8)
+    JSONScan.appendEscaped(message.utf8, to: &body)
+    body += Array(#""}}"#.utf8)
+    return body
+}
+
+/// Bedrock's in-stream exception names (lowerCamelCase there) to the Messages API's error types.
+private func anthropicType(forStreamException exception: String) -> String {
+    switch exception.lowercased() {
+    case "throttlingexception": "rate_limit_error"
+    case "serviceunavailableexception", "modelnotreadyexception": "overloaded_error"
+    case "validationexception": "invalid_request_error"
+    default: "api_error"
+    }
+}
+
+/// The `message` (or `Message`) string of a Bedrock error payload, made valid UTF-8.
+private func bedrockMessage(_ payload: [UInt8]) -> String? {
+    guard let bytes = JSONScan.stringMember("message", of: payload) ?? JSONScan.stringMember("Message", of: payload) else { return nil }
+    return String(decoding: bytes, as: UTF8.self)
+}
+
+/// An error response from Bedrock (a non-2xx InvokeModel or InvokeModelWithResponseStream) as the
+/// Messages API would have answered: status and `{"type":"error","error":{…}}` body. The error
+/// type comes from `x-amzn-ErrorType` (whose value may carry a `:` and a namespace after the
+/// name), else from the body's `__type` or `code`.
+public func bedrockErrorToAnthropic(status: Int, errorTypeHeader: String?, body: [UInt8]) -> (status: Int, body: [UInt8]) {
+    let errorType = bedrockErrorType(header: errorTypeHeader, body: body)
+    let (mappedStatus, anthropic): (Int, String) = switch errorType {
+    case "ThrottlingException": (429, "rate_limit_error")
+    case "ValidationException": (400, "invalid_request_error")
+    case "AccessDeniedException": (403, "permission_error")
+    case "ResourceNotFoundException": (404, "not_found_error")
+    case "ModelNotReadyException": (529, "overloaded_error")
+    case "ServiceUnavailableException": (503, "overloaded_error")
+    case "ModelTimeoutException": (504, "api_error")
+    case "InternalServerException": (500, "api_error")
+    default: (502, "api_error")
+    }
+    let message = bedrockMessage(body) ?? (errorType.map { "Bedrock answered HTTP \(status) \($0)" } ?? "Bedrock answered HTTP \(status)")
+    return (mappedStatus, anthropicErrorBody(type: anthropic, message: message))
+}
+
+/// The bare exception name: "ThrottlingException" from "ThrottlingException:http://internal…"
+/// or "com.amazon.coral.service#ThrottlingException".
+private func bedrockErrorType(header: String?, body: [UInt8]) -> String? {
+    func bare(_ raw: Substring) -> String? {
+        var name = raw.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+        if let hash = name.lastIndex(of: "#") { name = name[name.index(after: hash)...] }
+        while name.first == " " { name = name.dropFirst() }
+        while name.last == " " { name = name.dropLast() }
+        return name.isEmpty ? nil : String(name)
+    }
+    if let header, let name = bare(header[...]) { return name }
+    for member in ["__type", "code"] {
+        if let bytes = JSONScan.stringMember(member, of: body), let name = bare(String(decoding: bytes, as: UTF8.self)[...]) { return name }
+    }
+    return nil
+}

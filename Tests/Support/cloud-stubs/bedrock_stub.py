@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""Amazon Bedrock's InvokeModel and InvokeModelWithResponseStream, over TLS, for tests.
+
+The stub checks each request's SigV4 signature itself (the signature is recomputed with
+botocore, not with the code under test), turns the Bedrock body into a Messages API request
+for the Anthropic stub, and turns the answer back into what Bedrock sends: the JSON unchanged,
+or each SSE event's data in an AWS event-stream `chunk` frame.
+
+    bedrock_stub.py --cert server.pem --key server.key \\
+        --anthropic-url http://127.0.0.1:PORT --anthropic-key KEY \\
+        --region us-east-1 --access-key-id AKID --secret-key-file secret.txt \\
+        [--session-token-file token.txt] [--log requests.jsonl] [--port N]
+
+It prints `PORT <n>` once listening. Model ids containing these words script the answer:
+`throttle`, `unavailable`, `not-ready` (refused without forwarding), and on the streaming route
+`midstream-exception`, `bad-prelude-crc`, `bad-message-crc`, `truncated-frame`,
+`oversized-frame`, `headers-past-frame`.
+"""
+
+import argparse
+import base64
+import calendar
+import hashlib
+import hmac
+import json
+import os
+import re
+import struct
+import sys
+import time
+import zlib
+from urllib.parse import unquote
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+try:
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+except ImportError:
+    raise SystemExit("bedrock_stub: botocore is missing; run `make venv` and start the stub with .venv/bin/python")
+
+SERVICE = "bedrock"
+BEDROCK_VERSION = "bedrock-2023-05-31"
+ERROR_SUFFIX = ":http://internal.amazon.com/coral/com.amazon.bedrock/"
+ROUTE = re.compile(r"^/model/([^/?]+)/(invoke|invoke-with-response-stream)$")
+AMZ_DATE = re.compile(r"^\d{8}T\d{6}Z$")
+HOST = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
+MAX_SKEW_SECONDS = 15 * 60
+SIGNATURE_MISMATCH = ("The request signature we calculated does not match the signature you provided. "
+                      "Check your AWS Secret Access Key and signing method. Consult the service documentation for details.")
+BAD_TOKEN = "The security token included in the request is invalid."
+PADDING = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+MALFORMED = ("bad-prelude-crc", "bad-message-crc", "truncated-frame", "oversized-frame", "headers-past-frame")
+
+
+# MARK: Event-stream frames
+
+
+def encode_headers(headers):
+    out = bytearray()
+    for name, value in headers:
+        name_bytes, value_bytes = name.encode("utf-8"), value.encode("utf-8")
+        out += struct.pack(">B", len(name_bytes)) + name_bytes
+        out += struct.pack(">BH", 7, len(value_bytes)) + value_bytes
+    return bytes(out)
+
+
+def frame(headers, payload, headers_length=None, total_length=None):
+    """One event-stream message; the two lengths can be overridden (CRCs stay right)."""
+    header_bytes = encode_headers(headers)
+    total = total_length if total_length is not None else 12 + len(header_bytes) + len(payload) + 4
+    hlen = headers_length if headers_length is not None else len(header_bytes)
+    prelude = struct.pack(">II", total, hlen)
+    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + header_bytes + payload
+    return message + struct.pack(">I", zlib.crc32(message))
+
+
+def chunk_frame(data, index):
+    payload = json.dumps({"bytes": base64.b64encode(data).decode("ascii"),
+                          "p": PADDING[:1 + (index * 11) % len(PADDING)]}, separators=(",", ":")).encode("utf-8")
+    return frame([(":event-type", "chunk"), (":content-type", "application/json"), (":message-type", "event")], payload)
+
+
+def exception_frame(exception_type, message):
+    payload = json.dumps({"message": message}, separators=(",", ":")).encode("utf-8")
+    return frame([(":exception-type", exception_type), (":content-type", "application/json"),
+                  (":message-type", "exception")], payload)
+
+
+def flip_u32(data, at):
+    return data[:at] + struct.pack(">I", struct.unpack(">I", data[at:at + 4])[0] ^ 0xDEADBEEF) + data[at + 4:]
+
+
+def malformed_frame(kind, data, index):
+    good = chunk_frame(data, index)
+    if kind == "bad-prelude-crc":
+        return flip_u32(good, 8)
+    if kind == "bad-message-crc":
+        return flip_u32(good, len(good) - 4)
+    if kind == "truncated-frame":
+        return good[:len(good) // 2]
+    if kind == "oversized-frame":
+        prelude = struct.pack(">II", 0x7FFFFFF0, 0)
+        return prelude + struct.pack(">I", zlib.crc32(prelude)) + b"\x00" * 16
+    if kind == "headers-past-frame":
+        headers = [(":event-type", "chunk"), (":content-type", "application/json"), (":message-type", "event")]
+        payload = good[12 + len(encode_headers(headers)):-4]
+        total = 12 + len(encode_headers(headers)) + len(payload) + 4
+        return frame(headers, payload, headers_length=total - 16 + 9, total_length=total)
+    raise ValueError(kind)
+
+
+# MARK: SigV4
+
+
+def canonical_uri_self_test():
+    """Bedrock is not S3: botocore encodes the (already encoded) path once more. Refuse to start
+    on a botocore that does otherwise, since every verification would then be wrong."""
+    signer = SigV4Auth(Credentials("AKID", "secret"), SERVICE, "us-east-1")
+    request = AWSRequest(method="POST", url="https://bedrock.invalid/model/a.b-v1%3A0/invoke", data=b"{}")
+    request.headers["host"] = "bedrock.invalid"
+    request.context["timestamp"] = "20240101T000000Z"
+    line = signer.canonical_request(request).split("\n")[1]
+    if line != "/model/a.b-v1%253A0/invoke":
+        raise SystemExit(f"bedrock_stub: this botocore's canonical URI is {line!r}, not the double-encoded one")
+
+
+class SignatureFailure(common.HTTPFailure):
+    def __init__(self, reason, error_type="InvalidSignatureException", message=SIGNATURE_MISMATCH):
+        super().__init__(403, message, kind=error_type, reason=reason)
+
+
+def parse_authorization(value):
+    scheme, _, rest = value.partition(" ")
+    if scheme != "AWS4-HMAC-SHA256":
+        raise SignatureFailure(f"Authorization scheme {scheme!r} is not AWS4-HMAC-SHA256",
+                               message=f"Authorization header is not AWS4-HMAC-SHA256: {value}")
+    fields = {}
+    for part in rest.split(","):
+        key, eq, val = part.strip().partition("=")
+        if not eq or key in fields:
+            raise SignatureFailure(f"malformed Authorization component {part.strip()!r}",
+                                   message=f"Authorization header is malformed: {value}")
+        fields[key] = val
+    missing = [k for k in ("Credential", "SignedHeaders", "Signature") if k not in fields]
+    if missing or len(fields) != 3:
+        raise SignatureFailure(f"Authorization lacks {missing} or has extra fields {sorted(fields)}",
+                               message=f"Authorization header is malformed: {value}")
+    return fields
+
+
+def verify_sigv4(handler, app, body, record):
+    """Raises SignatureFailure unless the request is signed for this stub's key, region and service."""
+    headers = handler.headers
+    values = headers.get_all("Authorization") or []
+    if len(values) != 1:
+        raise SignatureFailure(f"{len(values)} Authorization headers", message="Missing Authentication Token")
+    fields = parse_authorization(values[0])
+
+    scope = fields["Credential"].split("/")
+    if len(scope) != 5:
+        raise SignatureFailure(f"Credential {fields['Credential']!r} is not AKID/date/region/service/aws4_request",
+                               message="Credential should be scoped to a valid region.")
+    akid, scope_date, region, service, terminator = scope
+    record["access_key_id"] = akid
+    if not hmac.compare_digest(akid.encode(), app.access_key_id.encode()):
+        raise SignatureFailure(f"unknown access key id {akid!r}", error_type="UnrecognizedClientException", message=BAD_TOKEN)
+
+    dates = headers.get_all("X-Amz-Date") or []
+    if len(dates) != 1 or not AMZ_DATE.match(dates[0]):
+        raise SignatureFailure(f"X-Amz-Date {dates} is missing or not YYYYMMDDTHHMMSSZ",
+                               message="Authorization header requires existence of either a 'X-Amz-Date' or a 'Date' header.")
+    amz_date = dates[0]
+    if scope_date != amz_date[:8]:
+        raise SignatureFailure(f"credential scope date {scope_date} is not X-Amz-Date's {amz_date[:8]}")
+    if region != app.region:
+        raise SignatureFailure(f"credential scope region {region!r} is not {app.region!r}",
+                               message="Credential should be scoped to a valid region.")
+    if service != SERVICE:
+        raise SignatureFailure(f"credential scope service {service!r} is not {SERVICE!r}",
+                               message=f"Credential should be scoped to correct service: '{SERVICE}'.")
+    if terminator != "aws4_request":
+        raise SignatureFailure(f"credential scope terminator {terminator!r} is not aws4_request",
+                               message="Credential should be scoped with a valid terminator: 'aws4_request'")
+    try:
+        signed_at = calendar.timegm(time.strptime(amz_date, "%Y%m%dT%H%M%SZ"))
+    except ValueError:
+        raise SignatureFailure(f"X-Amz-Date {amz_date!r} is not a date",
+                               message="Date must be in ISO-8601 'basic format'.")
+    skew = time.time() - signed_at
+    record["clock_skew_seconds"] = round(skew)
+    if abs(skew) > MAX_SKEW_SECONDS:
+        raise SignatureFailure(f"X-Amz-Date {amz_date} is {round(skew)} s from now (15 min allowed)",
+                               message=f"Signature expired: {amz_date} is now earlier or later than the allowed 15 minutes.")
+
+    signed_text = fields["SignedHeaders"]
+    signed = signed_text.split(";")
+    if not signed_text or any(not name or name != name.lower() or name != name.strip() for name in signed):
+        raise SignatureFailure(f"SignedHeaders {signed_text!r} is malformed (lower case names, ';' between)")
+    for required in ("host", "x-amz-date"):
+        if required not in signed:
+            raise SignatureFailure(f"{required} is not among the signed headers {signed_text!r}")
+    absent = [name for name in signed if headers.get(name) is None]
+    if absent:
+        raise SignatureFailure(f"signed headers {absent} are not in the request")
+
+    tokens = headers.get_all("X-Amz-Security-Token") or []
+    if app.session_token is not None:
+        if len(tokens) != 1 or not hmac.compare_digest(tokens[0].encode(), app.session_token.encode()):
+            raise SignatureFailure(f"X-Amz-Security-Token is {'missing' if not tokens else 'not the configured session token'}",
+                                   error_type="UnrecognizedClientException", message=BAD_TOKEN)
+        if "x-amz-security-token" not in signed:
+            raise SignatureFailure("x-amz-security-token is not among the signed headers")
+    elif tokens:
+        raise SignatureFailure("X-Amz-Security-Token sent, but this stub has no session token",
+                               error_type="UnrecognizedClientException", message=BAD_TOKEN)
+
+    content_hashes = headers.get_all("X-Amz-Content-SHA256") or []
+    if content_hashes:
+        actual = hashlib.sha256(body).hexdigest()
+        if len(content_hashes) != 1 or content_hashes[0] != actual:
+            raise SignatureFailure(f"X-Amz-Content-SHA256 {content_hashes} is not sha256(body) {actual}",
+                                   message="The provided 'x-amz-content-sha256' header does not match what was computed.")
+
+    # The path exactly as it came, with the host the client signed.
+    target = handler.path
+    if not target.startswith("/") or any(ord(c) > 126 or ord(c) < 33 for c in target):
+        raise SignatureFailure(f"request target {target!r} is not an origin-form ASCII path")
+    host = headers.get_all("Host") or []
+    if len(host) != 1 or not HOST.match(host[0]):
+        raise SignatureFailure(f"Host header {host} is missing, repeated or not a host[:port]")
+    request = AWSRequest(method=handler.command, url=f"https://{host[0]}{target}", data=body)
+    for name in signed:
+        for value in headers.get_all(name):
+            request.headers[name] = value  # HTTPMessage: a repeated name keeps every value
+    request.context["timestamp"] = amz_date
+    signer = SigV4Auth(Credentials(akid, app.secret, app.session_token), SERVICE, region)
+    botocore_signed = signer.signed_headers(signer.headers_to_sign(request))
+    if botocore_signed != signed_text:
+        refused = sorted(set(signed) - set(botocore_signed.split(";")))
+        raise SignatureFailure(f"botocore signs {botocore_signed!r}, the client signed {signed_text!r}"
+                               + (f" (botocore never signs {refused})" if refused else " (names must be sorted and unique)"))
+    canonical = signer.canonical_request(request)
+    string_to_sign = signer.string_to_sign(request, canonical)
+    expected = signer.signature(string_to_sign, request)
+    if not hmac.compare_digest(expected.encode(), fields["Signature"].encode()):
+        record["canonical_request"] = canonical
+        record["string_to_sign"] = string_to_sign
+        raise SignatureFailure(f"signature mismatch: expected {expected}, got {fields['Signature']}")
+
+
+# MARK: The app
+
+
+def read_secret(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()
+
+
+class BedrockApp(common.App):
+    def __init__(self, args):
+        super().__init__(args)
+        self.region = args.region
+        self.access_key_id = args.access_key_id
+        self.secret = read_secret(args.secret_key_file)
+        self.session_token = read_secret(args.session_token_file) if args.session_token_file else None
+
+
+def error_type_for(status):
+    """The Bedrock status and exception for an Anthropic stub's status."""
+    if status == 400 or status == 413:
+        return 400, "ValidationException"
+    if status in (401, 403):
+        return 403, "AccessDeniedException"
+    if status == 404:
+        return 404, "ResourceNotFoundException"
+    if status == 408:
+        return 408, "ModelTimeoutException"
+    if status == 429:
+        return 429, "ThrottlingException"
+    if status in (503, 529):
+        return 503, "ServiceUnavailableException"
+    if 400 <= status < 500:
+        return 400, "ValidationException"
+    return 500, "InternalServerException"
+
+
+def upstream_message(data):
+    try:
+        message = json.loads(data)["error"]["message"]
+        if isinstance(message, str):
+            return message
+    except (ValueError, KeyError, TypeError):
+        pass
+    return data[:500].decode("utf-8", "replace")
+
+
+class BedrockHandler(common.StubHandler):
+    server_version = "bedrock-stub"
+
+    def send_failure(self, failure):
+        kind = failure.kind or "ValidationException"
+        status = failure.status
+        if kind == "upstream":  # the Anthropic stub unreachable or failing: Bedrock's own 500
+            kind, status = "InternalServerException" + ERROR_SUFFIX, 500
+        elif "Exception" not in kind:
+            kind = "ValidationException"
+        headers = [("x-amzn-RequestId", common.request_id()), ("x-amzn-ErrorType", kind)] + failure.headers
+        self.send_whole(status, {"message": failure.message}, headers)
+
+    def model_failure(self, status, error_type, message, headers=()):
+        """A refusal in the model's name: the ErrorType carries the coral suffix, as Bedrock's do."""
+        return common.HTTPFailure(status, message, kind=error_type + ERROR_SUFFIX, headers=headers)
+
+    def route(self, record):
+        raw_path = self.path.split("?", 1)[0]
+        match = ROUTE.match(raw_path)
+        if self.command != "POST" or not match:
+            raise common.HTTPFailure(404, None, kind="UnknownOperationException",
+                                     reason=f"no route for {self.command} {raw_path}")
+        raw_model, operation = match.groups()
+        streaming = operation == "invoke-with-response-stream"
+        model_id = unquote(raw_model)
+        record.update(model=model_id, model_id_raw=raw_model, stream=streaming, operation=operation)
+
+        body = self.read_body(self.app.max_body)
+        verify_sigv4(self, self.app, body, record)
+        record["verified"] = True
+
+        try:
+            parsed = json.loads(body)
+        except ValueError as error:
+            raise common.HTTPFailure(400, f"Malformed input request: {error}, please reformat your input and try again.",
+                                     kind="ValidationException")
+        record["body"] = parsed
+        if not isinstance(parsed, dict):
+            raise common.HTTPFailure(400, "Malformed input request: expected type: JSONObject, please reformat your input and try again.",
+                                     kind="ValidationException")
+        if parsed.get("anthropic_version") != BEDROCK_VERSION:
+            raise common.HTTPFailure(400, f"Malformed input request: #/anthropic_version: must be {BEDROCK_VERSION!r}, "
+                                     "please reformat your input and try again.", kind="ValidationException")
+        extraneous = [key for key in ("model", "stream") if key in parsed]
+        if extraneous:
+            raise common.HTTPFailure(400, f"Malformed input request: #: extraneous key [{extraneous[0]}] is not permitted, "
+                                     "please reformat your input and try again.", kind="ValidationException")
+        betas = parsed.get("anthropic_beta")
+        if betas is not None and not (isinstance(betas, list) and all(isinstance(b, str) for b in betas)):
+            raise common.HTTPFailure(400, "Malformed input request: #/anthropic_beta: expected type: JSONArray of strings, "
+                                     "please reformat your input and try again.", kind="ValidationException")
+
+        if "throttle" in model_id:
+            record["behaviour"] = "throttle"
+            raise self.model_failure(429, "ThrottlingException", "Too many requests, please wait before trying again.",
+                                     headers=[("retry-after", "7")])
+        if "unavailable" in model_id:
+            record["behaviour"] = "unavailable"
+            raise self.model_failure(503, "ServiceUnavailableException", "Bedrock is unable to process your request.")
+        if "not-ready" in model_id:
+            record["behaviour"] = "not-ready"
+            raise self.model_failure(429, "ModelNotReadyException",
+                                     "Model is not ready to serve inference requests. The SDK will automatically retry the operation.")
+
+        forward = {"model": model_id}
+        forward.update((k, v) for k, v in parsed.items() if k not in ("anthropic_version", "anthropic_beta"))
+        if streaming:
+            forward["stream"] = True
+        upstream_body = json.dumps(forward, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        upstream_headers = self.app.upstream.headers(",".join(betas) if betas else None)
+
+        with common.Exchange(self, self.app.upstream, upstream_body, upstream_headers) as exchange:
+            status = exchange.response.status
+            record["upstream_status"] = status
+            if status != 200:
+                data = self.read_upstream_error(exchange)
+                mapped, error_type = error_type_for(status)
+                headers = []
+                if status == 429 and exchange.response.getheader("retry-after"):
+                    headers.append(("retry-after", exchange.response.getheader("retry-after")))
+                raise self.model_failure(mapped, error_type, upstream_message(data), headers=headers)
+            if streaming:
+                self.relay_stream(exchange, model_id, record)
+            else:
+                self.relay_whole(exchange, record)
+
+    def read_upstream_error(self, exchange):
+        try:
+            return exchange.read_all()
+        except common.UpstreamBroken as error:
+            return f"the model's error answer was cut short: {error}".encode()
+
+    def relay_whole(self, exchange, record):
+        try:
+            data = exchange.read_all()
+        except common.UpstreamBroken as error:
+            raise self.model_failure(500, "InternalServerException", "The model's answer ended early.") from error
+        headers = [("x-amzn-RequestId", common.request_id())]
+        try:
+            usage = json.loads(data).get("usage") or {}
+            headers += [("X-Amzn-Bedrock-Input-Token-Count", str(int(usage["input_tokens"]))),
+                        ("X-Amzn-Bedrock-Output-Token-Count", str(int(usage["output_tokens"])))]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass
+        self.send_whole(200, data, headers)
+
+    def relay_stream(self, exchange, model_id, record):
+        content_type = exchange.response.getheader("content-type", "")
+        if not content_type.startswith("text/event-stream"):
+            raise self.model_failure(500, "InternalServerException", f"The model streamed {content_type!r}, not events.")
+        behaviour = next((b for b in ("midstream-exception",) + MALFORMED if b in model_id), None)
+        record["behaviour"] = behaviour
+        self.start_chunked(200, [("x-amzn-RequestId", common.request_id()),
+                                 ("X-Amzn-Bedrock-Content-Type", "application/json")],
+                           content_type="application/vnd.amazon.eventstream")
+        reader = common.SSEReader()
+        sent = 0
+        record["frames"] = 0
+
+        def finish_early(last):
+            self.send_chunk(last)
+            record["frames"] = sent + 1
+            exchange.abandon()
+            record["abandoned"] = True
+            self.end_chunked()
+
+        try:
+            for piece in exchange.chunks():
+                for _name, data in reader.feed(piece):
+                    if behaviour in MALFORMED and sent == 2:
+                        return finish_early(malformed_frame(behaviour, data, sent))
+                    self.send_chunk(chunk_frame(data, sent))
+                    sent += 1
+                    record["frames"] = sent
+                    if behaviour == "midstream-exception" and sent == 3:
+                        return finish_early(exception_frame("throttlingException",
+                                                            "Too many tokens, please wait before trying again."))
+        except common.UpstreamBroken as error:
+            record["reason"] = f"the Anthropic stub's stream broke: {error}"
+            record["upstream_broken"] = True
+            self.abort()
+            return
+        if behaviour in MALFORMED:
+            return finish_early(malformed_frame(behaviour, b'{"type":"ping"}', sent))
+        if behaviour == "midstream-exception":
+            return finish_early(exception_frame("throttlingException", "Too many tokens, please wait before trying again."))
+        self.end_chunked()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common.add_common_arguments(parser)
+    parser.add_argument("--region", required=True)
+    parser.add_argument("--access-key-id", required=True)
+    parser.add_argument("--secret-key-file", required=True, help="file holding the secret access key")
+    parser.add_argument("--session-token-file", help="file holding the session token; requests must then carry and sign it")
+    canonical_uri_self_test()
+    common.run("bedrock_stub", parser, BedrockApp, BedrockHandler)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Google Vertex AI's Claude endpoints and Google's OAuth token endpoint, over TLS, for tests.
+
+`POST /token` takes a service account's signed JWT (the jwt-bearer grant) and checks it itself
+(RS256 with the account's public key, its issuer, scope, audience and times); the access tokens
+it grants are the only ones `rawPredict` and `streamRawPredict` accept. Those turn the Vertex
+body into a Messages API request for the Anthropic stub and relay its answer unchanged.
+
+    vertex_stub.py --cert server.pem --key server.key \\
+        --anthropic-url http://127.0.0.1:PORT --anthropic-key KEY \\
+        --project P --region R --client-email SA@P.iam.gserviceaccount.com \\
+        (--public-key-file sa-public.pem | --service-account-file sa.json) \\
+        [--token-lifetime SECONDS] [--log requests.jsonl] [--port N]
+
+It prints `PORT <n>` once listening. For tests: `POST /_stub/token-endpoint?fail=1` makes
+`/token` answer 500 until `?fail=0`; `GET /_stub/stats` counts grants, requests and cancellations.
+A model whose name contains `throttle` is refused with 429 without forwarding.
+"""
+
+import argparse
+import base64
+import binascii
+import json
+import os
+import re
+import secrets
+import sys
+import threading
+import time
+from urllib.parse import parse_qs, unquote
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+try:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+except ImportError:
+    raise SystemExit("vertex_stub: cryptography is missing; run `make venv` and start the stub with .venv/bin/python")
+
+VERTEX_VERSION = "vertex-2023-10-16"
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+MAX_TOKEN_LIFETIME = 3600
+CLOCK_LEEWAY = 60
+PREDICT = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/publishers/anthropic/models/([^/:]+?)"
+                     r"(?::|%3[Aa])(rawPredict|streamRawPredict)$")
+BASE64URL = re.compile(r"^[A-Za-z0-9_-]*$")
+GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 501: "UNIMPLEMENTED",
+                 502: "INTERNAL", 503: "UNAVAILABLE"}
+
+
+def google_error(code, message, status=None):
+    return {"error": {"code": code, "message": message, "status": status or GOOGLE_STATUS.get(code, "UNKNOWN")}}
+
+
+class GrantRefused(Exception):
+    pass
+
+
+def b64url(part, what):
+    if not BASE64URL.match(part) or len(part) % 4 == 1:
+        raise GrantRefused(f"Invalid JWT: the {what} is not base64url")
+    try:
+        return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+    except (binascii.Error, ValueError):
+        raise GrantRefused(f"Invalid JWT: the {what} is not base64url")
+
+
+def verify_assertion(assertion, public_key, client_email, audiences, now):
+    """The claims of a valid service-account assertion, else GrantRefused saying why."""
+    parts = assertion.split(".")
+    if len(parts) != 3:
+        raise GrantRefused(f"Invalid JWT: {len(parts)} parts, not 3")
+    try:
+        header = json.loads(b64url(parts[0], "header"))
+        claims = json.loads(b64url(parts[1], "claim set"))
+    except ValueError:
+        raise GrantRefused("Invalid JWT: header or claim set is not JSON")
+    if not isinstance(header, dict) or not isinstance(claims, dict):
+        raise GrantRefused("Invalid JWT: header and claim set must be JSON objects")
+    if header.get("alg") != "RS256":
+        raise GrantRefused(f"Invalid JWT: alg {header.get('alg')!r} is not RS256")
+    if "typ" in header and header["typ"] != "JWT":
+        raise GrantRefused(f"Invalid JWT: typ {header['typ']!r} is not JWT")
+    signature = b64url(parts[2], "signature")
+    try:
+        public_key.verify(signature, f"{parts[0]}.{parts[1]}".encode("ascii"), padding.PKCS1v15(), hashes.SHA256())
+    except InvalidSignature:
+        raise GrantRefused("Invalid JWT Signature.")
+    if claims.get("iss") != client_email:
+        raise GrantRefused(f"Invalid JWT: iss {claims.get('iss')!r} is not {client_email!r}")
+    scope = claims.get("scope")
+    if not isinstance(scope, str) or CLOUD_PLATFORM not in scope.split(" "):
+        raise GrantRefused(f"Invalid OAuth scope: {scope!r} lacks {CLOUD_PLATFORM}")
+    if claims.get("aud") not in audiences:
+        raise GrantRefused(f"Invalid JWT: aud {claims.get('aud')!r} is not {audiences[0]!r}")
+    iat, exp = claims.get("iat"), claims.get("exp")
+    if type(iat) is not int or type(exp) is not int:
+        raise GrantRefused("Invalid JWT: iat and exp must be integers")
+    if not 0 < exp - iat <= MAX_TOKEN_LIFETIME:
+        raise GrantRefused(f"Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. "
+                           f"exp - iat is {exp - iat} s")
+    if iat > now + CLOCK_LEEWAY:
+        raise GrantRefused(f"Invalid JWT: iat {iat} is {iat - now} s in the future")
+    if exp <= now:
+        raise GrantRefused(f"Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. "
+                           f"It expired {now - exp} s ago")
+    return header, claims
+
+
+class VertexApp(common.App):
+    def __init__(self, args):
+        super().__init__(args)
+        self.project = args.project
+        self.region = args.region
+        self.lifetime = args.token_lifetime
+        client_email = args.client_email
+        if args.service_account_file:
+            with open(args.service_account_file, encoding="utf-8") as f:
+                account = json.load(f)
+            key = serialization.load_pem_private_key(account["private_key"].encode(), password=None)
+            self.public_key = key.public_key()
+            client_email = client_email or account.get("client_email")
+        elif args.public_key_file:
+            with open(args.public_key_file, "rb") as f:
+                self.public_key = serialization.load_pem_public_key(f.read())
+        else:
+            raise SystemExit("vertex_stub: --public-key-file or --service-account-file is required")
+        if not isinstance(self.public_key, rsa.RSAPublicKey):
+            raise SystemExit("vertex_stub: the service account's key must be RSA")
+        if not client_email:
+            raise SystemExit("vertex_stub: --client-email is required (or a client_email in --service-account-file)")
+        self.client_email = client_email
+        self.lock = threading.Lock()
+        self.tokens = {}  # access token -> monotonic expiry
+        self.token_endpoint_fails = False
+
+    def audiences(self):
+        return [f"https://127.0.0.1:{self.port}/token", f"https://localhost:{self.port}/token"]
+
+    def grant(self):
+        token = "ya29.stub-" + secrets.token_urlsafe(24)
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = {t: e for t, e in self.tokens.items() if e > now}
+            self.tokens[token] = now + self.lifetime
+        self.log.count("grants")
+        return token
+
+    def token_state(self, token):
+        with self.lock:
+            expiry = self.tokens.get(token)
+        if expiry is None:
+            return "unknown"
+        return "valid" if time.monotonic() < expiry else "expired"
+
+
+class VertexHandler(common.StubHandler):
+    server_version = "vertex-stub"
+
+    def send_failure(self, failure):
+        kind = failure.kind or ""
+        headers = list(failure.headers)
+        if kind.startswith("oauth:"):
+            body = {"error": kind[len("oauth:"):], "error_description": failure.message}
+            if kind == "oauth:internal_failure":
+                body = {"error": "internal_failure"}
+        elif kind == "upstream":  # the Anthropic stub unreachable or failing
+            failure.status = 503
+            body = google_error(503, "The service is currently unavailable.")
+        else:
+            body = google_error(failure.status, failure.message)
+        if failure.status == 401 and not kind.startswith("oauth:"):
+            headers.append(("WWW-Authenticate", 'Bearer realm="https://accounts.google.com/", error="invalid_token"'))
+        self.send_whole(failure.status, body, headers, content_type="application/json; charset=UTF-8")
+
+    def route(self, record):
+        path, _, query = self.path.partition("?")
+        if path == "/token":
+            return self.token(record)
+        if path == "/_stub/token-endpoint" and self.command == "POST":
+            self.read_body(self.app.max_body)
+            fail = parse_qs(query).get("fail", ["1"])[-1]
+            self.app.token_endpoint_fails = fail not in ("0", "false", "")
+            record.update(control=True, verified=True)
+            return self.send_whole(200, {"token_endpoint_fails": self.app.token_endpoint_fails})
+        if path == "/_stub/stats" and self.command == "GET":
+            record.update(control=True, verified=True)
+            log = self.app.log
+            return self.send_whole(200, {"grants": log.get("grants"), "requests": log.get("requests"),
+                                         "cancelled": log.get("cancelled"), "token_requests": log.get("token_requests")})
+        match = PREDICT.match(path)
+        if self.command != "POST" or not match:
+            raise common.HTTPFailure(404, f"The requested URL {path} was not found on this server.",
+                                     reason=f"no route for {self.command} {path}")
+        return self.predict(record, *match.groups())
+
+    # MARK: OAuth
+
+    def token(self, record):
+        record["grant"] = True
+        self.app.log.count("token_requests")
+        if self.command != "POST":
+            raise common.HTTPFailure(405, "POST only", kind="oauth:invalid_request")
+        body = self.read_body(self.app.max_body)
+        if self.app.token_endpoint_fails:
+            raise common.HTTPFailure(500, "", kind="oauth:internal_failure", reason="scripted token endpoint failure")
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type != "application/x-www-form-urlencoded":
+            raise common.HTTPFailure(400, f"Content-Type {content_type!r} is not application/x-www-form-urlencoded",
+                                     kind="oauth:invalid_request")
+        try:
+            form = parse_qs(body.decode("ascii"), keep_blank_values=True, strict_parsing=True)
+        except (UnicodeDecodeError, ValueError):
+            raise common.HTTPFailure(400, "the body is not a form", kind="oauth:invalid_request")
+        record["body"] = {k: (v if k != "assertion" else [f"<{len(x)} characters>" for x in v]) for k, v in form.items()}
+        if form.get("grant_type") != [JWT_BEARER]:
+            raise common.HTTPFailure(400, f"Invalid grant_type: {form.get('grant_type')}", kind="oauth:unsupported_grant_type")
+        assertions = form.get("assertion") or []
+        if len(assertions) != 1:
+            raise common.HTTPFailure(400, "exactly one assertion is required", kind="oauth:invalid_request")
+        try:
+            header, claims = verify_assertion(assertions[0], self.app.public_key, self.app.client_email,
+                                              self.app.audiences(), int(time.time()))
+        except GrantRefused as refusal:
+            raise common.HTTPFailure(400, str(refusal), kind="oauth:invalid_grant")
+        record.update(verified=True, jwt_header=header, claims=claims)
+        token = self.app.grant()
+        self.send_whole(200, {"access_token": token, "expires_in": self.app.lifetime, "token_type": "Bearer"},
+                        content_type="application/json; charset=utf-8")
+
+    # MARK: Claude on Vertex
+
+    def predict(self, record, raw_project, raw_region, raw_model, method):
+        self.app.log.count("requests")
+        streaming = method == "streamRawPredict"
+        model = unquote(raw_model)
+        record.update(model=model, stream=streaming, method_name=method)
+        body = self.read_body(self.app.max_body)
+
+        values = self.headers.get_all("Authorization") or []
+        scheme, _, token = (values[0] if len(values) == 1 else "").partition(" ")
+        state = self.app.token_state(token.strip()) if scheme.lower() == "bearer" else "missing"
+        if state != "valid":
+            raise common.HTTPFailure(401, "Request had invalid authentication credentials. Expected OAuth 2 access token, "
+                                     "login cookie or other valid authentication credential.",
+                                     reason=f"access token {state}")
+        record["verified"] = True
+        if unquote(raw_project) != self.app.project:
+            raise common.HTTPFailure(404, f"Project `{unquote(raw_project)}` not found or the caller lacks access to it.")
+        if unquote(raw_region) != self.app.region:
+            raise common.HTTPFailure(404, f"Publisher model in location `{unquote(raw_region)}` was not found.")
+
+        try:
+            parsed = json.loads(body)
+        except ValueError as error:
+            raise common.HTTPFailure(400, f"Invalid JSON payload received. {error}")
+        record["body"] = parsed
+        if not isinstance(parsed, dict):
+            raise common.HTTPFailure(400, "Invalid JSON payload received. The body must be an object.")
+        if parsed.get("anthropic_version") != VERTEX_VERSION:
+            raise common.HTTPFailure(400, f"anthropic_version: must be {VERTEX_VERSION!r}")
+        if "model" in parsed:
+            raise common.HTTPFailure(400, "model: the model is named in the URL, not in the body")
+        if "throttle" in model:
+            record["behaviour"] = "throttle"
+            raise common.HTTPFailure(429, "Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model "
+                                     f"with base model: {model}. Please submit a quota increase request.")
+
+        forward = {"model": model}
+        forward.update((k, v) for k, v in parsed.items() if k != "anthropic_version")
+        if streaming:
+            forward["stream"] = True
+        upstream_body = json.dumps(forward, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        betas = self.headers.get_all("anthropic-beta") or []
+        upstream_headers = self.app.upstream.headers(",".join(betas) if betas else None)
+
+        with common.Exchange(self, self.app.upstream, upstream_body, upstream_headers) as exchange:
+            response = exchange.response
+            record["upstream_status"] = response.status
+            headers = [("retry-after", response.getheader("retry-after"))] if response.getheader("retry-after") else []
+            content_type = response.getheader("content-type") or "application/json"
+            if not content_type.startswith("text/event-stream"):
+                try:
+                    data = exchange.read_all()
+                except common.UpstreamBroken as error:
+                    raise common.HTTPFailure(500, "Internal error encountered.", reason=f"upstream answer cut short: {error}")
+                return self.send_whole(response.status, data, headers, content_type=content_type)
+            self.start_chunked(response.status, headers, content_type=content_type)
+            try:
+                for piece in exchange.chunks():
+                    self.send_chunk(piece)
+            except common.UpstreamBroken as error:
+                record["reason"] = f"the Anthropic stub's stream broke: {error}"
+                record["upstream_broken"] = True
+                self.abort()
+                return
+            self.end_chunked()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common.add_common_arguments(parser)
+    parser.add_argument("--project", required=True)
+    parser.add_argument("--region", required=True)
+    parser.add_argument("--public-key-file", help="PEM public key of the service account")
+    parser.add_argument("--service-account-file", help="service account JSON; its private_key gives the public key")
+    parser.add_argument("--client-email", help="the service account's email, the JWT's iss")
+    parser.add_argument("--token-lifetime", type=int, default=3600, help="seconds an access token is valid (default 3600)")
+    common.run("vertex_stub", parser, VertexApp, VertexHandler)
+
+
+if __name__ == "__main__":
+    main()
