@@ -34,7 +34,7 @@ let package = Package(
         // Service.
         // Services that run in the background and stop in order (listeners, flushes, jobs).
         .target(name: "Lifecycle"),
-        .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "Lifecycle"]),
+        .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "Lifecycle", "CloudUpstreams"]),
         .target(name: "StoreRecords", dependencies: ["TokenService", "AttestCrypto", "AppAttest", "AttestWire"]),
         .target(name: "SQLiteStore", dependencies: ["TokenService", "StoreRecords", "AttestCrypto", "AttestWire", "CSQLite", "Lifecycle"]),
         // `TokenStore` on PostgreSQL through libpq, for several attestd instances on one database.
@@ -114,7 +114,8 @@ let package = Package(
 
         .testTarget(name: "CBORTests", dependencies: ["CBOR"]),
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR", "AttestWire"]),
-        .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire", "AppAttest", "CBOR"]),
+        .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire", "AppAttest", "CBOR",
+                                                            "UpstreamStub"]),
         .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "HTTPRouting", "RelayRoutes", "ExchangeRoutes", "AdminRoutes", "AttestDaemon", "Lifecycle", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
                                                          "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub", "PostgresTestSupport",
                                                          "RawHTTP", "EventLoops", "WebDriver"]),
@@ -123,7 +124,7 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "RawHTTP", "EventLoops"]),
         .testTarget(name: "EventLoopsTests", dependencies: ["EventLoops"]),
         .testTarget(name: "HTTPClientTests", dependencies: ["HTTPClient", "HTTPServer"]),
-        .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService", "ProcessCPU"]),
+        .testTarget(name: "CLITests", dependencies: ["SQLiteStore", "TokenService", "ProcessCPU", "UpstreamStub"]),
         .testTarget(name: "UpstreamClientTests", dependencies: ["UpstreamClient", "UpstreamStub"]),
         .testTarget(name: "CloudUpstreamsTests", dependencies: ["CloudUpstreams", "COpenSSL"]),
         .testTarget(name: "AppleDataServiceTests", dependencies: ["AppleDataService", "AttestCrypto", "AttestWire", "UpstreamClient", "UpstreamStub"]),

@@ -36,7 +36,8 @@ public enum GoogleServiceAccountError: Error, Equatable, Sendable, CustomStringC
 /// A service account from its JSON key file. Error texts and `description` never carry the key.
 public struct GoogleServiceAccount: Sendable, CustomStringConvertible {
     public let clientEmail: String
-    public let privateKeyID: String
+    /// The key's ID, sent as the JWT's `kid` when the file has one.
+    public let privateKeyID: String?
     public let tokenURI: String
     public let projectID: String?
     private let key: RSASigningKey
@@ -56,19 +57,19 @@ public struct GoogleServiceAccount: Sendable, CustomStringConvertible {
         let type = String(decoding: try field("type"), as: UTF8.self)
         guard type == "service_account" else { throw .wrongType(String(type.prefix(40))) }
         clientEmail = String(decoding: try field("client_email"), as: UTF8.self)
-        privateKeyID = String(decoding: try field("private_key_id"), as: UTF8.self)
+        privateKeyID = strings["private_key_id"].flatMap { $0.isEmpty ? nil : String(decoding: $0, as: UTF8.self) }
         tokenURI = String(decoding: try field("token_uri"), as: UTF8.self)
         projectID = strings["project_id"].map { String(decoding: $0, as: UTF8.self) }
         key = try RSASigningKey(pem: try field("private_key"))
     }
 
-    public var description: String { "GoogleServiceAccount(\(clientEmail), key \(privateKeyID))" }
+    public var description: String { "GoogleServiceAccount(\(clientEmail), key \(privateKeyID ?? "without an ID"))" }
 
     /// The signed JWT for the token request: RS256, `kid` the key's ID, claims `iss`, `scope`,
     /// `aud`, `iat` and `exp` = `iat` + `lifetime` (Google accepts at most an hour).
     public func assertion(scope: String, audience: String, issuedAt: Int, lifetime: Int = 3600) throws(GoogleServiceAccountError) -> String {
         guard (1...3600).contains(lifetime) else { throw .invalidLifetime(lifetime) }
-        let header = #"{"alg":"RS256","typ":"JWT","kid":"# + JSONScan.quoted(privateKeyID) + "}"
+        let header = #"{"alg":"RS256","typ":"JWT""# + (privateKeyID.map { #","kid":"# + JSONScan.quoted($0) } ?? "") + "}"
         let claims = #"{"iss":"# + JSONScan.quoted(clientEmail) + #","scope":"# + JSONScan.quoted(scope) + #","aud":"#
             + JSONScan.quoted(audience) + #","iat":\#(issuedAt),"exp":\#(issuedAt + lifetime)}"#
         let signingInput = CloudBase64.encodeURL(Array(header.utf8)) + "." + CloudBase64.encodeURL(Array(claims.utf8))

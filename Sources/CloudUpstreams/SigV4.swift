@@ -3,7 +3,8 @@ import AttestCrypto
 import COpenSSL
 import Foundation
 
-public struct AWSCredentials: Sendable, CustomStringConvertible {
+/// An AWS access key; its Codable form (snake-case members) is what a Bedrock workspace seals.
+public struct AWSCredentials: Sendable, Equatable, Codable, CustomStringConvertible {
     public var accessKeyID: String
     public var secretAccessKey: String
     public var sessionToken: String?
@@ -12,6 +13,12 @@ public struct AWSCredentials: Sendable, CustomStringConvertible {
         self.accessKeyID = accessKeyID
         self.secretAccessKey = secretAccessKey
         self.sessionToken = sessionToken
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case accessKeyID = "access_key_id"
+        case secretAccessKey = "secret_access_key"
+        case sessionToken = "session_token"
     }
 
     /// Never the secret or the token: credentials reach log lines by accident.

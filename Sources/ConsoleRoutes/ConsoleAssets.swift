@@ -96,6 +96,9 @@ enum ConsoleAssets {
     fieldset { border: 1px solid var(--line); border-radius: 6px; background: #fff; padding: 12px 16px; margin: 0 0 16px; min-width: 0; }
     fieldset.inline { background: transparent; }
     legend { font-weight: 600; padding: 0 4px; }
+    details { border: 1px solid var(--line); border-radius: 6px; background: #fff; padding: 10px 16px; margin: 12px 0; }
+    details[open] > summary { margin-bottom: 12px; }
+    summary { cursor: pointer; font-weight: 600; }
     .field { margin: 0 0 14px; max-width: 560px; }
     .field label { display: block; font-weight: 600; margin-bottom: 2px; }
     .field input, .field textarea, .field select { width: 100%; font: inherit; padding: 7px 9px; border: 1px solid #aab1bd; border-radius: 4px; background: #fff; }

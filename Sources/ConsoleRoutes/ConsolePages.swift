@@ -128,7 +128,8 @@ enum ConsolePages {
         let common: [(String, String?)] = [("id", name), ("name", name), ("aria-invalid", error == nil ? nil : "true"),
                                            ("aria-describedby", described.isEmpty ? nil : described)] + attributes
         let input = multiline
-            ? HTML.element("textarea", common + [("rows", "6")], HTML.text(value))
+            // Browsers post a textarea's lines with CRLF; a bare CR would show as U+FFFD when put back.
+            ? HTML.element("textarea", common + [("rows", "6")], HTML.text(value.replacingOccurrences(of: "\r\n", with: "\n")))
             : HTML.void("input", [("type", type), ("value", type == "password" ? nil : value)] + common)
         var out = HTML.element("label", [("for", name)], HTML.text(label))
         if let hint { out += HTML.element("p", [("class", "hint"), ("id", hintID)], HTML.text(hint)) }

@@ -18,6 +18,8 @@ public struct ConsoleRoutes: Sendable {
     public static let root = "/console/"
     /// Form bodies: a page's fields, 32 bundle IDs of 155 characters at most.
     static let formLimit = 16_384
+    /// A cloud upstream's form: a 16 KiB service-account key and 64 model mappings, percent-encoded.
+    static let cloudFormLimit = 65_536
 
     public init(admin: AdminService, secrets: SecretsKeySource?, trustedProxies: [CIDR] = [], trustedProxyHeader: ForwardingHeader = .xForwardedFor) {
         self.admin = admin
@@ -58,7 +60,9 @@ public struct ConsoleRoutes: Sendable {
             route("/integrations/{client_id}/revoke", get: { request in try IntegrationPages.revokeConfirmation(request, admin) },
                   post: { request in try IntegrationPages.revoke(request, admin) }),
             route("/settings", get: { request in try SettingsPage.render(request, admin) }),
-            route("/settings/upstream-key", post: { request in try SettingsPage.setUpstreamKey(request, admin, secrets) }),
+            route("/settings/upstream-key", post: { request in try UpstreamSettings.set(request, admin, secrets, .anthropic) }),
+            route("/settings/upstream-bedrock", bodyLimit: Self.cloudFormLimit, post: { request in try UpstreamSettings.set(request, admin, secrets, .bedrock) }),
+            route("/settings/upstream-vertex", bodyLimit: Self.cloudFormLimit, post: { request in try UpstreamSettings.set(request, admin, secrets, .vertex) }),
             route("/settings/members", post: { request in try SettingsPage.addMember(request, admin) }),
             route("/settings/members/remove", post: { request in try SettingsPage.removeMember(request, admin) }),
             // Any other path under the console: its own not-found page.
@@ -101,9 +105,9 @@ public struct ConsoleRoutes: Sendable {
     typealias Handler = @Sendable (ConsoleRequest) throws -> RouteOutcome
 
     /// A member's path: its page (GET) and/or its form (POST), behind `ConsoleMemberSession`.
-    func route(_ path: String, get: Handler? = nil, post: Handler? = nil) -> Route {
+    func route(_ path: String, bodyLimit: Int = formLimit, get: Handler? = nil, post: Handler? = nil) -> Route {
         let methods = (get == nil ? [] : ["GET"]) + (post == nil ? [] : ["POST"])
-        return member.route(methods, path, bodyLimit: post == nil ? 0 : Self.formLimit, handler: .answer { context in
+        return member.route(methods, path, bodyLimit: post == nil ? 0 : bodyLimit, handler: .answer { context in
             guard let request = context[ConsoleMember.self] else { throw ConsoleMemberSession.Missing() }
             return try (request.context.request.method == "POST" ? post : get)!(request)
         })

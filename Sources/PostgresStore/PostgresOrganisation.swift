@@ -47,10 +47,11 @@ extension PostgresTokenStore {
     public func setUpstreamKey(workspaceID: Int64, _ key: SealedUpstreamKey) throws {
         try run { db in
             _ = try db.query("""
-                INSERT INTO workspace_upstream_keys (workspace_id, sealed_key, last4, set_at, set_by) VALUES ($1, $2, $3, $4, $5)
+                INSERT INTO workspace_upstream_keys (workspace_id, sealed_key, last4, set_at, set_by, kind, settings) VALUES ($1, $2, $3, $4, $5, $6, $7)
                 ON CONFLICT (workspace_id) DO UPDATE SET sealed_key = excluded.sealed_key, last4 = excluded.last4,
-                  set_at = excluded.set_at, set_by = excluded.set_by
-                """, [.int(workspaceID), .bytes(key.sealed), .text(key.last4), Self.seconds(key.setAt), .text(key.setBy)])
+                  set_at = excluded.set_at, set_by = excluded.set_by, kind = excluded.kind, settings = excluded.settings
+                """, [.int(workspaceID), .bytes(key.sealed), .text(key.last4), Self.seconds(key.setAt), .text(key.setBy),
+                      .text(key.kind.rawValue), key.settingsColumn.map(PostgresValue.text) ?? .nullText])
         }
     }
 

@@ -34,10 +34,11 @@ extension SQLiteTokenStore {
 
     public func setUpstreamKey(workspaceID: Int64, _ key: SealedUpstreamKey) throws {
         _ = try write { try $0.run("""
-            INSERT INTO workspace_upstream_keys (workspace_id, sealed_key, last4, set_at, set_by) VALUES (?, ?, ?, ?, ?)
+            INSERT INTO workspace_upstream_keys (workspace_id, sealed_key, last4, set_at, set_by, kind, settings) VALUES (?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (workspace_id) DO UPDATE SET sealed_key = excluded.sealed_key, last4 = excluded.last4,
-              set_at = excluded.set_at, set_by = excluded.set_by
-            """, [.int(workspaceID), .blob(key.sealed), .text(key.last4), .real(key.setAt.timeIntervalSince1970), .text(key.setBy)]) }
+              set_at = excluded.set_at, set_by = excluded.set_by, kind = excluded.kind, settings = excluded.settings
+            """, [.int(workspaceID), .blob(key.sealed), .text(key.last4), .real(key.setAt.timeIntervalSince1970), .text(key.setBy),
+                  .text(key.kind.rawValue), key.settingsColumn.map(SQLValue.text) ?? .null]) }
     }
 
     public func upstreamKey(workspaceID: Int64) throws -> SealedUpstreamKey? {

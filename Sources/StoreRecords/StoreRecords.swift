@@ -36,12 +36,19 @@ public struct MissingColumn: Error, CustomStringConvertible {
     public var description: String { "the query selects no column \(column)" }
 }
 
+/// A stored value its decoder cannot accept (a row written by hand or by a newer version): the
+/// read fails with this, naming the column, rather than guessing.
+public struct InvalidStoredValue: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
 /// The columns each record is read from, by name, per capability. Both stores select exactly
 /// these names (with `AS` where an expression or a join provides one).
 public enum StoreColumns {
     // Organisation
     public static let workspace = ["id", "name"]
-    public static let sealedKey = ["sealed_key", "last4", "set_at", "set_by"]
+    public static let sealedKey = ["sealed_key", "last4", "set_at", "set_by", "kind", "settings"]
     // Integrations
     public static let policy = ["allowed_models", "max_tokens", "device_requests_per_minute", "monthly_token_budget", "allowed_server_tools",
                                 "max_server_tool_uses", "allowed_betas", "profile_requests_per_minute", "profile_monthly_token_budget"]
@@ -113,8 +120,26 @@ extension Workspace {
 
 extension SealedUpstreamKey {
     public init(row: some StoreRow) throws {
-        self.init(sealed: try row.bytes("sealed_key"), last4: try row.text("last4"), setAt: try row.date("set_at"), setBy: try row.text("set_by"))
+        let kindText = try row.text("kind")
+        guard let kind = UpstreamKind(rawValue: kindText) else {
+            throw InvalidStoredValue("workspace_upstream_keys.kind '\(kindText.prefix(40))' is none of "
+                                     + UpstreamKind.allCases.map(\.rawValue).joined(separator: ", "))
+        }
+        let settings = try row.optional("settings", row.text).map { text in
+            do { return try CloudUpstreamSettings.decode(text) } catch {
+                throw InvalidStoredValue("workspace_upstream_keys.settings of a \(kind.rawValue) upstream is not its settings' JSON: \(error)")
+            }
+        }
+        // The relay must never guess where a cloud workspace's requests go.
+        guard (settings == nil) == (kind == .anthropic) else {
+            throw InvalidStoredValue("workspace_upstream_keys.settings must be " + (kind == .anthropic ? "NULL" : "set") + " for a \(kind.rawValue) upstream")
+        }
+        self.init(sealed: try row.bytes("sealed_key"), last4: try row.text("last4"), setAt: try row.date("set_at"), setBy: try row.text("set_by"),
+                  kind: kind, settings: settings)
     }
+
+    /// The `settings` column's value (NULL for the Anthropic API).
+    public var settingsColumn: String? { settings?.encoded() }
 }
 
 extension IntegrationPolicy {

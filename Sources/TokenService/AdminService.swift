@@ -74,15 +74,25 @@ public final class AdminService: Sendable {
     /// key's last four characters, never the key.
     public func setUpstreamKey(actor: String, workspace name: String, key: String, secrets: SecretBox) throws {
         let key = try Validate.upstreamKey(key)
-        let workspace = try existingWorkspace(name)
-        _ = try requireRole(actor, in: workspace, "set the upstream key") { $0 == .primaryOwner || $0 == .owner }
-        let sealed = try secrets.seal(Array(key.utf8), associatedData: SealedUpstreamKey.associatedData(workspaceID: workspace.id))
         let last4 = String(key.suffix(4))
-        try store.setUpstreamKey(workspaceID: workspace.id, SealedUpstreamKey(sealed: sealed, last4: last4, setAt: now(), setBy: actor))
-        try audit(actor: actor, "workspace.upstream_key_set", detail: "\(workspace.name): key ending in \(last4)")
+        try setUpstream(actor: actor, workspace: name, what: "set the upstream key", kind: .anthropic, settings: nil, credentials: Array(key.utf8),
+                        last4: last4, secrets: secrets, action: "workspace.upstream_key_set", detail: "key ending in \(last4)")
     }
 
-    /// A workspace and what may be shown of its upstream key (whether set, when, by whom, last 4).
+    /// Replaces the workspace's one upstream row (whatever its kind) with `credentials` sealed to
+    /// the workspace; owners and the primary owner only; audited with `detail`, never the credentials.
+    func setUpstream(actor: String, workspace name: String, what: String, kind: UpstreamKind, settings: CloudUpstreamSettings?,
+                     credentials: [UInt8], last4: String, secrets: SecretBox, action: String, detail: String) throws {
+        let workspace = try existingWorkspace(name)
+        _ = try requireRole(actor, in: workspace, what) { $0 == .primaryOwner || $0 == .owner }
+        let sealed = try secrets.seal(credentials, associatedData: SealedUpstreamKey.associatedData(workspaceID: workspace.id))
+        try store.setUpstreamKey(workspaceID: workspace.id, SealedUpstreamKey(sealed: sealed, last4: last4, setAt: now(), setBy: actor,
+                                                                             kind: kind, settings: settings))
+        try audit(actor: actor, action, detail: "\(workspace.name): \(detail)")
+    }
+
+    /// A workspace and what may be shown of its upstream (whether set, its kind and settings, when,
+    /// by whom, last 4); the credentials stay sealed.
     public func workspaceDetails(_ name: String) throws -> (workspace: Workspace, upstreamKey: SealedUpstreamKey?) {
         let workspace = try existingWorkspace(name)
         return (workspace, try store.upstreamKey(workspaceID: workspace.id))

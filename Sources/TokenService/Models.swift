@@ -235,17 +235,27 @@ public struct TokenGrant: Sendable, Equatable {
 
 /// A workspace's upstream API key as stored: sealed (AES-256-GCM, bound to the workspace), with
 /// its last four characters and when and by whom it was set. The key itself is never stored.
+///
+/// For a cloud upstream (`kind` bedrock or vertex) the sealed bytes are its credentials (the AWS
+/// access key as `AWSAccessKey` JSON, or the Google service-account key file) and `settings` say
+/// where to send and which models map to which.
 public struct SealedUpstreamKey: Sendable, Equatable {
     public let sealed: [UInt8]
     public let last4: String
     public let setAt: Date
     public let setBy: String
+    public let kind: UpstreamKind
+    /// Nil for the Anthropic API.
+    public let settings: CloudUpstreamSettings?
 
-    public init(sealed: [UInt8], last4: String, setAt: Date, setBy: String) {
+    public init(sealed: [UInt8], last4: String, setAt: Date, setBy: String, kind: UpstreamKind = .anthropic,
+                settings: CloudUpstreamSettings? = nil) {
         self.sealed = sealed
         self.last4 = last4
         self.setAt = setAt
         self.setBy = setBy
+        self.kind = kind
+        self.settings = settings
     }
 
     /// The associated data a workspace's key is sealed with: a copy in another workspace's row does not open.

@@ -23,6 +23,14 @@ enum AdminCommands {
            attestctl workspaces create --actor EMAIL --name NAME
            attestctl workspaces show NAME [--json]
            attestctl workspaces set-upstream-key --actor EMAIL --workspace NAME --key-file FILE
+           attestctl workspaces set-upstream-bedrock --actor EMAIL --workspace NAME --region REGION --access-key-id ID
+             --secret-key-file FILE [--session-token-file FILE] [--endpoint-url URL] --model API_MODEL=BEDROCK_MODEL_ID [--model …]
+           attestctl workspaces set-upstream-vertex --actor EMAIL --workspace NAME --project PROJECT --region REGION
+             --service-account-file FILE [--endpoint-url URL] [--token-url URL] --model API_MODEL=VERTEX_MODEL [--model …]
+             the workspace's requests go to Amazon Bedrock or Google Vertex AI instead of the Anthropic API (set-upstream-key
+             switches back); --model maps each model devices may name to the cloud's ID (1 to 64; any other is refused);
+             --endpoint-url and --token-url: https://host[:port] (http:// only to a loopback address). The credentials
+             are sealed like an upstream key; show prints the kind, region or project, models and key_last4, never them
            attestctl apple-keys set --actor EMAIL [--workspace NAME] --team-id TEAMID --key-id KEYID --key-file AuthKey_KEYID.p8
              the team's App Attest data-service key (DeviceCheck enabled), with which attestd asks Apple for each
              device's fraud-risk metric; owners and above, audited, sealed under the secrets key like upstream keys
@@ -91,6 +99,8 @@ enum AdminCommands {
             case ("workspaces", "create"): try createWorkspace(Array(argv.dropFirst()))
             case ("workspaces", "show"): try showWorkspace(Array(argv.dropFirst()))
             case ("workspaces", "set-upstream-key"): try setUpstreamKey(Array(argv.dropFirst()))
+            case ("workspaces", "set-upstream-bedrock"): try setUpstreamBedrock(Array(argv.dropFirst()))
+            case ("workspaces", "set-upstream-vertex"): try setUpstreamVertex(Array(argv.dropFirst()))
             case ("apple-keys", "set"): try setAppleKey(Array(argv.dropFirst()))
             case ("apple-keys", "list"): try listAppleKeys(Array(argv.dropFirst()))
             case ("integrations", "create"): try createIntegration(Array(argv.dropFirst()))
@@ -201,19 +211,41 @@ enum AdminCommands {
         let arguments = try parse(argv, options: [], flags: ["json"], positional: 1)
         let (service, _) = try open(arguments)
         let (workspace, key) = try service.workspaceDetails(arguments.positional[0])
-        var upstream: [String: Any] = ["set": key != nil]
+        var upstreamKey: [String: Any] = ["set": key != nil]
         if let key {
-            upstream["set_at"] = iso8601(key.setAt)
-            upstream["set_by"] = key.setBy
-            upstream["last4"] = key.last4
+            upstreamKey["set_at"] = iso8601(key.setAt)
+            upstreamKey["set_by"] = key.setBy
+            upstreamKey["last4"] = key.last4
         }
+        let upstream = upstreamRecord(key)
         if arguments.has("json") {
-            printJSON(["workspace": workspace.name, "upstream_key": upstream])
-        } else if let key {
-            print("workspace \(workspace.name): upstream key set \(iso8601(key.setAt)) by \(key.setBy), ending in \(key.last4)")
+            printJSON(["workspace": workspace.name, "upstream_key": upstreamKey, "upstream": upstream])
+            return
+        }
+        if let key {
+            let what = key.kind == .anthropic ? "upstream key" : "upstream \(key.kind.rawValue)"
+            print("workspace \(workspace.name): \(what) set \(iso8601(key.setAt)) by \(key.setBy), ending in \(key.last4)")
         } else {
             print("workspace \(workspace.name): no upstream key (attestd uses --upstream-key-file, if given)")
         }
+        // The same fields as --json's "upstream", one a line, those that are set.
+        for name in ["kind", "region", "project", "endpoint_url", "token_url", "client_email", "models", "key_last4", "set_at", "set_by"] {
+            switch upstream[name] {
+            case let models as [String: String]: print("models: " + models.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
+            case let value as String: print("\(name): \(value)")
+            default: break
+            }
+        }
+    }
+
+    /// `workspaces show`'s "upstream": where requests go and what may be shown of the key; never a credential.
+    static func upstreamRecord(_ key: SealedUpstreamKey?) -> [String: Any] {
+        let settings = key?.settings
+        func value(_ text: String?) -> Any { text ?? NSNull() }
+        return ["kind": (key?.kind ?? .anthropic).rawValue, "region": value(settings?.region), "project": value(settings?.project),
+                "endpoint_url": value(settings?.endpointURL), "token_url": value(settings?.tokenURL), "client_email": value(settings?.clientEmail),
+                "models": settings?.models ?? NSNull(), "key_last4": value(key?.last4), "set_at": value(key.map { iso8601($0.setAt) }),
+                "set_by": value(key?.setBy)]
     }
 
     static func setUpstreamKey(_ argv: [String]) throws {
@@ -223,11 +255,62 @@ enum AdminCommands {
         let keyPath = try arguments.required("key-file")
         guard let data = FileManager.default.contents(atPath: keyPath) else { throw UsageError("--key-file: cannot read \(keyPath)") }
         let (service, _) = try open(arguments)
-        let secrets: SecretBox
-        do { secrets = try SecretsKeyFile.load(try secretsKeyPath(arguments)) } catch { throw UsageError("\(error)") }
-        try service.setUpstreamKey(actor: actor, workspace: workspace, key: String(decoding: data, as: UTF8.self), secrets: secrets)
+        try service.setUpstreamKey(actor: actor, workspace: workspace, key: String(decoding: data, as: UTF8.self), secrets: try secretBox(arguments))
         let (_, key) = try service.workspaceDetails(workspace)
         print("set the upstream key of \(workspace), ending in \(key?.last4 ?? "?")")
+    }
+
+    static func setUpstreamBedrock(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "workspace", "region", "access-key-id", "secret-key-file", "session-token-file",
+                                                  "endpoint-url", "model"])
+        let actor = try Validate.email(try arguments.required("actor"))
+        let workspace = try arguments.required("workspace")
+        let region = try arguments.required("region"), accessKeyID = try arguments.required("access-key-id")
+        let secretKey = try readSecretFile(arguments, "secret-key-file")
+        let sessionToken = try arguments.has(option: "session-token-file") ? readSecretFile(arguments, "session-token-file") : nil
+        let (service, _) = try open(arguments)
+        try service.setUpstreamBedrock(actor: actor, workspace: workspace, region: region, accessKeyID: accessKeyID, secretKey: secretKey,
+                                       sessionToken: sessionToken, endpointURL: try arguments.value("endpoint-url"), models: arguments.all("model"),
+                                       secrets: try secretBox(arguments))
+        try printUpstreamSet(service, workspace)
+    }
+
+    static func setUpstreamVertex(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "workspace", "project", "region", "service-account-file", "endpoint-url", "token-url",
+                                                  "model"])
+        let actor = try Validate.email(try arguments.required("actor"))
+        let workspace = try arguments.required("workspace")
+        let project = try arguments.required("project"), region = try arguments.required("region")
+        let account = try readSecretFile(arguments, "service-account-file")
+        let (service, _) = try open(arguments)
+        try service.setUpstreamVertex(actor: actor, workspace: workspace, project: project, region: region, serviceAccountJSON: account,
+                                      endpointURL: try arguments.value("endpoint-url"), tokenURL: try arguments.value("token-url"),
+                                      models: arguments.all("model"), secrets: try secretBox(arguments))
+        try printUpstreamSet(service, workspace)
+    }
+
+    static func printUpstreamSet(_ service: AdminService, _ workspace: String) throws {
+        guard let key = try service.workspaceDetails(workspace).upstreamKey, let settings = key.settings else { return }
+        print("set the upstream of \(workspace): \(AdminService.describe(key.kind, settings)); key ending in \(key.last4)")
+    }
+
+    /// A credential file named by `--flag`: at most 64 KiB, its trailing newline dropped.
+    static func readSecretFile(_ arguments: Arguments, _ flag: String) throws -> String {
+        let path = try arguments.required(flag)
+        let limit = 64 << 10
+        guard let handle = FileHandle(forReadingAtPath: path) else { throw UsageError("--\(flag): cannot read \(path)") }
+        defer { try? handle.close() }
+        // One byte over the limit tells a file that is too large without reading all of it.
+        guard let data = try? handle.read(upToCount: limit + 1) ?? Data() else { throw UsageError("--\(flag): cannot read \(path)") }
+        guard data.count <= limit else { throw UsageError("--\(flag): \(path) is larger than 64 KiB") }
+        var text = String(decoding: data, as: UTF8.self)
+        while text.hasSuffix("\n") || text.hasSuffix("\r") { text.removeLast() }
+        return text
+    }
+
+    /// The deployment's secrets key, which seals upstream credentials.
+    static func secretBox(_ arguments: Arguments) throws -> SecretBox {
+        do { return try SecretsKeyFile.load(try secretsKeyPath(arguments)) } catch { throw UsageError("\(error)") }
     }
 
     static func setAppleKey(_ argv: [String]) throws {
@@ -239,10 +322,8 @@ enum AdminCommands {
             throw UsageError("--key-file: cannot read \(keyPath) (or it is larger than a .p8 key)")
         }
         let (service, _) = try open(arguments)
-        let secrets: SecretBox
-        do { secrets = try SecretsKeyFile.load(try secretsKeyPath(arguments)) } catch { throw UsageError("\(error)") }
         try service.setAppleKey(actor: actor, workspace: try arguments.value("workspace") ?? AdminService.defaultWorkspace, teamID: teamID,
-                                keyID: keyID, p8: String(decoding: data, as: UTF8.self), secrets: secrets)
+                                keyID: keyID, p8: String(decoding: data, as: UTF8.self), secrets: try secretBox(arguments))
         print("set the App Attest data-service key \(keyID) of team \(teamID)")
     }
 

@@ -8,7 +8,8 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   init | members add|list|remove           set up the organisation
   console-login --actor EMAIL [--base-url URL]  a single-use sign-in link (10 minutes) to the console
   migrate                                  apply the schema's migrations (SQLite or PostgreSQL)
-  workspaces create|show|set-upstream-key  workspaces and their upstream API keys
+  workspaces create|show|set-upstream-key|set-upstream-bedrock|set-upstream-vertex
+                                           workspaces and their upstream: the Anthropic API's key, Amazon Bedrock or Google Vertex AI
   apple-keys set|list                      each Apple team's App Attest data-service key (for the risk metric)
   integrations create|list|show|update|revoke  manage app integrations, which builds they admit and what they may spend
   devices list --client-id CLID [--risk-over N] | show KEY_ID  the devices that registered: platform, distribution,

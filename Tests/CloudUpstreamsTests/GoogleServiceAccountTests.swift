@@ -114,13 +114,22 @@ private func standardFields(privateKey: String = TestKeys.rsa.privateKey) -> [St
         }
     }
 
-    @Test(arguments: ["type", "client_email", "private_key", "private_key_id", "token_uri"])
+    @Test(arguments: ["type", "client_email", "private_key", "token_uri"])
     func aMissingFieldIsNamed(_ name: String) {
         var fields = standardFields()
         fields.removeValue(forKey: name)
         #expect(throws: GoogleServiceAccountError.missingField(name)) { try GoogleServiceAccount(keyFile: keyFile(fields)) }
         fields[name] = 7  // present, but not a string
         #expect(throws: GoogleServiceAccountError.missingField(name)) { try GoogleServiceAccount(keyFile: keyFile(fields)) }
+    }
+
+    @Test func aKeyWithoutItsIDSignsWithoutAKid() throws {
+        var fields = standardFields()
+        fields.removeValue(forKey: "private_key_id")
+        let account = try GoogleServiceAccount(keyFile: keyFile(fields))
+        #expect(account.privateKeyID == nil)
+        let jwt = try account.assertion(scope: "s", audience: "https://example.com/token", issuedAt: 1_800_000_000)
+        #expect(jwt.split(separator: ".").first.map(String.init) == CloudBase64.encodeURL(Array(#"{"alg":"RS256","typ":"JWT"}"#.utf8)))
     }
 
     @Test func otherKeyFilesAreRefused() {

@@ -33,18 +33,58 @@ import WebDriver
         try await browser.click(try await browser.find("button", text: text))
     }
 
-    @Test func anOperatorsWholeFlow() async throws {
+    /// `body` on a fresh fixture and browser; the page is photographed as `failure` if it throws.
+    static func withBrowser(_ body: (ConsoleFixture, Browser) async throws -> Void) async throws {
         let fixture = try ConsoleFixture()
         defer { fixture.stop() }
         let browser = try await Browser()
         do {
-            try await flow(fixture, browser)
+            try await body(fixture, browser)
         } catch {
             try? await Self.photograph(browser, "failure")
             await browser.quit()
             throw error
         }
         await browser.quit()
+    }
+
+    @Test func anOperatorsWholeFlow() async throws {
+        try await Self.withBrowser(flow)
+    }
+
+    /// Workspace settings' Bedrock form in the browser: a refusal shown beside the form, then the
+    /// upstream set and shown, the secret never back in the page.
+    @Test func anOwnerSetsAmazonBedrockThroughTheSettingsForm() async throws {
+        try await Self.withBrowser(bedrockFlow)
+    }
+
+    func bedrockFlow(_ fixture: ConsoleFixture, _ browser: Browser) async throws {
+        let secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+        try await browser.open(try fixture.signInLink())
+        try await browser.wait("the sign-in button") { (try? await browser.find("#sign-in")) != nil }
+        try await browser.click(try await browser.find("#sign-in"))
+        try await browser.waitForPage("App integrations") { $0 == "/console/" }
+        try await browser.open(fixture.adminBase + "/console/settings")
+        try await browser.click(try await browser.find("summary", text: "Use Amazon Bedrock"))
+        for (field, text) in [("#bedrock_region", "us-west-2"), ("#bedrock_access_key_id", "AKIAIOSFODNN7EXAMPLE"), ("#bedrock_secret_key", secret),
+                              ("#bedrock_models", "claude-x=anthropic.claude-x-v1:0\nclaude-y=anthropic.claude-y-v1:0"),
+                              ("#bedrock_endpoint_url", "http://bedrock.example.test")] {
+            try await browser.type(try await browser.find(field), text)
+        }
+        try await Self.clickButton(browser, "Use Amazon Bedrock")
+        try await browser.wait("the form's error") { try await browser.exists("#bedrock_error") }
+        #expect(try await browser.text("#bedrock_error").contains("loopback"))
+        #expect(try await browser.property(try await browser.find("#bedrock_region"), "value") as? String == "us-west-2")
+        #expect(try await browser.property(try await browser.find("#bedrock_secret_key"), "value") as? String == "")
+        try await browser.clear(try await browser.find("#bedrock_endpoint_url"))
+        try await browser.type(try await browser.find("#bedrock_secret_key"), secret)
+        try await Self.clickButton(browser, "Use Amazon Bedrock")
+        try await browser.wait("the upstream's kind") { (try? await browser.text("#upstream-kind")) == "Amazon Bedrock" }
+        #expect(try await browser.text("#upstream-key").contains("us-west-2"))
+        #expect(try await browser.text("#upstream-models").contains("claude-y → anthropic.claude-y-v1:0"))
+        #expect(try await browser.text("#key-last4") == "MPLE")
+        #expect(!(try await browser.source()).contains(secret))
+        try await Self.photograph(browser, "12-upstream-bedrock")
     }
 
     func flow(_ fixture: ConsoleFixture, _ browser: Browser) async throws {

@@ -33,6 +33,20 @@ public struct StubCertificates: Sendable {
                                 keyPath: path("server.key"))
     }
 
+    /// A fresh RSA-2048 private key, PKCS#8 PEM, as a Google service-account key file holds one.
+    public static func rsaPrivateKeyPEM() throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"]
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        guard process.terminationStatus == 0, text.contains("PRIVATE KEY") else { throw StubError("openssl genpkey failed") }
+        return text
+    }
+
     public func remove() {
         try? FileManager.default.removeItem(atPath: directory)
     }
