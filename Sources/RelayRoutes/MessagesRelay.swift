@@ -1,6 +1,7 @@
 import HTTPRouting
 import AttestCrypto
 import AttestWire
+import CloudUpstreams
 import EventLoops
 import Foundation
 import HTTPServer
@@ -72,18 +73,58 @@ public final class MessagesRelay: Sendable {
             return defaultKey
         }
         if let cached = openedKeys.withLock({ $0[grant.workspaceID] }), cached.sealed == sealed.sealed { return cached.key }
+        let key = String(decoding: try open(sealed, of: grant), as: UTF8.self)
+        openedKeys.withLock { $0[grant.workspaceID] = (sealed.sealed, key) }
+        return key
+    }
+
+    private func open(_ sealed: SealedUpstreamKey, of grant: TokenGrant) throws(KeyProblem) -> [UInt8] {
         guard let secrets = secrets?.current() else {
             throw .unopenable("no secrets key file is loaded, so workspace \(grant.workspaceName)'s key cannot be opened")
         }
-        let opened: [UInt8]
         do {
-            opened = try secrets.open(sealed.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: grant.workspaceID))
+            return try secrets.open(sealed.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: grant.workspaceID))
         } catch {
             throw .unopenable("workspace \(grant.workspaceName)'s upstream key does not open with this secrets key file: \(error)")
         }
-        let key = String(decoding: opened, as: UTF8.self)
-        openedKeys.withLock { $0[grant.workspaceID] = (sealed.sealed, key) }
-        return key
+    }
+
+    /// Where the grant's workspace sends its requests, with what it needs to sign them.
+    enum Target {
+        case anthropic(key: String)
+        case bedrock(AWSCredentials, CloudUpstreamSettings)
+        case vertex(GoogleServiceAccount, CloudUpstreamSettings, sealed: [UInt8])
+    }
+
+    /// Opened cloud credentials, by workspace, with the sealed bytes they came from (a service
+    /// account's key is parsed once, not per request).
+    private let openedCloud = Mutex<[Int64: (sealed: [UInt8], target: Target)]>([:])
+    /// Vertex workspaces' access tokens.
+    let vertexTokens = VertexAccessTokens()
+
+    func target(for grant: TokenGrant) throws(KeyProblem) -> Target {
+        guard let sealed = grant.upstreamKey, sealed.kind != .anthropic else { return .anthropic(key: try key(for: grant)) }
+        if let cached = openedCloud.withLock({ $0[grant.workspaceID] }), cached.sealed == sealed.sealed { return cached.target }
+        guard let settings = sealed.settings else { throw .unopenable("workspace \(grant.workspaceName)'s \(sealed.kind.rawValue) upstream has no settings") }
+        let opened = try open(sealed, of: grant)
+        let target: Target
+        switch sealed.kind {
+        case .anthropic:
+            target = .anthropic(key: String(decoding: opened, as: UTF8.self))
+        case .bedrock:
+            guard let key = try? JSONDecoder().decode(AWSAccessKey.self, from: Data(opened)) else {
+                throw .unopenable("workspace \(grant.workspaceName)'s AWS credentials do not decode")
+            }
+            target = .bedrock(key, settings)
+        case .vertex:
+            do {
+                target = .vertex(try GoogleServiceAccount(keyFile: opened), settings, sealed: sealed.sealed)
+            } catch {
+                throw .unopenable("workspace \(grant.workspaceName)'s service account key does not load: \(error)")
+            }
+        }
+        openedCloud.withLock { $0[grant.workspaceID] = (sealed.sealed, target) }
+        return target
     }
 
     /// The upstream request: the body byte for byte; the workspace's key instead of the device's
@@ -249,6 +290,15 @@ final class RelayedExchange: UpstreamDelegate {
                                  headers: [("request-id", requestID), ("retry-after", "1")]))
         }
         return true
+    }
+
+    /// Answers with an error of this service's own before any upstream reply (a cloud upstream's
+    /// credentials could not be used), through the same path as an upstream's answer.
+    func answerAtOnce(status: Int, type: String, message: String) {
+        upstreamDidReceiveHead(status: status, headers: [("content-type", "application/json")])
+        let body = Array(APIErrorResponse(type: type, message: message, requestID: requestID).json.utf8)
+        _ = body.withUnsafeBytes { upstreamDidReceive($0) }
+        upstreamDidFinish(nil)
     }
 
     func upstreamDidFinish(_ error: UpstreamError?) {

@@ -5,6 +5,14 @@ import HTTPServer
 import TokenAuthentication
 import TokenService
 import UpstreamClient
+import CloudUpstreams
+
+/// A request to a cloud upstream, prepared before anything is sent.
+enum CloudPlan: Sendable {
+    case bedrock(UpstreamRequest)
+    /// The body as Vertex takes it; the request is made once the access token is there.
+    case vertex(body: [UInt8], model: String, account: GoogleServiceAccount, settings: CloudUpstreamSettings, sealed: [UInt8])
+}
 
 /// The Messages API for app tokens: `/v1/messages` and `/v1/messages/count_tokens` relayed to the
 /// upstream with the workspace's key (after the token check and the integration's policy), and
@@ -60,9 +68,9 @@ public struct RelayRoutes: Sendable {
             return RouteOutcome(MessagesAPIError.response(503, "api_error", "no upstream Messages API is configured on this service", requestID: requestID),
                                 clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue)
         }
-        let key: String
+        let target: MessagesRelay.Target
         do {
-            key = try relay.key(for: grant)
+            target = try relay.target(for: grant)
         } catch {
             switch error {
             case .none:
@@ -74,6 +82,38 @@ public struct RelayRoutes: Sendable {
                 logger.error("upstream_key_unavailable", [("request_id", requestID), ("workspace", grant.workspaceName), ("error", why)])
                 return RouteOutcome(MessagesAPIError.response(503, "api_error", "the upstream API key of this workspace is unavailable", requestID: requestID),
                                     clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue, detail: why)
+            }
+        }
+        // A cloud upstream takes only the models mapped for it: anything else is refused here,
+        // before anything is sent (and before the policy counts it).
+        var cloud: CloudPlan?
+        switch target {
+        case .anthropic: break
+        case .bedrock(_, let settings), .vertex(_, let settings, _):
+            let kind = grant.upstreamKey?.kind.rawValue ?? "cloud"
+            func refuse(_ message: String, detail: String? = nil) -> RouteOutcome {
+                RouteOutcome(MessagesAPIError.response(400, "invalid_request_error", message, requestID: requestID),
+                             clientID: grant.clientID, reason: RejectionReason.unmappedModel.rawValue, detail: detail)
+            }
+            if route != WireProtocol.messagesPath { return refuse("count_tokens is not available through this workspace's \(kind) upstream") }
+            let (fields, cloudStreams) = MessagesRequestFields.read(request, spendsTokens: true)
+            guard let model = fields.model, let mapped = settings.models[model] else {
+                return refuse("\(fields.model.map { "model \($0) is" } ?? "a request without a model is") not available through this workspace's \(kind) upstream",
+                              detail: fields.model)
+            }
+            if fields.fallbacks != .none { return refuse("fallbacks are not available through this workspace's \(kind) upstream") }
+            do {
+                switch target {
+                case .anthropic: break
+                case .bedrock(let credentials, _):
+                    cloud = .bedrock(try CloudRoute.bedrock(request, modelID: mapped, streams: cloudStreams, settings: settings,
+                                                            credentials: credentials, at: Date()))
+                case .vertex(let account, _, let sealed):
+                    cloud = .vertex(body: try CloudRoute.vertexBody(request), model: mapped, account: account, settings: settings, sealed: sealed)
+                }
+            } catch {
+                return RouteOutcome(MessagesAPIError.response(400, "invalid_request_error", "the request body is not a JSON object", requestID: requestID),
+                                    clientID: grant.clientID, reason: RejectionReason.invalidRequest.rawValue, detail: "\(error)")
             }
         }
         var ticket: UsageTicket?
@@ -111,15 +151,47 @@ public struct RelayRoutes: Sendable {
                                         detail: result.error.map { "upstream \($0)" } ?? (result.abandoned ? "the client left; the reply was read for its usage" : nil),
                                         bytes: result.bytes))
         }
-        let upstreamRequest = MessagesRelay.upstreamRequest(request, key: key)
-        let begin: @Sendable () -> Void = {
-            let transfer = relay.start(upstreamRequest, delegate: exchange)
+        let send: @Sendable (UpstreamRequest, any UpstreamDelegate) -> Void = { upstreamRequest, delegate in
+            let transfer = relay.start(upstreamRequest, delegate: delegate)
             exchange.attach(transfer)
+            (delegate as? BedrockReply)?.attach(transfer)
             writer.onWritable { transfer.resume() }
             // A stream is cancelled upstream with its client; a JSON reply is read to its end, for its usage.
             writer.onCancel { if exchange.clientLeft() { transfer.cancel() } }
             writer.onShutdown {
                 if exchange.endForShutdown() { transfer.cancel() }
+            }
+        }
+        let begin: @Sendable () -> Void
+        switch cloud {
+        case nil:
+            guard case .anthropic(let key) = target else { return nil }
+            let upstreamRequest = MessagesRelay.upstreamRequest(request, key: key)
+            begin = { send(upstreamRequest, exchange) }
+        case .bedrock(let upstreamRequest):
+            begin = { send(upstreamRequest, BedrockReply(exchange, streams: streams)) }
+        case .vertex(let body, let model, let account, let settings, let sealed):
+            let tokens = relay.vertexTokens, workspace = grant.workspaceID, workspaceName = grant.workspaceName
+            let tokenURL = settings.tokenURL ?? account.tokenURI, betas = request.headers.filter { $0.name == "anthropic-beta" }
+            let loop = context.loop, logger = self.logger
+            begin = {
+                tokens.token(workspace: workspace, sealed: sealed, account: account, tokenURL: tokenURL,
+                             start: { request, delegate in _ = relay.start(request, delegate: delegate) }) { result in
+                    let go: @Sendable () -> Void = {
+                        switch result {
+                        case .success(let token):
+                            send(CloudRoute.vertex(body: body, model: model, streams: streams, settings: settings, betas: betas, accessToken: token),
+                                 VertexReply(exchange))
+                        case .failure(let why):
+                            logger.error("vertex_token_unavailable", [("request_id", requestID), ("workspace", workspaceName), ("error", why.description)])
+                            exchange.answerAtOnce(status: 503, type: "api_error", message: "the upstream of this workspace cannot be reached right now")
+                        }
+                    }
+                    // The token may come on another loop (another request's fetch): the
+                    // transfer is driven by the loop that holds this client's connection.
+                    if let loop, !loop.inLoop, loop.execute(go) { return }
+                    go()
+                }
             }
         }
         // The checks above may have run on a worker (a network database); the transfer is driven

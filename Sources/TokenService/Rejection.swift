@@ -21,6 +21,9 @@ public enum RejectionReason: String, Sendable, CaseIterable {
     case tokenRejected, outOfScope, noUpstream, methodNotAllowed, introspectionUnauthorized
     // The Messages relay: the integration's policy (the exact `PolicyRefusal` is the detail).
     case policyRefused
+    // A workspace on a cloud upstream: the request's model has no mapping there (or it asks for
+    // what the cloud does not take).
+    case unmappedModel
     case storeUnavailable, internalError
 
     /// The verification cases are spelled the same here (`everyVerificationReasonHasARejectionReason`

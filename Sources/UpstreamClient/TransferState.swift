@@ -129,7 +129,16 @@ final class TransferState {
         var ok = true
         func set(_ code: CURLcode) { if code != CURLE_OK { ok = false } }
         // A kept handle holds the last URL (curl copies it on every set).
-        if !(shared && resources.keptPath.map({ sameBytes($0, request.path) }) == true) {
+        if let origin = request.origin {
+            // Another host than the configured one (a workspace's cloud upstream).
+            let lower = origin.lowercased()
+            guard lower.hasPrefix("http://") || lower.hasPrefix("https://"),
+                  !origin.utf8.contains(where: { $0 <= 0x20 || $0 == 0x7F }) else {
+                return "invalid origin: it must be http:// or https:// and a host"
+            }
+            set(attest_curl_easy_setopt_string(easy, CURLOPT_URL, origin + request.path))
+            resources.keptPath = nil
+        } else if !(shared && resources.keptPath.map({ sameBytes($0, request.path) }) == true) {
             set(attest_curl_easy_setopt_string(easy, CURLOPT_URL, settings.baseURL + request.path))
             resources.keptPath = request.path
         }

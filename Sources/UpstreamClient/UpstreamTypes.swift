@@ -45,13 +45,17 @@ public struct UpstreamRequest: Sendable {
     public var path: String
     public var headers: [(name: String, value: String)]
     public var body: [UInt8]
+    /// `scheme://host[:port]` to send this request to instead of the configuration's `baseURL`
+    /// (a workspace's cloud upstream; the same trusted roots apply).
+    public var origin: String?
 
     public init(method: String = "POST", path: String,
-                headers: [(name: String, value: String)] = [], body: [UInt8] = []) {
+                headers: [(name: String, value: String)] = [], body: [UInt8] = [], origin: String? = nil) {
         self.method = method
         self.path = path
         self.headers = headers
         self.body = body
+        self.origin = origin
     }
 }
 

@@ -1,0 +1,180 @@
+import AttestWire
+import CloudUpstreams
+import Foundation
+import Synchronization
+import UpstreamClient
+
+/// Bedrock's reply, handed to the exchange as the Messages API would have sent it: a stream's
+/// event-stream frames become SSE events (the same JSON bytes in `data:`), an error becomes the
+/// API's status and error shape. A frame that does not decode ends the transfer: a clean 502, or
+/// an SSE `error` event once the stream has begun.
+final class BedrockReply: UpstreamDelegate {
+    private struct State {
+        var translator = BedrockStreamTranslator(maxMessageBytes: 1 << 20)
+        /// A non-2xx reply, collected whole (bounded) and answered at its end.
+        var failure: (status: Int, type: String?, retryAfter: String?, body: [UInt8])?
+        /// Why the stream could not be decoded.
+        var broken: String?
+        /// A stream's 200 waits for its first decoded event: a first frame that does not decode
+        /// is then a clean 502, not an error event in a stream already begun.
+        var headPending = false
+        var transfer: UpstreamTransfer?
+    }
+
+    let exchange: RelayedExchange
+    let streams: Bool
+    private let state = Mutex(State())
+    static let maxErrorBody = 65_536
+
+    init(_ exchange: RelayedExchange, streams: Bool) {
+        self.exchange = exchange
+        self.streams = streams
+    }
+
+    func attach(_ transfer: UpstreamTransfer) {
+        state.withLock { $0.transfer = transfer }
+    }
+
+    func upstreamDidReceiveHead(status: Int, headers: [(name: String, value: String)]) {
+        guard (200..<300).contains(status) else {
+            let type = headers.first { $0.name == "x-amzn-errortype" }?.value
+            let retryAfter = headers.first { $0.name == "retry-after" }?.value
+            state.withLock { $0.failure = (status, type, retryAfter, []) }
+            return
+        }
+        if streams {
+            state.withLock { $0.headPending = true }
+            return
+        }
+        exchange.upstreamDidReceiveHead(status: status, headers: [("content-type", "application/json")])
+    }
+
+    private func sendPendingHead() {
+        exchange.upstreamDidReceiveHead(status: 200, headers: [("content-type", "text/event-stream; charset=utf-8")])
+    }
+
+    func upstreamDidReceive(_ chunk: UnsafeRawBufferPointer) -> Bool {
+        enum Step { case collected, forward([UInt8], head: Bool), broken(UpstreamTransfer?) }
+        let step: Step = state.withLock { s in
+            if s.failure != nil {
+                let room = Self.maxErrorBody - s.failure!.body.count
+                if room > 0 { s.failure!.body.append(contentsOf: chunk.prefix(room)) }
+                return .collected
+            }
+            guard streams else { return .forward(Array(chunk), head: false) }
+            if s.broken != nil { return .collected }
+            do {
+                let events = try s.translator.translate(chunk)
+                let head = s.headPending && !events.isEmpty
+                if head { s.headPending = false }
+                return .forward(events, head: head)
+            } catch {
+                s.broken = "Bedrock's event stream does not decode: \(error)"
+                return .broken(s.transfer)
+            }
+        }
+        switch step {
+        case .collected:
+            return true
+        case .forward(let bytes, let head):
+            if head { sendPendingHead() }
+            if bytes.isEmpty { return true }
+            return bytes.withUnsafeBytes { exchange.upstreamDidReceive($0) }
+        case .broken(let transfer):
+            transfer?.cancel()
+            return true
+        }
+    }
+
+    func upstreamDidFinish(_ error: UpstreamError?) {
+        let (failure, broken, partial, headPending) = state.withLock { s in
+            s.transfer = nil
+            return (s.failure, s.broken, s.translator.hasPartialMessage, s.headPending)
+        }
+        // A stream that ends before its first event still gets its head (unless it failed:
+        // then the exchange answers 502 in the API's shape).
+        if headPending, broken == nil, error == nil, !partial { sendPendingHead() }
+        if let broken {
+            exchange.upstreamDidFinish(UpstreamError(kind: .other, detail: broken))
+            return
+        }
+        if let failure, error == nil {
+            let (status, body) = bedrockErrorToAnthropic(status: failure.status, errorTypeHeader: failure.type, body: failure.body)
+            var headers: [(name: String, value: String)] = [("content-type", "application/json")]
+            if let retryAfter = failure.retryAfter { headers.append(("retry-after", retryAfter)) }
+            exchange.upstreamDidReceiveHead(status: status, headers: headers)
+            _ = body.withUnsafeBytes { exchange.upstreamDidReceive($0) }
+            exchange.upstreamDidFinish(nil)
+            return
+        }
+        if error == nil, streams, partial {
+            exchange.upstreamDidFinish(UpstreamError(kind: .reset, detail: "Bedrock's event stream ended inside a frame"))
+            return
+        }
+        exchange.upstreamDidFinish(error)
+    }
+}
+
+/// Vertex AI's reply: the Messages API's own shapes, relayed as they are, except an error that
+/// Google's front end answers itself (`{"error":{"code":…,"status":"RESOURCE_EXHAUSTED"}}`), which
+/// becomes the API's error shape with the same status.
+final class VertexReply: UpstreamDelegate {
+    private struct State {
+        var googleError: (status: Int, retryAfter: String?, body: [UInt8])?
+    }
+
+    let exchange: RelayedExchange
+    private let state = Mutex(State())
+
+    init(_ exchange: RelayedExchange) { self.exchange = exchange }
+
+    func upstreamDidReceiveHead(status: Int, headers: [(name: String, value: String)]) {
+        let json = headers.contains { $0.name == "content-type" && $0.value.lowercased().hasPrefix("application/json") }
+        if !(200..<300).contains(status), json {
+            // Held until its end, to tell Google's shape from the API's.
+            state.withLock { $0.googleError = (status, headers.first { $0.name == "retry-after" }?.value, []) }
+            return
+        }
+        exchange.upstreamDidReceiveHead(status: status, headers: headers)
+    }
+
+    func upstreamDidReceive(_ chunk: UnsafeRawBufferPointer) -> Bool {
+        let held = state.withLock { s -> Bool in
+            guard s.googleError != nil else { return false }
+            let room = BedrockReply.maxErrorBody - s.googleError!.body.count
+            if room > 0 { s.googleError!.body.append(contentsOf: chunk.prefix(room)) }
+            return true
+        }
+        return held ? true : exchange.upstreamDidReceive(chunk)
+    }
+
+    func upstreamDidFinish(_ error: UpstreamError?) {
+        guard let held = state.withLock({ $0.googleError }), error == nil else {
+            exchange.upstreamDidFinish(error)
+            return
+        }
+        let body = Self.anthropicShape(status: held.status, body: held.body) ?? held.body
+        var headers: [(name: String, value: String)] = [("content-type", "application/json")]
+        if let retryAfter = held.retryAfter { headers.append(("retry-after", retryAfter)) }
+        exchange.upstreamDidReceiveHead(status: held.status, headers: headers)
+        _ = body.withUnsafeBytes { exchange.upstreamDidReceive($0) }
+        exchange.upstreamDidFinish(nil)
+    }
+
+    /// Google's error shape as the API's; nil when the body is already the API's (or not JSON).
+    static func anthropicShape(status: Int, body: [UInt8]) -> [UInt8]? {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
+              let error = object["error"] as? [String: Any], object["type"] == nil else { return nil }
+        let message = error["message"] as? String ?? "Vertex AI answered HTTP \(status)"
+        let type = switch status {
+        case 400: "invalid_request_error"
+        case 401: "authentication_error"
+        case 403: "permission_error"
+        case 404: "not_found_error"
+        case 429: "rate_limit_error"
+        case 503, 529: "overloaded_error"
+        default: "api_error"
+        }
+        return Array(("{\"type\":\"error\",\"error\":{\"type\":\"\(type)\",\"message\":" + JSONText.string(message) + "}}").utf8)
+    }
+}

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The relay's cost per request on each upstream kind, side by side in one run: one attestd with
+# three workspaces — the Anthropic API (the fixed nginx upstream of relay-fixture.sh), Amazon
+# Bedrock and Google Vertex AI (the TLS stubs of Tests/Support/cloud-stubs, which verify each
+# SigV4 signature or OAuth token and forward to the same fixed upstream). Interleaved rounds of
+# wrk against each; prints per round requests/s and attestd's CPU per request, then the medians
+# and each cloud kind's CPU per request over the Anthropic kind's.
+#
+# The Python stubs bound a cloud kind's throughput far below the Anthropic kind's, so compare
+# the CPU per request, not requests/s; CONNECTIONS stays low so that every kind runs unsaturated.
+#
+#   scripts/cloud-relay-cost.sh [SECONDS_PER_RUN=5] [ROUNDS=3] [CONNECTIONS=4]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-5} rounds=${2:-3} connections=${3:-4}
+fixture_name=cloud-relay-cost
+source scripts/relay-fixture.sh
+[ -x .venv/bin/python ] || make venv >/dev/null
+
+# TLS for the stubs, an AWS key, a service account.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$work/ca.key" -out "$work/ca.pem" -days 1 \
+  -subj "/CN=cloud bench CA" -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$work/server.key" -out "$work/server.csr" -subj "/CN=127.0.0.1" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > "$work/server.ext"
+openssl x509 -req -in "$work/server.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial -out "$work/server.pem" -days 1 \
+  -extfile "$work/server.ext" 2>/dev/null
+openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$work/sa.pem" 2>/dev/null
+openssl pkey -in "$work/sa.pem" -pubout -out "$work/sa.pub"
+echo "bench/secret+KEY000000000000000000000000" > "$work/aws-secret"
+python3 -c 'import json,sys; print(json.dumps({"type":"service_account","project_id":"bench-project","private_key_id":"benchkey0001",
+  "private_key":open(sys.argv[1]).read(),"client_email":"relay@bench-project.iam.gserviceaccount.com",
+  "token_uri":"https://oauth2.googleapis.com/token"}))' "$work/sa.pem" > "$work/sa.json"
+
+stub() {  # stub SCRIPT ARGS… → its port (the stub's first line)
+  .venv/bin/python "Tests/Support/cloud-stubs/$1.py" --cert "$work/server.pem" --key "$work/server.key" \
+    --anthropic-url "http://127.0.0.1:$upstream_port" --anthropic-key "$key" "${@:2}" > "$work/$1.port" 2>/dev/null &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q PORT "$work/$1.port" 2>/dev/null && break; sleep 0.05; done
+  awk '/PORT/ {print $2}' "$work/$1.port"
+}
+bedrock_port=$(stub bedrock_stub --region us-east-1 --access-key-id AKIABENCH000000001 --secret-key-file "$work/aws-secret")
+vertex_port=$(stub vertex_stub --project bench-project --region us-east5 --public-key-file "$work/sa.pub" \
+  --client-email relay@bench-project.iam.gserviceaccount.com)
+
+ctl() { $bin/attestctl "$@" --db "$db" >/dev/null; }
+ctl workspaces create --actor bench@example.com --name aws
+ctl workspaces create --actor bench@example.com --name gcp
+ctl workspaces set-upstream-bedrock --actor bench@example.com --workspace aws --region us-east-1 --access-key-id AKIABENCH000000001 \
+  --secret-key-file "$work/aws-secret" --endpoint-url "https://127.0.0.1:$bedrock_port" --model claude-bench=claude-bench
+ctl workspaces set-upstream-vertex --actor bench@example.com --workspace gcp --project bench-project --region us-east5 \
+  --service-account-file "$work/sa.json" --endpoint-url "https://127.0.0.1:$vertex_port" \
+  --token-url "https://127.0.0.1:$vertex_port/token" --model claude-bench=claude-bench
+declare -A clients=([anthropic]="$clid")
+for ws in aws gcp; do
+  c=$($bin/attestctl integrations create --db "$db" --actor bench@example.com --workspace $ws --name Bench --team-id ABCDE12345 \
+    --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
+  ctl integrations update "$c" --actor bench@example.com --models claude-bench --max-tokens 4096 \
+    --device-requests-per-minute 1000000000 --monthly-token-budget 1000000000000000
+  clients[$ws]=$c
+done
+
+port=$(free_port)
+serve "$port" --upstream-ca-file "$work/ca.pem"
+attestd_pid=${pids[-1]}
+# One device (and wrk script) per workspace.
+declare -A scripts
+for kind in anthropic aws gcp; do
+  clid=${clients[$kind]}
+  mint_token "$port"
+  mv "$work/post.lua" "$work/post-$kind.lua"
+  rm -rf "$work/device"
+  scripts[$kind]="$work/post-$kind.lua"
+done
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+declare -A cpu rps
+printf '%-6s %-10s %8s %10s\n' round kind req/s cpu_us/req
+for round in $(seq "$rounds"); do
+  for kind in anthropic aws gcp; do
+    before=$(cpu_ticks "$attestd_pid")
+    out=$(wrk -t1 -c"$connections" -d"${seconds}s" -s "${scripts[$kind]}" "http://127.0.0.1:$port/v1/messages" 2>&1)
+    after=$(cpu_ticks "$attestd_pid")
+    requests=$(awk '/requests in/ {print $1}' <<<"$out")
+    if grep -q "Non-2xx" <<<"$out"; then echo "round $round $kind: FAILED (non-2xx answers)"; echo "$out" >&2; exit 1; fi
+    r=$(awk -v n="$requests" -v s="$seconds" 'BEGIN {printf "%.0f", n / s}')
+    c=$(awk -v t=$((after - before)) -v n="$requests" -v hz="$hz" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
+    printf '%-6s %-10s %8s %10s\n' "$round" "$kind" "$r" "$c"
+    cpu[$kind]+="$c " rps[$kind]+="$r "
+  done
+done
+median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+base=$(median <<<"${cpu[anthropic]}")
+for kind in anthropic aws gcp; do
+  m=$(median <<<"${cpu[$kind]}")
+  printf 'median %-9s req/s %6s  attestd CPU per request %6s us  (%.2f x the Anthropic kind)\n' "$kind" \
+    "$(median <<<"${rps[$kind]}")" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')"
+done
