@@ -9,6 +9,8 @@
 # The Python stubs bound a cloud kind's throughput far below the Anthropic kind's, so compare
 # the CPU per request, not requests/s; CONNECTIONS stays low so that every kind runs unsaturated.
 #
+# attestd's CPU with no load, measured for as long in each round, is subtracted from each run.
+#
 #   scripts/cloud-relay-cost.sh [SECONDS_PER_RUN=5] [ROUNDS=3] [CONNECTIONS=4]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,6 +79,9 @@ hz=$(getconf CLK_TCK)
 declare -A cpu rps
 printf '%-6s %-10s %8s %10s\n' round kind req/s cpu_us/req
 for round in $(seq "$rounds"); do
+  # What attestd spends with no request (its timers, the ledger's flush, the monitor's tick):
+  # subtracted from each run, so that a slow kind's few requests are not charged for it.
+  before=$(cpu_ticks "$attestd_pid"); sleep "$seconds"; idle=$(( $(cpu_ticks "$attestd_pid") - before ))
   for kind in anthropic aws gcp; do
     before=$(cpu_ticks "$attestd_pid")
     out=$(wrk -t1 -c"$connections" -d"${seconds}s" -s "${scripts[$kind]}" "http://127.0.0.1:$port/v1/messages" 2>&1)
@@ -84,7 +89,7 @@ for round in $(seq "$rounds"); do
     requests=$(awk '/requests in/ {print $1}' <<<"$out")
     if grep -q "Non-2xx" <<<"$out"; then echo "round $round $kind: FAILED (non-2xx answers)"; echo "$out" >&2; exit 1; fi
     r=$(awk -v n="$requests" -v s="$seconds" 'BEGIN {printf "%.0f", n / s}')
-    c=$(awk -v t=$((after - before)) -v n="$requests" -v hz="$hz" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
+    c=$(awk -v t=$((after - before - idle)) -v n="$requests" -v hz="$hz" 'BEGIN {printf "%.1f", (t < 0 ? 0 : t) / hz * 1e6 / n}')
     printf '%-6s %-10s %8s %10s\n' "$round" "$kind" "$r" "$c"
     cpu[$kind]+="$c " rps[$kind]+="$r "
   done

@@ -347,6 +347,9 @@ class StubHandler(http.server.BaseHTTPRequestHandler):
     server_version = "cloud-stub"
     sys_version = ""
     timeout = 120  # an idle keep-alive connection is closed after this long
+    # The head and the body are separate writes: with Nagle's algorithm the body waits for the
+    # client's delayed ACK of the head (40 ms a request).
+    disable_nagle_algorithm = True
 
     # Subclasses implement `route(record)`, which answers or raises HTTPFailure, and
     # `send_failure(failure)`, which shapes a refusal the way their cloud does.
