@@ -33,16 +33,17 @@ python3 -c 'import json,sys; print(json.dumps({"type":"service_account","project
   "private_key":open(sys.argv[1]).read(),"client_email":"relay@bench-project.iam.gserviceaccount.com",
   "token_uri":"https://oauth2.googleapis.com/token"}))' "$work/sa.pem" > "$work/sa.json"
 
-stub() {  # stub SCRIPT ARGS… → its port (the stub's first line)
+stub() {  # stub SCRIPT ARGS…: started in this shell (its pid joins the cleanup); its port is in $work/SCRIPT.port
   .venv/bin/python "Tests/Support/cloud-stubs/$1.py" --cert "$work/server.pem" --key "$work/server.key" \
     --anthropic-url "http://127.0.0.1:$upstream_port" --anthropic-key "$key" "${@:2}" > "$work/$1.port" 2>/dev/null &
   pids+=($!)
   for _ in $(seq 100); do grep -q PORT "$work/$1.port" 2>/dev/null && break; sleep 0.05; done
-  awk '/PORT/ {print $2}' "$work/$1.port"
 }
-bedrock_port=$(stub bedrock_stub --region us-east-1 --access-key-id AKIABENCH000000001 --secret-key-file "$work/aws-secret")
-vertex_port=$(stub vertex_stub --project bench-project --region us-east5 --public-key-file "$work/sa.pub" \
-  --client-email relay@bench-project.iam.gserviceaccount.com)
+stub bedrock_stub --region us-east-1 --access-key-id AKIABENCH000000001 --secret-key-file "$work/aws-secret"
+stub vertex_stub --project bench-project --region us-east5 --public-key-file "$work/sa.pub" \
+  --client-email relay@bench-project.iam.gserviceaccount.com
+bedrock_port=$(awk '/PORT/ {print $2}' "$work/bedrock_stub.port")
+vertex_port=$(awk '/PORT/ {print $2}' "$work/vertex_stub.port")
 
 ctl() { $bin/attestctl "$@" --db "$db" >/dev/null; }
 ctl workspaces create --actor bench@example.com --name aws
