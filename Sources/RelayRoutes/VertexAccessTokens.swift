@@ -28,7 +28,13 @@ final class VertexAccessTokens: Sendable {
         var lifetime: UInt64 = 0
         var fetching = false
         var waiters: [Completion] = []
+        /// The last fetch failed: requests until `until` fail at once rather than each asking the
+        /// token endpoint again.
+        var failure: (Failure, until: UInt64)?
     }
+
+    /// How long a failed fetch is answered from memory.
+    static let failureHold: UInt64 = 5_000_000_000
 
     private let entries = Mutex<[Int64: Entry]>([:])
     private let now: @Sendable () -> UInt64
@@ -43,7 +49,7 @@ final class VertexAccessTokens: Sendable {
     /// that is (or is now) under way ends. `start` starts a transfer (on the caller's loop).
     func token(workspace: Int64, sealed: [UInt8], account: GoogleServiceAccount, tokenURL: String,
                start: @escaping @Sendable (UpstreamRequest, any UpstreamDelegate) -> Void, completion: @escaping Completion) {
-        enum Step { case ready(String, renew: Bool), wait(fetch: Bool) }
+        enum Step { case ready(String, renew: Bool), wait(fetch: Bool), failed(Failure) }
         let time = now()
         let step: Step = entries.withLock { all in
             var entry = all[workspace].flatMap { $0.sealed == sealed ? $0 : nil } ?? Entry(sealed: sealed)
@@ -55,6 +61,7 @@ final class VertexAccessTokens: Sendable {
                 if renew { entry.fetching = true }
                 return .ready(token, renew: renew)
             }
+            if let (failure, until) = entry.failure, time < until { return .failed(failure) }
             entry.waiters.append(completion)
             let fetch = !entry.fetching
             entry.fetching = true
@@ -66,6 +73,8 @@ final class VertexAccessTokens: Sendable {
             completion(.success(token))
         case .wait(let fetch):
             if fetch { self.fetch(workspace: workspace, account: account, tokenURL: tokenURL, start: start) }
+        case .failed(let failure):
+            completion(.failure(failure))
         }
     }
 
@@ -102,10 +111,14 @@ final class VertexAccessTokens: Sendable {
         let waiters = entries.withLock { all -> [Completion] in
             guard var entry = all[workspace] else { return [] }
             entry.fetching = false
-            if case .success(let (token, expiresIn)) = result {
+            switch result {
+            case .success(let (token, expiresIn)):
                 entry.token = token
                 entry.lifetime = UInt64(max(1, expiresIn)) * 1_000_000_000
                 entry.expiresAt = time + entry.lifetime
+                entry.failure = nil
+            case .failure(let failure):
+                entry.failure = (failure, time + Self.failureHold)
             }
             let waiters = entry.waiters
             entry.waiters = []

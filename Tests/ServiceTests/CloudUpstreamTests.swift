@@ -356,6 +356,11 @@ import Glibc
         #expect((reply.json["error"] as? [String: Any])?["type"] as? String == "api_error")
         #expect(await fixture.server.waitForLog(containing: "vertex_token_unavailable"))
         #expect(fixture.server.log.contains("token endpoint answered HTTP 500"))
+        // Requests right after are refused from memory, not each by another call to the endpoint.
+        let asked = fixture.vertex.log.filter { $0["grant"] as? Bool == true }.count
+        #expect(asked >= 1)
+        for _ in 0..<2 { #expect(try await fixture.post("gcp", Self.request()).status == 503) }
+        #expect(fixture.vertex.log.filter { $0["grant"] as? Bool == true }.count == asked)
     }
 
     @Test func theCredentialsAreNeitherInTheDatabaseNorInAnyLogLine() async throws {
