@@ -140,7 +140,7 @@ import Glibc
                          "--session-token-file", path("aws-session"), "--endpoint-url", bedrock.origin] + models
                         + ["--model", "claude-throttled=anthropic.throttle-v1:0", "--model", "claude-versioned=anthropic.claude-test-v2:0",
                            "--model", "claude-exception=midstream-exception"]
-                        + CloudUpstreamTests.malformedFrames.flatMap { ["--model", "claude-\($0)=\($0)"] })
+                        + CloudUpstreamTests.malformedFrames.flatMap { ["--model", "claude-\($0)=\($0)", "--model", "claude-first-\($0)=first-\($0)"] })
             _ = try ctl(["workspaces", "set-upstream-vertex", "--actor", "owner@example.com", "--workspace", "gcp", "--project", CloudUpstreamTests.project,
                          "--region", "us-east5", "--service-account-file", path("sa.json"), "--endpoint-url", vertex.origin,
                          "--token-url", vertex.origin + "/token"] + models + ["--model", "claude-throttled=throttle@2026"])
@@ -305,6 +305,19 @@ import Glibc
         #expect(text.contains("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\""))
         #expect(await fixture.server.waitForLog(containing: frame == "truncated-frame" ? "ended inside a frame" : "does not decode"))
         // The service goes on serving.
+        #expect(try await fixture.post("aws", Self.request()).status == 200)
+    }
+
+    /// A stream whose very first frame does not decode has sent nothing yet: a clean 502 in the
+    /// API's error shape.
+    @Test(arguments: malformedFrames)
+    func aFirstFrameThatDoesNotDecodeIsA502(frame: String) async throws {
+        let fixture = try await Fixture().register()
+        defer { fixture.stop() }
+        let reply = try await fixture.post("aws", Self.request(model: "claude-first-\(frame)", stream: true))
+        #expect(reply.status == 502)
+        #expect(reply.json["type"] as? String == "error")
+        #expect((reply.json["error"] as? [String: Any])?["type"] as? String == "api_error")
         #expect(try await fixture.post("aws", Self.request()).status == 200)
     }
 

@@ -417,6 +417,8 @@ class BedrockHandler(common.StubHandler):
         reader = common.SSEReader()
         sent = 0
         record["frames"] = 0
+        # `first-…`: the malformed frame is the stream's very first; otherwise two good ones go first.
+        good_before = 0 if "first-" in model_id else 2
 
         def finish_early(last):
             self.send_chunk(last)
@@ -428,7 +430,7 @@ class BedrockHandler(common.StubHandler):
         try:
             for piece in exchange.chunks():
                 for _name, data in reader.feed(piece):
-                    if behaviour in MALFORMED and sent == 2:
+                    if behaviour in MALFORMED and sent == good_before:
                         return finish_early(malformed_frame(behaviour, data, sent))
                     self.send_chunk(chunk_frame(data, sent))
                     sent += 1
