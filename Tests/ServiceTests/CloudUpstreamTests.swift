@@ -269,6 +269,25 @@ import Glibc
         #expect(count.status == 400)
     }
 
+    /// The integration's policy judges the request before its cloud sees it, as on the Anthropic API.
+    @Test(arguments: ["aws", "gcp"])
+    func theIntegrationsPolicyAppliesAsOnTheAnthropicAPI(workspace: String) async throws {
+        let fixture = try await Fixture().register()
+        defer { fixture.stop() }
+        try fixture.ctl(["integrations", "update", fixture.clients[workspace] ?? "", "--actor", "owner@example.com",
+                     "--models", "claude-test", "--max-tokens", "32"])
+        let tooMany = try await fixture.post(workspace, Self.request())   // max_tokens 64
+        #expect(tooMany.status == 400)
+        #expect((tooMany.json["error"] as? [String: Any])?["type"] as? String == "invalid_request_error")
+        let otherModel = try await fixture.post(workspace, Self.request(model: "claude-slow").replacingOccurrences(of: "64", with: "16"))
+        #expect(otherModel.status == 400)
+        let allowed = try await fixture.post(workspace, Self.request().replacingOccurrences(of: "64", with: "16"))
+        #expect(allowed.status == 200)
+        let stub = workspace == "aws" ? fixture.bedrock : fixture.vertex
+        _ = await stub.waitForLog { _ in stub.log.contains { $0["grant"] == nil } }
+        #expect(stub.log.filter { $0["grant"] == nil }.count == 1)
+    }
+
     @Test(arguments: ["aws", "gcp"])
     func throttlingIsTheAPIsRateLimitError(workspace: String) async throws {
         let fixture = try await Fixture().register()
