@@ -149,6 +149,9 @@ public final class Daemon: Sendable {
             } else {
                 logger.info("service_\(event.kind.rawValue)", [("service", event.service)])
             }
+        }, willStop: {
+            // systemd (Type=notify): the stop has begun.
+            SystemdNotify.send("STOPPING=1")
         })
     }
 
@@ -158,6 +161,8 @@ public final class Daemon: Sendable {
             logger.warning("no_admin_listener", [("note", "/metrics, /v1/oauth/introspect and /v1/authz/check are served nowhere (--admin-listen none)")])
         }
         try group.start()
+        // systemd (Type=notify): every listener is open, so the unit is up.
+        SystemdNotify.send("READY=1\nSTATUS=serving on port \(port)")
     }
 
     /// Stops within `--shutdown-grace` on SIGINT or SIGTERM.

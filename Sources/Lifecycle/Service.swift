@@ -126,6 +126,8 @@ public final class ServiceGroup: Sendable {
     private let services: [any Service]
     private let grace: Duration
     private let report: @Sendable (LifecycleEvent) -> Void
+    /// Called once, when the group begins to stop (attestd tells systemd `STOPPING=1`).
+    private let willStop: @Sendable () -> Void
     private struct State {
         var started = 0
         var stopping = false
@@ -139,10 +141,12 @@ public final class ServiceGroup: Sendable {
     private let signalQueue = DispatchQueue(label: "signals")
 
     /// - Parameter grace: the one deadline of a stop the group decides itself (a service failed, a signal).
-    public init(_ services: [any Service], grace: Duration = .seconds(10), report: @escaping @Sendable (LifecycleEvent) -> Void = { _ in }) {
+    public init(_ services: [any Service], grace: Duration = .seconds(10), report: @escaping @Sendable (LifecycleEvent) -> Void = { _ in },
+                willStop: @escaping @Sendable () -> Void = {}) {
         self.services = services
         self.grace = grace
         self.report = report
+        self.willStop = willStop
     }
 
     /// Every event so far, in order.
@@ -203,10 +207,11 @@ public final class ServiceGroup: Sendable {
     /// Stops the started services in reverse order, all by one deadline (`grace` from now).
     /// Idempotent: a second call returns at once.
     public func stop(grace: Duration) {
-        let (started, alreadyEnded) = state.withLock { s -> (Int, Bool) in
+        let (started, alreadyEnded, first) = state.withLock { s -> (Int, Bool, Bool) in
             defer { s.stopping = true }
-            return (s.stopping ? 0 : s.started, !s.stopping && s.running == 0)
+            return (s.stopping ? 0 : s.started, !s.stopping && s.running == 0, !s.stopping)
         }
+        if first { willStop() }
         let deadline = ContinuousClock.now + grace
         for service in services.prefix(started).reversed() {
             record(.stopping, service)
