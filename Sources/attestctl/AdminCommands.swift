@@ -3,6 +3,7 @@ import AttestCrypto
 import AttestWire
 import CommandLineSupport
 import Foundation
+import SQLiteStore
 import Stores
 import TokenService
 
@@ -13,6 +14,8 @@ enum AdminCommands {
     static let usage = """
     usage: attestctl init --owner EMAIL
            attestctl migrate   (apply the schema's migrations; attestd serve --no-migrate only checks them)
+           attestctl backup --to FILE   (an online, consistent copy of a SQLite database while attestd serves;
+             mode 0600, written whole or not at all; PostgreSQL: pg_dump)
            attestctl members add --actor EMAIL --email EMAIL --role owner|admin|developer|user [--workspace NAME]
            attestctl members list [--workspace NAME] [--json]
            attestctl members remove --actor EMAIL --email EMAIL [--workspace NAME]   (their console sessions end with it)
@@ -92,6 +95,7 @@ enum AdminCommands {
             switch (command, argv.first) {
             case ("init", _): try initialize(argv)
             case ("migrate", _): try migrate(argv)
+            case ("backup", _): try backup(argv)
             case ("members", "add"): try addMember(Array(argv.dropFirst()))
             case ("members", "list"): try listMembers(Array(argv.dropFirst()))
             case ("members", "remove"): try removeMember(Array(argv.dropFirst()))
@@ -145,6 +149,23 @@ enum AdminCommands {
         let arguments = try parse(argv, options: [])
         _ = try open(arguments, mode: .apply)
         print("migrated \(Stores.redacted(try databasePath(arguments))): the schema is current")
+    }
+
+    /// An online copy of the SQLite database (SQLite's backup API): consistent while attestd
+    /// serves, 0600, renamed into place once whole.
+    static func backup(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["to"])
+        let destination = try arguments.required("to")
+        let database = try databasePath(arguments)
+        guard !Stores.isPostgres(database) else {
+            throw UsageError("attestctl backup copies a SQLite database; for PostgreSQL use pg_dump -Fc (and pg_restore to restore)")
+        }
+        guard FileManager.default.fileExists(atPath: database) else {
+            throw UsageError("no database at \(database): run from where you ran init, or pass --db / ATTESTD_DB")
+        }
+        let result = try SQLiteBackup.copy(database: database, to: destination)
+        print("backed up \(database) to \(destination): \(result.pages) pages (\(result.bytes) bytes) in "
+              + String(format: "%.3f", result.seconds) + " s")
     }
 
     static func addMember(_ argv: [String]) throws {

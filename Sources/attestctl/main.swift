@@ -28,7 +28,7 @@ runTool("attestctl") {
     let rest = Array(argv.dropFirst())
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
-    case "init", "migrate", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage": return try AdminCommands.run(argv[0], rest)
+    case "init", "migrate", "backup", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     default: throw UsageError(usage)
     }

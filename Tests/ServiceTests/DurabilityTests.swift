@@ -336,6 +336,83 @@ import TokenService
         return String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
     }
 
+    /// `attestctl backup` while 16 devices refresh their tokens at full speed: the copy is whole
+    /// (integrity check), private (0600), and attestd started on it knows every token acknowledged
+    /// before the backup began, each as live as the copy's own later tokens of its device make it
+    /// (a device keeps its newest two).
+    @Test func anOnlineBackupUnderLoadHoldsEveryTokenAcknowledgedBeforeIt() async throws {
+        let (directory, db, clientID) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let server = try ServerProcess(db: db, extraArguments: ["--mint-limit", "0"])
+        let http = TestHTTP(baseURL: server.baseURL)
+        let devices = try (0..<16).map { _ in try ManualDevice(clientID: clientID) }
+        for device in devices { #expect(try await http.registerFresh(device).status == 200) }
+
+        let collector = TokenCollector()
+        let load = Task {
+            await withTaskGroup(of: Void.self) { group in
+                for device in devices {
+                    group.addTask {
+                        while !collector.stopped {
+                            guard let challenge = try? await http.challengeBytes(device),
+                                  let result = try? await http.token(device, assertion: try device.assertion(challenge: challenge)) else { return }
+                            if result.status == 200, let token = result.json["access_token"] as? String {
+                                collector.add(token: token, device: device.keyIDBase64)
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let warm = Date() + 60
+        while collector.tokens.count < 64, Date() < warm { try await Task.sleep(nanoseconds: 10_000_000) }
+        let before = collector.newestByDevice
+        let acknowledged = collector.tokens
+        let copy = directory.appendingPathComponent("backup.sqlite").path
+        let (status, output) = try ServerProcess.attestctl(["backup", "--db", db, "--to", copy])
+        let during = collector.tokens.count - acknowledged.count
+        collector.stop()
+        await load.value
+        server.stop()
+        #expect(status == 0, "\(output)")
+        #expect(output.contains("pages") && output.contains(" s"))
+        #expect(before.count == devices.count && acknowledged.count >= 64)
+        #expect(during > 0, "the devices kept exchanging while the backup ran")
+        let mode = try FileManager.default.attributesOfItem(atPath: copy)[.posixPermissions] as? Int
+        #expect(mode == 0o600)
+        #expect(!FileManager.default.fileExists(atPath: copy + "-wal"))
+        #expect(try SQLiteTokenStore(path: copy).integrityCheck() == "ok")
+
+        let stored = Set(try Self.storedTokenHashes(copy))
+        for token in acknowledged { #expect(stored.contains(hexString(sha256(Array(token.utf8)))), "an acknowledged token is not in the backup") }
+        let restored = try ServerProcess(db: copy)
+        let after = TestHTTP(baseURL: restored.baseURL)
+        for (device, token) in before {
+            let hash = hexString(sha256(Array(token.utf8)))
+            let newer = try Self.query(copy, """
+                SELECT count(*) FROM tokens WHERE key_id = (SELECT key_id FROM tokens WHERE token_hash = X'\(hash)')
+                AND issued_at > (SELECT issued_at FROM tokens WHERE token_hash = X'\(hash)')
+                """)
+            #expect(Int(newer) != nil, "\(newer)")
+            let answer = try await after.messages(token: token).status
+            // 503: accepted (no upstream key here); 401: superseded by two newer tokens in the copy.
+            #expect(answer == ((Int(newer) ?? 0) < 2 ? 503 : 401), "device \(device.prefix(8)): \(newer) newer tokens, got \(answer)")
+        }
+    }
+
+    /// One value from `sqlite3`.
+    static func query(_ db: String, _ sql: String) throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+        process.arguments = [db, sql]
+        let out = Pipe()
+        process.standardOutput = out
+        try process.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
     @Test func revocationByAttestctlStopsARunningServerAtOnce() async throws {
         let (directory, db, clientID) = try makeDatabase()
         defer { try? FileManager.default.removeItem(at: directory) }
