@@ -2,7 +2,7 @@
 # make test  — install missing system packages, build, run every test
 SHELL := /bin/bash
 SWIFT ?= swift
-DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libpq-dev postgresql curl pkg-config openssl sqlite3 nginx-light chromium chromium-driver fonts-dejavu-core
+DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libpq-dev postgresql curl pkg-config openssl sqlite3 nginx-light chromium chromium-driver fonts-dejavu-core prometheus
 DB ?= attestd.sqlite
 ARGS ?=
 
