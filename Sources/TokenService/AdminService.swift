@@ -281,12 +281,17 @@ public enum Validate {
         return name
     }
 
-    /// An Apple Developer Team ID: 10 characters, A–Z and 0–9.
+    /// An Apple Developer Team ID: 10 characters, A–Z and 0–9. Apple shows them in capitals; one
+    /// typed in lowercase is the same ID, so it is taken in capitals.
     public static func teamID(_ text: String) throws -> String {
-        guard text.utf8.count == 10, text.utf8.allSatisfy({ (0x41...0x5a).contains($0) || (0x30...0x39).contains($0) }) else {
-            throw AdminError("team ID '\(text)' must be 10 characters, A-Z and 0-9 (got \(text.count))")
+        let upper = text.trimmingCharacters(in: .whitespaces).uppercased()
+        guard upper.count == 10 else {
+            throw AdminError("team ID '\(text.prefix(40))' must be 10 characters, A-Z and 0-9; it has \(upper.count)")
         }
-        return text
+        guard upper.utf8.allSatisfy({ (0x41...0x5a).contains($0) || (0x30...0x39).contains($0) }) else {
+            throw AdminError("team ID '\(text)' may hold only the letters A-Z and the digits 0-9")
+        }
+        return upper
     }
 
     /// 1 to 32 distinct bundle IDs, each reverse-DNS characters only (A–Z a–z 0–9 - .), at most 155 characters.

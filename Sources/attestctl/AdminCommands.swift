@@ -25,7 +25,7 @@ enum AdminCommands {
              listener (default http://127.0.0.1:9090, attestd's default --admin-listen)
            attestctl workspaces create --actor EMAIL --name NAME
            attestctl workspaces show NAME [--json]
-           attestctl workspaces set-upstream-key --actor EMAIL --workspace NAME --key-file FILE
+           attestctl workspaces set-upstream-key --actor EMAIL --workspace NAME --key-file FILE|-
            attestctl workspaces set-upstream-bedrock --actor EMAIL --workspace NAME --region REGION --access-key-id ID
              --secret-key-file FILE [--session-token-file FILE] [--endpoint-url URL] --model API_MODEL=BEDROCK_MODEL_ID [--model …]
            attestctl workspaces set-upstream-vertex --actor EMAIL --workspace NAME --project PROJECT --region REGION
@@ -130,7 +130,7 @@ enum AdminCommands {
     static func initialize(_ argv: [String]) throws {
         let arguments = try parse(argv, options: ["owner"])
         let owner = try arguments.required("owner")
-        let (service, _) = try open(arguments)
+        let (service, _) = try open(arguments, creating: true)
         let keyFile = try secretsKeyPath(arguments)
         if try SecretsKeyFile.createIfAbsent(keyFile) {
             print("created the secrets key \(keyFile) (32 random bytes, mode 0600): every attestd of this deployment reads it")
@@ -147,7 +147,7 @@ enum AdminCommands {
     /// (`attestd serve --no-migrate` then only checks them).
     static func migrate(_ argv: [String]) throws {
         let arguments = try parse(argv, options: [])
-        _ = try open(arguments, mode: .apply)
+        _ = try open(arguments, mode: .apply, creating: true)
         print("migrated \(Stores.redacted(try databasePath(arguments))): the schema is current")
     }
 
@@ -273,12 +273,11 @@ enum AdminCommands {
         let arguments = try parse(argv, options: ["actor", "workspace", "key-file"])
         let actor = try Validate.email(try arguments.required("actor"))
         let workspace = try arguments.required("workspace")
-        let keyPath = try arguments.required("key-file")
-        guard let data = FileManager.default.contents(atPath: keyPath) else { throw UsageError("--key-file: cannot read \(keyPath)") }
+        let key = try readSecretFile(arguments, "key-file")
         let (service, _) = try open(arguments)
-        try service.setUpstreamKey(actor: actor, workspace: workspace, key: String(decoding: data, as: UTF8.self), secrets: try secretBox(arguments))
-        let (_, key) = try service.workspaceDetails(workspace)
-        print("set the upstream key of \(workspace), ending in \(key?.last4 ?? "?")")
+        try service.setUpstreamKey(actor: actor, workspace: workspace, key: key, secrets: try secretBox(arguments))
+        let (_, sealed) = try service.workspaceDetails(workspace)
+        print("set the upstream key of \(workspace), ending in \(sealed?.last4 ?? "?")")
     }
 
     static func setUpstreamBedrock(_ argv: [String]) throws {
@@ -315,12 +314,16 @@ enum AdminCommands {
         print("set the upstream of \(workspace): \(AdminService.describe(key.kind, settings)); key ending in \(key.last4)")
     }
 
-    /// A credential file named by `--flag`: at most 64 KiB, its trailing newline dropped.
+    /// A credential file named by `--flag` (`-`: standard input, so that a key need not be written
+    /// to disk): at most 64 KiB, its trailing newline dropped.
     static func readSecretFile(_ arguments: Arguments, _ flag: String) throws -> String {
         let path = try arguments.required(flag)
         let limit = 64 << 10
-        guard let handle = FileHandle(forReadingAtPath: path) else { throw UsageError("--\(flag): cannot read \(path)") }
-        defer { try? handle.close() }
+        let handle = path == "-" ? FileHandle.standardInput : FileHandle(forReadingAtPath: path)
+        guard let handle else {
+            throw UsageError("--\(flag): cannot read \(path) (give a file holding it, or - to read it from standard input)")
+        }
+        defer { if path != "-" { try? handle.close() } }
         // One byte over the limit tells a file that is too large without reading all of it.
         guard let data = try? handle.read(upToCount: limit + 1) ?? Data() else { throw UsageError("--\(flag): cannot read \(path)") }
         guard data.count <= limit else { throw UsageError("--\(flag): \(path) is larger than 64 KiB") }
@@ -559,9 +562,15 @@ enum AdminCommands {
         return arguments
     }
 
-    /// Opening creates and migrates the database, so it happens only after the arguments are known to be good.
-    static func open(_ arguments: Arguments, mode: MigrationMode = .apply) throws -> (AdminService, any Database) {
-        let store = try Stores.open(try databasePath(arguments), connections: 1, mode: mode, busyTimeoutMilliseconds: 10_000)
+    /// Opening migrates the database, so it happens only after the arguments are known to be good.
+    /// Only `init` and `migrate` create a SQLite file: any other command run away from it would
+    /// otherwise make an empty one and then fail on something else.
+    static func open(_ arguments: Arguments, mode: MigrationMode = .apply, creating: Bool = false) throws -> (AdminService, any Database) {
+        let database = try databasePath(arguments)
+        if !creating, !Stores.isPostgres(database), !FileManager.default.fileExists(atPath: database) {
+            throw UsageError("no initialised database at \(database): run from where you ran init, or pass --db / ATTESTD_DB")
+        }
+        let store = try Stores.open(database, connections: 1, mode: mode, busyTimeoutMilliseconds: 10_000)
         return (AdminService(store: store), store)
     }
 

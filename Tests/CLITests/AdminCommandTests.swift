@@ -29,7 +29,8 @@ import TokenService
 
     /// Runs attestctl with cwd = the temp directory (not the package root) and without any inherited ATTESTD_DB.
     /// `--db <temp dir>/attestd.sqlite` is appended unless `useDB` is false.
-    func run(_ arguments: [String], useDB: Bool = true, environment extra: [String: String] = [:], cwd: URL? = nil) throws -> Outcome {
+    func run(_ arguments: [String], useDB: Bool = true, environment extra: [String: String] = [:], cwd: URL? = nil,
+             input: String? = nil) throws -> Outcome {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: Self.binary)
         process.arguments = arguments + (useDB ? ["--db", db] : [])
@@ -44,6 +45,11 @@ import TokenService
         try Data().write(to: err)
         process.standardOutput = try FileHandle(forWritingTo: out)
         process.standardError = try FileHandle(forWritingTo: err)
+        if let input {
+            let file = dir.appendingPathComponent("in-\(UUID().uuidString)")
+            try Data(input.utf8).write(to: file)
+            process.standardInput = try FileHandle(forReadingFrom: file)
+        }
         try process.run()
         process.waitUntilExit()
         defer { try? FileManager.default.removeItem(at: out); try? FileManager.default.removeItem(at: err) }
@@ -183,6 +189,46 @@ import TokenService
         let bogus = try run(["--actor", "x@example.com", "init", "--owner", "o@example.com"], useDB: false)
         #expect(bogus.status == 2)
         #expect(bogus.stderr.contains("before the command"))
+    }
+
+    @Test func aCommandAwayFromTheDatabaseCreatesNoneAndSaysWhereItLooked() throws {
+        let elsewhere = dir.appendingPathComponent("elsewhere")
+        try FileManager.default.createDirectory(at: elsewhere, withIntermediateDirectories: true)
+        for command in [["integrations", "list"], ["console-login", "--actor", "you@example.com"], ["usage"], ["workspaces", "show", "default"]] {
+            let refused = try run(command, useDB: false, cwd: elsewhere)
+            #expect(refused.status != 0, "\(command)")
+            #expect(refused.stderr.contains("no initialised database at ./attestd.sqlite: run from where you ran init, or pass --db / ATTESTD_DB"),
+                    "\(command): \(refused.stderr)")
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: elsewhere.path).isEmpty)
+        // init creates it.
+        #expect(try run(["init", "--owner", "you@example.com"], useDB: false, cwd: elsewhere).status == 0)
+        #expect(FileManager.default.fileExists(atPath: elsewhere.appendingPathComponent("attestd.sqlite").path))
+    }
+
+    @Test func aTeamIDTypedInLowercaseIsTakenInCapitals() throws {
+        #expect(try run(["init", "--owner", "owner@example.com"]).status == 0)
+        let created = try run(["integrations", "create", "--actor", "owner@example.com", "--name", "App", "--team-id", "abcde12345",
+                               "--bundle-id", "com.example.app", "--json"])
+        #expect(created.status == 0, "\(created.stderr)")
+        let json = try JSONSerialization.jsonObject(with: Data(created.stdout.utf8)) as? [String: Any]
+        #expect(json?["team_id"] as? String == "ABCDE12345")
+        let short = try run(["integrations", "create", "--actor", "owner@example.com", "--name", "App", "--team-id", "ABC",
+                             "--bundle-id", "com.example.app"])
+        #expect(short.status != 0 && short.stderr.contains("must be 10 characters") && short.stderr.contains("it has 3"))
+        let symbols = try run(["integrations", "create", "--actor", "owner@example.com", "--name", "App", "--team-id", "ABCDE-2345",
+                               "--bundle-id", "com.example.app"])
+        #expect(symbols.status != 0 && symbols.stderr.contains("only the letters A-Z and the digits 0-9"))
+    }
+
+    @Test func theUpstreamKeyMayComeFromStandardInput() throws {
+        #expect(try run(["init", "--owner", "owner@example.com"]).status == 0)
+        let set = try run(["workspaces", "set-upstream-key", "--actor", "owner@example.com", "--workspace", "default", "--key-file", "-"],
+                          input: "sk-ant-from-standard-input-9876\n")
+        #expect(set.status == 0, "\(set.stderr)")
+        #expect(set.stdout.contains("ending in 9876"))
+        let missing = try run(["workspaces", "set-upstream-key", "--actor", "owner@example.com", "--workspace", "default", "--key-file", "nope.key"])
+        #expect(missing.status != 0 && missing.stderr.contains("or - to read it from standard input"))
     }
 
     @Test func initTwiceChangesNothingTheSecondTime() throws {

@@ -8,8 +8,17 @@ import TokenService
 @Suite struct ValidationTests {
     @Test func teamIDsAreTenUppercaseAlphanumerics() throws {
         #expect(try Validate.teamID("ABCDE12345") == "ABCDE12345")
-        for bad in ["ABCDE1234", "ABCDE123456", "abcde12345", "ABCDE-1234", "ABCDÉ12345", ""] {
+        // Typed in lowercase, it is the same ID.
+        #expect(try Validate.teamID("abcde12345") == "ABCDE12345")
+        for bad in ["ABCDE1234", "ABCDE123456", "ABCDE-1234", "ABCDÉ12345", ""] {
             #expect(throws: AdminError.self) { try Validate.teamID(bad) }
+        }
+        // The message names the real problem.
+        do {
+            _ = try Validate.teamID("ABCDÉ12345")
+            Issue.record("accepted")
+        } catch {
+            #expect("\(error)".contains("may hold only the letters A-Z and the digits 0-9"))
         }
     }
 
