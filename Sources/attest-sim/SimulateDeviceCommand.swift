@@ -228,8 +228,12 @@ enum SimulateDeviceCommand {
         case .attestationUnsupported: return "this device cannot attest"
         case .attestationFailed(let underlying):
             if let underlying = underlying as? AttestClientError, case .serverError(let status, let code) = underlying {
+                // The simulated device's certificates come from the project's test authority: a
+                // server that does not trust it refuses every attestation, and only its log says why.
                 let meaning = code == "invalid_client" ? " (client ID unknown or revoked)"
-                    : code == "invalid_grant" ? " (attestation or assertion rejected)" : ""
+                    : code == "invalid_grant" ? " (attestation or assertion rejected; the server's log has the reason. A simulated"
+                        + " device's attestation verifies only on an attestd started with --trust-anchor Fixtures/test-authority/root.pem)"
+                    : ""
                 return "server answered \(status) \(code ?? "without an error code")\(meaning)"
             }
             return underlying.map { "attester failed: \(errorDetail($0))" } ?? "attestation failed"

@@ -400,6 +400,20 @@ import TokenService
         }
     }
 
+    /// The development tour's trap: `make run` trusts Apple's root only, so a simulated device is
+    /// refused; attest-sim says which flag the server needs, not only "401 invalid_grant".
+    @Test func aSimulatedDeviceRefusedForItsTestCertificatesIsToldWhichFlagTheServerNeeds() throws {
+        let (directory, db, clientID) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let server = try ServerProcess(db: db, trustingTestAuthority: false)
+        defer { server.stop() }
+        let (status, output) = try ServerProcess.attestSim(["simulate-device", "--base-url", server.baseURL.absoluteString, "--client-id", clientID,
+                                                            "--state-dir", directory.appendingPathComponent("device").path,
+                                                            "--app-id", "ABCDE12345.com.example.app"])
+        #expect(status != 0)
+        #expect(output.contains("attestationFailed") && output.contains("--trust-anchor Fixtures/test-authority/root.pem"), "\(output)")
+    }
+
     /// One value from `sqlite3`.
     static func query(_ db: String, _ sql: String) throws -> String {
         let process = Process()

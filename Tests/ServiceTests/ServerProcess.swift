@@ -15,12 +15,14 @@ final class ServerProcess: @unchecked Sendable {
     private(set) var port: UInt16 = 0
 
     /// Starts `attestd serve` and waits for its `listening` log line.
-    init(db: String, extraArguments: [String] = [], environment: [String: String] = [:]) throws {
+    /// - Parameter trustingTestAuthority: false starts it as `make run` does, trusting Apple's root only.
+    init(db: String, extraArguments: [String] = [], environment: [String: String] = [:], trustingTestAuthority: Bool = true) throws {
         process.executableURL = URL(fileURLWithPath: Self.attestd)
         if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         // The admin listener on a port of its own (its default, 9090, would clash between instances).
         let admin = extraArguments.contains("--admin-listen") ? [] : ["--admin-listen", "127.0.0.1:0"]
-        process.arguments = ["serve", "--db", db, "--listen", "127.0.0.1:0", "--trust-anchor", Self.testAuthorityRoot] + admin + extraArguments
+        let anchor = trustingTestAuthority ? ["--trust-anchor", Self.testAuthorityRoot] : []
+        process.arguments = ["serve", "--db", db, "--listen", "127.0.0.1:0"] + anchor + admin + extraArguments
         let pipe = Pipe()
         process.standardError = pipe
         process.standardOutput = FileHandle.nullDevice
