@@ -245,6 +245,27 @@ import Glibc
         #expect(UsageTests.total(usage, "requests") == 2 && UsageTests.total(usage, "output_tokens") > 0)
     }
 
+    /// The device as the published client runs it: attest-sim registers by attestation, then
+    /// sends a Messages request as JSON and as a stream, through a cloud workspace.
+    @Test(arguments: ["aws", "gcp"])
+    func aSimulatedDeviceRegistersAndTalksToClaudeOnTheCloud(workspace: String) async throws {
+        let fixture = try await Fixture().register()
+        defer { fixture.stop() }
+        let state = fixture.directory.appendingPathComponent("device").path
+        for stream in [false, true] {
+            let (status, output) = try ServerProcess.attestSim(["simulate-device", "--base-url", fixture.server.baseURL.absoluteString,
+                                                                "--client-id", fixture.clients[workspace] ?? "", "--state-dir", state,
+                                                                "--app-id", "ABCDE12345.com.example.app", "--messages", "--model", "claude-test"]
+                                                               + (stream ? ["--stream"] : []))
+            #expect(status == 0, "\(output)")
+            #expect(output.contains(#""messages_status":200"#), "\(output)")
+            #expect(output.contains("Hello from the upstream stub"), "\(output)")
+        }
+        let stub = workspace == "aws" ? fixture.bedrock : fixture.vertex
+        _ = await stub.waitForLog { _ in stub.log.filter { $0["grant"] == nil && $0["verified"] as? Bool == true }.count >= 2 }
+        #expect(stub.log.filter { $0["grant"] == nil && $0["verified"] as? Bool == true }.count == 2)
+    }
+
     @Test func aBedrockModelIDWithAColonIsSignedAsAWSComputesIt() async throws {
         let fixture = try await Fixture().register()
         defer { fixture.stop() }
