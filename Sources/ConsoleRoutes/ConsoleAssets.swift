@@ -88,6 +88,8 @@ enum ConsoleAssets {
     caption { text-align: left; padding: 8px 12px; color: var(--muted); font-size: 13px; }
     th, td { text-align: left; padding: 7px 12px; border-top: 1px solid var(--line); vertical-align: top; }
     th { font-weight: 600; background: #fafbfc; white-space: nowrap; }
+    /* A token in a table (an action, a client ID) stays whole; a narrow screen scrolls the table. */
+    td code { overflow-wrap: normal; white-space: nowrap; }
     dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 8px 20px; background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 16px; margin: 0 0 16px; }
     dl.facts dt { color: var(--muted); }
     dl.facts dd { margin: 0; overflow-wrap: anywhere; }

@@ -207,6 +207,16 @@ import WebDriver
         let audit = try await browser.text("#audit")
         #expect(audit.contains("integration.policy_updated") && audit.contains("integration.created") && audit.contains(ConsoleFixture.owner))
         try await Self.photograph(browser, "08-audit")
+        // On a phone's width no token in a table breaks inside a word (`integrat` / `ion.crea` /
+        // `ted`): each code cell is one line box; the table scrolls instead.
+        try await browser.resize(width: 360, height: 800)
+        let broken = try await browser.run("""
+            return Array.from(document.querySelectorAll('td code')).filter(c => c.getClientRects().length !== 1 ||
+                c.getBoundingClientRect().height > 2 * parseFloat(getComputedStyle(c).lineHeight || '16')).map(c => c.textContent);
+            """) as? [String]
+        #expect(broken == [], "tokens broken across lines at 360 px: \(broken ?? [])")
+        #expect((try await browser.run("return document.querySelectorAll('td code').length") as? Int ?? 0) >= 3)
+        try await browser.resize(width: 1280, height: 900)
 
         // 7. Revoke by typing the name; the device's next request gets 401.
         try await browser.open(overviewURL)
