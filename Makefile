@@ -116,12 +116,16 @@ fuzz-receipt: deps
 	SWIFT_BACKTRACE=enable=no ./.build/fuzz/receipt-fuzz -runs=$(RUNS) -max_len=16384 -rss_limit_mb=6144 fuzz-corpus-receipt
 
 # libFuzzer over the AWS event-stream decoder and the Bedrock stream translator: the files of
-# Sources/CloudUpstreams that need no OpenSSL, seeded with fuzz-seeds-eventstream/.
+# Sources/CloudUpstreams that need no OpenSSL, with AttestWire's sources (an empty stand-in
+# module satisfies `import AttestWire`), seeded with fuzz-seeds-eventstream/.
 fuzz-eventstream: deps
-	mkdir -p .build/fuzz fuzz-corpus-eventstream
-	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name EventStreamFuzz \
-	  $(addprefix Sources/CloudUpstreams/,CRC32.swift EventStream.swift JSONScan.swift Base64.swift BedrockStreamTranslator.swift) \
-	  Fuzz/EventStreamFuzz/*.swift -o .build/fuzz/eventstream-fuzz
+	mkdir -p .build/fuzz/standins-eventstream fuzz-corpus-eventstream
+	echo > .build/fuzz/standins-eventstream/AttestWire.swift
+	swiftc -parse-as-library -emit-module -module-name AttestWire .build/fuzz/standins-eventstream/AttestWire.swift \
+	  -o .build/fuzz/standins-eventstream/AttestWire.swiftmodule
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name EventStreamFuzz -I .build/fuzz/standins-eventstream \
+	  $(addprefix Sources/CloudUpstreams/,CRC32.swift EventStream.swift JSONScan.swift BedrockStreamTranslator.swift) \
+	  Sources/AttestWire/*.swift Fuzz/EventStreamFuzz/*.swift -o .build/fuzz/eventstream-fuzz
 	SWIFT_BACKTRACE=enable=no ./.build/fuzz/eventstream-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-eventstream fuzz-seeds-eventstream
 
 # Every fuzzer for a bounded count (CI: about 200,000 inputs each, a few minutes in all).

@@ -50,7 +50,7 @@ let package = Package(
         // Client for the upstream Messages API: a libcurl multi handle on each event loop.
         .target(name: "UpstreamClient", dependencies: ["CCurl", "EventLoops"]),
         // Cloud upstreams' protocols, no I/O: AWS SigV4 and event streams (Bedrock), Google service-account grants (Vertex AI).
-        .target(name: "CloudUpstreams", dependencies: ["COpenSSL", "AttestCrypto"]),
+        .target(name: "CloudUpstreams", dependencies: ["COpenSSL", "AttestCrypto", "AttestWire"]),
         // Apple's App Attest data service: the ES256 provider token and one blocking HTTPS POST.
         .target(name: "AppleDataService", dependencies: ["CCurl", "UpstreamClient", "AttestCrypto", "AttestWire"]),
         // The background job that posts due receipts to Apple and stores the refreshed ones and their metric.

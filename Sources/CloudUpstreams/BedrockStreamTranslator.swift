@@ -1,7 +1,8 @@
 // Bedrock's answers in the Messages API's shapes: the streamed body as server-sent events, and
 // error responses as Anthropic error bodies.
-// No imports: the event-stream fuzzer compiles this file with EventStream.swift, CRC32.swift,
-// JSONScan.swift and Base64.swift.
+// Base64 and JSON text from AttestWire; the event-stream fuzzer compiles this file with
+// EventStream.swift, CRC32.swift, JSONScan.swift and AttestWire's sources.
+import AttestWire
 
 public enum BedrockStreamError: Error, Equatable, Sendable, CustomStringConvertible {
     /// A `chunk` event whose payload is not `{"bytes":"<base64 of a JSON object with a type>"}`.
@@ -81,7 +82,7 @@ private func appendChunk(_ payload: [UInt8], to out: inout [UInt8]) throws(Bedro
     guard let encoded = JSONScan.stringMember("bytes", of: payload) else {
         throw .malformedChunk("the payload has no \"bytes\" string")
     }
-    guard let event = CloudBase64.decode(encoded) else {
+    guard let event = encoded.withUnsafeBufferPointer(Base64.decode(bytes:)) else {
         throw .malformedChunk("\"bytes\" is not base64")
     }
     // The name goes on the `event:` line, so only characters that cannot end it or confuse a reader.

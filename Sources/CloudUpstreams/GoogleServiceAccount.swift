@@ -1,5 +1,6 @@
 // Google's OAuth 2.0 grant for service accounts (RFC 7523): an RS256 JWT signed with the key
 // file's private key, exchanged at the token URI for an access token (Vertex AI).
+import AttestWire
 import COpenSSL
 
 public enum GoogleServiceAccountError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -69,12 +70,12 @@ public struct GoogleServiceAccount: Sendable, CustomStringConvertible {
     /// `aud`, `iat` and `exp` = `iat` + `lifetime` (Google accepts at most an hour).
     public func assertion(scope: String, audience: String, issuedAt: Int, lifetime: Int = 3600) throws(GoogleServiceAccountError) -> String {
         guard (1...3600).contains(lifetime) else { throw .invalidLifetime(lifetime) }
-        let header = #"{"alg":"RS256","typ":"JWT""# + (privateKeyID.map { #","kid":"# + JSONScan.quoted($0) } ?? "") + "}"
-        let claims = #"{"iss":"# + JSONScan.quoted(clientEmail) + #","scope":"# + JSONScan.quoted(scope) + #","aud":"#
-            + JSONScan.quoted(audience) + #","iat":\#(issuedAt),"exp":\#(issuedAt + lifetime)}"#
-        let signingInput = CloudBase64.encodeURL(Array(header.utf8)) + "." + CloudBase64.encodeURL(Array(claims.utf8))
+        let header = #"{"alg":"RS256","typ":"JWT""# + (privateKeyID.map { #","kid":"# + JSONText.string($0) } ?? "") + "}"
+        let claims = #"{"iss":"# + JSONText.string(clientEmail) + #","scope":"# + JSONText.string(scope) + #","aud":"#
+            + JSONText.string(audience) + #","iat":\#(issuedAt),"exp":\#(issuedAt + lifetime)}"#
+        let signingInput = Base64.encode(Array(header.utf8), urlSafe: true, padded: false) + "." + Base64.encode(Array(claims.utf8), urlSafe: true, padded: false)
         let signature = try key.signSHA256(Array(signingInput.utf8))
-        return signingInput + "." + CloudBase64.encodeURL(signature)
+        return signingInput + "." + Base64.encode(signature, urlSafe: true, padded: false)
     }
 
     /// The form body that POSTs the assertion to `tokenURI`.

@@ -122,14 +122,6 @@ enum JSONScan {
         }
     }
 
-    /// `string` as a JSON string literal, quotes included.
-    static func quoted(_ string: String) -> String {
-        var out: [UInt8] = [UInt8(ascii: "\"")]
-        appendEscaped(string.utf8, to: &out)
-        out.append(UInt8(ascii: "\""))
-        return String(decoding: out, as: UTF8.self)
-    }
-
     // MARK: - Delimiting
 
     private static func skipWhitespace(_ json: UnsafeRawBufferPointer, _ start: Int) -> Int {

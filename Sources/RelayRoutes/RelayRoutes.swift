@@ -87,6 +87,8 @@ public struct RelayRoutes: Sendable {
         // A cloud upstream takes only the models mapped for it: anything else is refused here,
         // before anything is sent (and before the policy counts it).
         var cloud: CloudPlan?
+        // The one scan of the body, when a cloud's mapping needs it before the policy does.
+        var scanned: (input: PolicyInput, streams: Bool)?
         switch target {
         case .anthropic: break
         case .bedrock(_, let settings), .vertex(_, let settings, _):
@@ -97,6 +99,7 @@ public struct RelayRoutes: Sendable {
             }
             if route != WireProtocol.messagesPath { return refuse("count_tokens is not available through this workspace's \(kind) upstream") }
             let (fields, cloudStreams) = MessagesRequestFields.read(request, spendsTokens: true)
+            scanned = (fields, cloudStreams)
             guard let model = fields.model, let mapped = settings.models[model] else {
                 return refuse("\(fields.model.map { "model \($0) is" } ?? "a request without a model is") not available through this workspace's \(kind) upstream",
                               detail: fields.model)
@@ -119,7 +122,7 @@ public struct RelayRoutes: Sendable {
         var ticket: UsageTicket?
         var asksForStream: Bool?
         if let ledger {
-            let (input, streams) = MessagesRequestFields.read(request, spendsTokens: route == WireProtocol.messagesPath)
+            let (input, streams) = scanned ?? MessagesRequestFields.read(request, spendsTokens: route == WireProtocol.messagesPath)
             asksForStream = streams
             switch ledger.admit(grant, input, commitsBeforeRead: commitsBeforeRead, at: time) {
             case .success(let admitted): ticket = admitted

@@ -224,7 +224,7 @@ import TokenService
     @Test func theUpstreamKeyMayComeFromStandardInput() throws {
         #expect(try run(["init", "--owner", "owner@example.com"]).status == 0)
         let set = try run(["workspaces", "set-upstream-key", "--actor", "owner@example.com", "--workspace", "default", "--key-file", "-"],
-                          input: "sk-ant-from-standard-input-9876\n")
+                          input: "test-key-from-standard-input-9876\n")
         #expect(set.status == 0, "\(set.stderr)")
         #expect(set.stdout.contains("ending in 9876"))
         let missing = try run(["workspaces", "set-upstream-key", "--actor", "owner@example.com", "--workspace", "default", "--key-file", "nope.key"])

@@ -1,3 +1,4 @@
+import AttestWire
 @testable import CloudUpstreams
 import COpenSSL
 import Foundation
@@ -129,7 +130,7 @@ private func standardFields(privateKey: String = TestKeys.rsa.privateKey) -> [St
         let account = try GoogleServiceAccount(keyFile: keyFile(fields))
         #expect(account.privateKeyID == nil)
         let jwt = try account.assertion(scope: "s", audience: "https://example.com/token", issuedAt: 1_800_000_000)
-        #expect(jwt.split(separator: ".").first.map(String.init) == CloudBase64.encodeURL(Array(#"{"alg":"RS256","typ":"JWT"}"#.utf8)))
+        #expect(jwt.split(separator: ".").first.map(String.init) == Base64.encode(Array(#"{"alg":"RS256","typ":"JWT"}"#.utf8), urlSafe: true, padded: false))
     }
 
     @Test func otherKeyFilesAreRefused() {

@@ -97,7 +97,7 @@ import TokenService
         try vertex(account: try Self.serviceAccount(["private_key_id": nil]))
         #expect(try admin.workspaceDetails("default").upstreamKey?.last4 == ".com")
         // The Anthropic key takes the row back.
-        try admin.setUpstreamKey(actor: "o@example.com", workspace: "default", key: "sk-ant-test-0123456789-wxyz", secrets: secrets)
+        try admin.setUpstreamKey(actor: "o@example.com", workspace: "default", key: "test-key-admin-0123456789-wxyz", secrets: secrets)
         let back = try #require(try admin.workspaceDetails("default").upstreamKey)
         #expect(back.kind == .anthropic && back.settings == nil && back.last4 == "wxyz")
     }

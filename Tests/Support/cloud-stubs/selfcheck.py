@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VERBOSE = "-v" in sys.argv
 KEEP = "--keep" in sys.argv  # keep the temporary directory (certificates, logs) even on success
 
-FAKE_KEY = "sk-ant-fake-selfcheck"
+FAKE_KEY = "test-key-fake-selfcheck"
 AKID = "AKIDSELFCHECK0000001"
 SECRET = "selfcheck/secret+KEY0000000000000000000000"
 SESSION = "IQoJb3JpZ2luX2VjEselfchecksessiontoken=="
