@@ -38,9 +38,9 @@ let package = Package(
         .target(name: "StoreRecords", dependencies: ["TokenService", "AttestCrypto", "AppAttest", "AttestWire"]),
         .target(name: "SQLiteStore", dependencies: ["TokenService", "StoreRecords", "AttestCrypto", "AttestWire", "CSQLite", "Lifecycle"]),
         // `TokenStore` on PostgreSQL through libpq, for several attestd instances on one database.
-        .target(name: "PostgresStore", dependencies: ["TokenService", "StoreRecords", "AttestCrypto", "AttestWire", "CPostgres"]),
+        .target(name: "PostgresStore", dependencies: ["TokenService", "StoreRecords", "AttestCrypto", "AttestWire", "CPostgres", "EventLoops"]),
         // The store a --db value names: PostgreSQL for a connection URL, SQLite for a path.
-        .target(name: "Stores", dependencies: ["TokenService", "SQLiteStore", "PostgresStore"]),
+        .target(name: "Stores", dependencies: ["TokenService", "SQLiteStore", "PostgresStore", "EventLoops"]),
         // Event loops (one thread, one epoll set each) that the HTTP server and the upstream
         // client share, so that a relayed request never changes threads.
         .target(name: "CEventLoop"),
@@ -129,6 +129,6 @@ let package = Package(
         .testTarget(name: "CloudUpstreamsTests", dependencies: ["CloudUpstreams", "COpenSSL"]),
         .testTarget(name: "AppleDataServiceTests", dependencies: ["AppleDataService", "AttestCrypto", "AttestWire", "UpstreamClient", "UpstreamStub"]),
         .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "StoreRecords", "PostgresTestSupport", "TokenService", "AttestCrypto", "CSQLite",
-                                                       "AttestWire"]),
+                                                       "AttestWire", "EventLoops"]),
     ]
 )

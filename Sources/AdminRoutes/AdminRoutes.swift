@@ -19,11 +19,15 @@ public struct AdminRoutes: Sendable {
     /// Where the admin-only routes are served: the admin listener, or, without one (embedded
     /// use, tests), the public listener too.
     let adminListeners: Set<Listener>
+    /// The token check without blocking the loop (PostgreSQL), for `/v1/authz/check`.
+    let tokenChecks: (any NonBlockingTokenChecks)?
 
     public static let authzCheckPath = "/v1/authz/check"
 
-    public init(service: DeviceTokenService, introspectionKey: String?, metricsPage: MetricsPage, adminOnly: Bool) {
+    public init(service: DeviceTokenService, introspectionKey: String?, metricsPage: MetricsPage, adminOnly: Bool,
+                tokenChecks: (any NonBlockingTokenChecks)? = nil) {
         self.service = service
+        self.tokenChecks = tokenChecks
         introspectionKeyHash = introspectionKey.map { sha256(Array($0.utf8)) }
         self.metricsPage = metricsPage
         adminListeners = adminOnly ? [.admin] : [.admin, .public]
@@ -51,8 +55,8 @@ public struct AdminRoutes: Sendable {
                   shape: .oauth, handler: .answer { context in try introspect(context) }),
             // Any method, any body (ignored): Envoy sends the original method and appends the
             // original path; nginx sends a GET with the original headers.
-            Route([], Self.authzCheckPath + "/*", name: Self.authzCheckPath, on: adminListeners, executor: reads, shape: .messagesAPI,
-                  middleware: [BearerTokenAuthentication(service: service)],
+            Route([], Self.authzCheckPath + "/*", name: Self.authzCheckPath, on: adminListeners, executor: tokenChecks == nil ? reads : .loop,
+                  shape: .messagesAPI, middleware: [BearerTokenAuthentication(service: service, nonBlocking: tokenChecks)],
                   handler: .answer { context in try authzCheck(context) }),
         ]
     }

@@ -54,12 +54,15 @@ public final class Daemon: Sendable {
                           report: { logger.error("usage_flush_failed", [("error", $0)]) })
             : nil
         let exchangeWorkers = try WorkerPool(threads: options.exchangeThreads, name: "exchange")
+        // PostgreSQL: each loop checks tokens on a connection of its own, never blocking on it.
+        let tokenChecks = Stores.nonBlockingTokenChecks(store, loops: loops, now: service.now)
+        tokenChecks?.warm(timeout: 10)
         // The admin routes never answer on the public listener. /metrics is rendered at most once a
         // second: a scrape costs a page of text, and a flood of them must not cost a page each.
         let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay, ledger: ledger,
                                    trustedProxies: options.trustedProxies, trustedProxyHeader: options.trustedProxyHeader,
                                    separateAdminListener: true, adminHostNames: options.adminHostNames,
-                                   exchangeWorkers: exchangeWorkers, metricsMaxAge: 1,
+                                   exchangeWorkers: exchangeWorkers, metricsMaxAge: 1, tokenChecks: tokenChecks,
                                    // The console: on the admin listener only, on the same service layer as attestctl.
                                    extraRoutes: ConsoleRoutes(admin: AdminService(store: store), secrets: relayOptions.secrets,
                                                               trustedProxies: options.trustedProxies,
@@ -96,6 +99,13 @@ public final class Daemon: Sendable {
             (adminServer.map { publicServer.stats() + $0.stats() } ?? publicServer.stats()).prometheusText
                 + "# HELP attestd_audit_pending Audit events waiting to be written (they are kept and retried, never dropped).\n"
                 + "# TYPE attestd_audit_pending gauge\nattestd_audit_pending \(audit.pendingCount)\n"
+                + (tokenChecks.map { checks in
+                    let (sent, queries) = checks.figures
+                    return "# HELP attestd_token_checks_sent_total Token checks sent on the event loops' own database connections.\n"
+                        + "# TYPE attestd_token_checks_sent_total counter\nattestd_token_checks_sent_total \(sent)\n"
+                        + "# HELP attestd_token_check_queries_total Queries that carried them (a loop's checks of the moment share one).\n"
+                        + "# TYPE attestd_token_check_queries_total counter\nattestd_token_check_queries_total \(queries)\n"
+                } ?? "")
         }
 
         // Started in this order, stopped in reverse: the listeners stop first (nothing new comes
@@ -126,6 +136,8 @@ public final class Daemon: Sendable {
             }))
         }
         services.append(BasicService("upstream-relay", stop: { _ in relay.shutdown() }))
+        // After the listeners (nothing asks any more), before the loops stop.
+        if let tokenChecks { services.append(BasicService("token-checks", stop: { _ in tokenChecks.shutdown() })) }
         // What is queued runs (its audit events are in the audit log's last flush).
         services.append(BasicService("exchange-workers", stop: { _ in exchangeWorkers.shutdown() }))
         if let adminServer, let admin = options.admin {

@@ -325,3 +325,11 @@ public func monotonicNanoseconds() -> UInt64 {
     clock_gettime(CLOCK_MONOTONIC, &now)
     return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
 }
+
+/// epoll's event bits, for participants that do not import the C headers themselves.
+public enum EpollEvents {
+    public static let readable = EPOLLIN.rawValue
+    public static let writable = EPOLLOUT.rawValue
+    public static let error = EPOLLERR.rawValue
+    public static let hangUp = EPOLLHUP.rawValue
+}

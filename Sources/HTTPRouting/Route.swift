@@ -222,6 +222,8 @@ public struct Route: Sendable {
     public let middleware: [any Middleware]
     /// The router's middleware, then the route's: set once by the router (not per request).
     var chain: [any Middleware] = []
+    /// Whether any of `chain` may suspend (only then does a request pay for the bookkeeping).
+    var suspends = false
 
     /// - Parameters:
     ///   - name: the metric label and access-log name; the pattern by default.
@@ -252,6 +254,29 @@ public protocol Middleware: Sendable {
 extension Middleware {
     public func respond(to context: RequestContext, next: (RequestContext) throws -> RouteOutcome?) throws -> RouteOutcome? { try next(context) }
     public func after(_ context: RequestContext, _ outcome: inout RouteOutcome) {}
+}
+
+/// Middleware that can wait without holding its thread: a token check sent on the event loop's
+/// own database connection, answered later on the same loop. The router lets it suspend the
+/// chain and resumes the chain (the rest of the middleware and the handler) when it is told to.
+/// The middleware outside it see nil from `next`, as for a deferred answer.
+public protocol SuspendingMiddleware: Middleware {
+    /// Starts the wait and returns true, having arranged to call `resume` exactly once, later
+    /// (never before returning). Or returns false, and the router runs `respond(to:next:)`
+    /// instead (off a loop, or for a request settled without waiting).
+    func suspend(_ context: RequestContext, resume: @escaping @Sendable (Resumption) -> Void) -> Bool
+}
+
+/// How a suspended chain goes on.
+public enum Resumption: Sendable {
+    /// The rest of the chain and the handler, on the thread that resumes.
+    case proceed(RequestContext)
+    /// The rest on a worker: what follows reads a database across the network.
+    case proceedOnWorker(RequestContext)
+    /// Answered without the rest (a refusal).
+    case answer(RouteOutcome)
+    /// Failed: answered 503 or 500 as a thrown error would be.
+    case failed(any Error)
 }
 
 /// Routes that share a path prefix, their listeners, their error shape, where they run and their

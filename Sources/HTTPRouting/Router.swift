@@ -58,6 +58,7 @@ public final class Router: Sendable {
         self.routes = routes.map { route in
             var route = route
             route.chain = middleware + route.middleware
+            route.suspends = route.chain.contains { $0 is any SuspendingMiddleware }
             return route
         }
         self.exact = exact
@@ -168,20 +169,33 @@ public final class Router: Sendable {
                                                                        detail: "content-type \(request.header("content-type")?.prefix(64) ?? "missing") is not \(type)")))
         }
         // The handler inside the middleware (`route.chain`, the router's outermost): all of it
-        // runs where the route runs.
-        let chain = route.chain
+        // runs where the route runs, unless a middleware suspends it (then the rest runs where
+        // the middleware resumes it, and the answer goes out through the writer).
+        let suspension = route.suspends ? Suspension() : nil
         switch route.handler {
         case .answer(let answer):
-            let run: @Sendable () -> RouteOutcome = { [self] in
+            let respond: @Sendable (RouteOutcome) -> Void = { [self] outcome in writer.respond(complete(context, route: route, outcome).response ?? .plainRefusal(500)) }
+            suspension?.settle = { [self] result in
+                switch result {
+                case .success(let outcome): respond(outcome ?? failure(MiddlewareError(), context))
+                case .failure(let error): respond(failure(error, context))
+                }
+            }
+            let run: @Sendable () -> RouteOutcome? = { [self] in
                 let outcome: RouteOutcome
-                do { outcome = try Self.run(chain, from: 0, context) { try answer($0) } ?? failure(MiddlewareError(), context) } catch { outcome = failure(error, context) }
+                do {
+                    let produced = try runChain(route, from: 0, context, suspension) { try answer($0) }
+                    if suspension?.happened == true { return nil }
+                    outcome = produced ?? failure(MiddlewareError(), context)
+                } catch { outcome = failure(error, context) }
                 return complete(context, route: route, outcome)
             }
             if info.executor == .worker, let workers,
-               workers.submit(key: workerKey(request), { writer.respond(run().response ?? .plainRefusal(500)) }) {
+               workers.submit(key: workerKey(request), { if let now = run() { writer.respond(now.response ?? .plainRefusal(500)) } }) {
                 return .deferred
             }
-            return .response(run().response ?? .plainRefusal(500))
+            guard let now = run() else { return .deferred }
+            return .response(now.response ?? .plainRefusal(500))
         case .later(let start):
             // The exchange's answer waits for its batch's commit, a bounded wait with nothing to
             // cancel: the hang-up watch (two epoll_ctl calls and the monitor's lock, paid by every
@@ -196,10 +210,16 @@ public final class Router: Sendable {
                 }
                 writer.respond(complete(context, route: route, outcome).response ?? .plainRefusal(500))
             }
-            let task: @Sendable () -> Void = {
+            suspension?.settle = { result in
+                switch result {
+                case .success(let early): if let early { reply(.success(early)) }
+                case .failure(let error): reply(.failure(error))
+                }
+            }
+            let task: @Sendable () -> Void = { [self] in
                 do {
                     // A middleware's own answer goes out at once; the handler's comes through `reply`.
-                    if let early = try Self.run(chain, from: 0, context, { try start($0, reply); return nil }) { reply(.success(early)) }
+                    if let early = try runChain(route, from: 0, context, suspension, { try start($0, reply); return nil }) { reply(.success(early)) }
                 } catch { reply(.failure(error)) }
             }
             if info.executor == .worker, let workers, workers.submit(key: workerKey(request), task) { return .deferred }
@@ -208,9 +228,15 @@ public final class Router: Sendable {
         case .deferred(let start):
             // An answer given at once after all goes out with the epilogue now (the handler
             // does not call `finish` then).
+            suspension?.settle = { [self] result in
+                switch result {
+                case .success(let now): if let now { writer.respond(complete(context, route: route, now).response ?? .plainRefusal(500)) }
+                case .failure(let error): writer.respond(complete(context, route: route, failure(error, context)).response ?? .plainRefusal(500))
+                }
+            }
             let run: @Sendable () -> RouteOutcome? = { [self] in
                 do {
-                    guard let now = try Self.run(chain, from: 0, context, { try start($0, writer) }) else { return nil }
+                    guard let now = try runChain(route, from: 0, context, suspension, { try start($0, writer) }) else { return nil }
                     return complete(context, route: route, now)
                 } catch {
                     return complete(context, route: route, failure(error, context))
@@ -225,11 +251,44 @@ public final class Router: Sendable {
         }
     }
 
-    /// `chain[index...]` around `handler`, each layer given the rest as its `next`.
-    private static func run(_ chain: [any Middleware], from index: Int, _ context: RequestContext,
-                            _ handler: (RequestContext) throws -> RouteOutcome?) throws -> RouteOutcome? {
+    /// `route.chain[index...]` around `handler`, each layer given the rest as its `next`. A
+    /// suspending layer (when `suspension` is given) may take the rest over: this returns nil
+    /// then, with `suspension.happened` set, and the outcome reaches `suspension.settle` later.
+    private func runChain(_ route: Route, from index: Int, _ context: RequestContext, _ suspension: Suspension?,
+                     _ handler: @escaping @Sendable (RequestContext) throws -> RouteOutcome?) throws -> RouteOutcome? {
+        let chain = route.chain
         guard index < chain.count else { return try handler(context) }
-        return try chain[index].respond(to: context) { context in try run(chain, from: index + 1, context, handler) }
+        if let suspension, let layer = chain[index] as? any SuspendingMiddleware {
+            suspension.happened = true
+            if layer.suspend(context, resume: { [self] in resume($0, route, after: index, suspension, handler) }) { return nil }
+            suspension.happened = false
+        }
+        return try chain[index].respond(to: context) { context in try runChain(route, from: index + 1, context, suspension, handler) }
+    }
+
+    /// Goes on with a chain a middleware suspended at `index`.
+    private func resume(_ resumption: Resumption, _ route: Route, after index: Int, _ suspension: Suspension,
+                        _ handler: @escaping @Sendable (RequestContext) throws -> RouteOutcome?) {
+        let settle = suspension.settle
+        let rest: @Sendable (RequestContext) -> Void = { [self] context in
+            // A fresh record: the rest may suspend again, and then settles by itself.
+            let inner = Suspension()
+            inner.settle = settle
+            do {
+                let outcome = try runChain(route, from: index + 1, context, inner, handler)
+                if !inner.happened { settle(.success(outcome)) }
+            } catch {
+                settle(.failure(error))
+            }
+        }
+        switch resumption {
+        case .proceed(let context): rest(context)
+        case .proceedOnWorker(let context):
+            if let workers, workers.submit(key: workerKey(context.request), { rest(context) }) { return }
+            rest(context)
+        case .answer(let outcome): settle(.success(outcome))
+        case .failed(let error): settle(.failure(error))
+        }
     }
 
     private func answer(_ outcome: RouteOutcome) -> HTTPHandlerResult {
@@ -272,6 +331,16 @@ public struct RequestIDHeader: Middleware {
 /// A middleware answered nil for a route that answers at once (a bug in the middleware).
 struct MiddlewareError: Error, CustomStringConvertible {
     var description: String { "a middleware gave no answer for a route that answers at once" }
+}
+
+/// A request's record of a suspended chain: whether a middleware took the rest over, and where
+/// the outcome goes once it is there. Set up before the chain runs, read after it returns, on
+/// the same thread; `settle` is called once, from wherever the chain resumed.
+final class Suspension: @unchecked Sendable {
+    // @unchecked: `happened` is written and read by the thread running the chain before it
+    // returns; `settle` is set before the chain runs and only read after.
+    var happened = false
+    var settle: @Sendable (Result<RouteOutcome?, any Error>) -> Void = { _ in }
 }
 
 /// True the first time only.

@@ -14,6 +14,8 @@ public enum PostgresValue: Sendable, Equatable {
     case text(String)
     case bytes([UInt8])
     case bool(Bool)
+    /// A `bytea[]` (the token check's batch of hashes).
+    case byteaArray([[UInt8]])
     /// SQL NULL of the given type (`nullBytes` for a missing challenge, …).
     case null(PostgresType)
 
@@ -24,7 +26,7 @@ public enum PostgresValue: Sendable, Equatable {
 
 /// The type OIDs the store uses (from `pg_type`; fixed since PostgreSQL 7).
 public enum PostgresType: UInt32, Sendable {
-    case bool = 16, bytea = 17, int8 = 20, int2 = 21, int4 = 23, text = 25, float4 = 700, float8 = 701, varchar = 1043, name = 19
+    case bool = 16, bytea = 17, int8 = 20, int2 = 21, int4 = 23, text = 25, float4 = 700, float8 = 701, varchar = 1043, name = 19, byteaArray = 1001
 }
 
 /// A point in monotonic time after which a call gives up.
@@ -159,6 +161,7 @@ public final class PostgresConnection: @unchecked Sendable {
 
     /// Ends the session (non-blocking: never waits on a dead server).
     public func close() {
+        discardPartialResult()
         if let conn { PQfinish(conn) }
         conn = nil
     }
@@ -173,6 +176,78 @@ public final class PostgresConnection: @unchecked Sendable {
         return poll(&descriptor, 1, 0) == 0
     }
 
+    // MARK: On an event loop: nothing here waits
+
+    /// The socket, for an event loop to watch (-1 when closed).
+    var socket: Int32 { conn.map { PQsocket($0) } ?? -1 }
+
+    /// Sends what libpq holds, as far as the socket takes it now: true when all of it went.
+    func flushWithoutWaiting() throws -> Bool {
+        guard let conn else { throw PostgresError(.connectionLost, message: "connection closed", target: target) }
+        let flushed = PQflush(conn)
+        if flushed == 0 { return true }
+        guard flushed == 1 else { throw closing(.connectionLost) }
+        return false
+    }
+
+    /// A statement's answer read so far: its first result and first error.
+    private var partialResult: OpaquePointer?
+    private var partialFailure: PostgresError?
+
+    /// Reads what has arrived for the statement `send` sent: its result once the server is done
+    /// with it, or nil while more is to come. An error result is thrown once the answer is whole
+    /// (the connection stays usable); a broken connection is thrown at once (and closed).
+    func readWithoutWaiting() throws -> PostgresResult? {
+        guard let conn else { throw PostgresError(.connectionLost, message: "connection closed", target: target) }
+        guard PQconsumeInput(conn) == 1 else {
+            discardPartialResult()
+            throw closing(.connectionLost)
+        }
+        while PQisBusy(conn) == 0 {
+            guard let result = PQgetResult(conn) else {
+                counters.roundTripCount.add(1, ordering: .relaxed)
+                return try takeAnswer()
+            }
+            absorb(result)
+        }
+        return nil
+    }
+
+    /// Keeps a statement's first result and first error; frees the rest.
+    private func absorb(_ result: OpaquePointer) {
+        let status = PQresultStatus(result)
+        if status == PGRES_FATAL_ERROR || status == PGRES_BAD_RESPONSE || status == PGRES_NONFATAL_ERROR {
+            if partialFailure == nil { partialFailure = error(from: result) }
+            PQclear(result)
+        } else if partialResult == nil {
+            partialResult = result
+        } else {
+            PQclear(result)
+        }
+    }
+
+    /// The whole answer `absorb` kept: its result, or its first error thrown.
+    private func takeAnswer() throws -> PostgresResult {
+        let (kept, failure) = (partialResult, partialFailure)
+        (partialResult, partialFailure) = (nil, nil)
+        if let failure {
+            if let kept { PQclear(kept) }
+            throw failure
+        }
+        guard let kept else { throw PostgresError(.server, message: "no result", target: target) }
+        return PostgresResult(kept, target: target)
+    }
+
+    private func discardPartialResult() {
+        if let partialResult { PQclear(partialResult) }
+        (partialResult, partialFailure) = (nil, nil)
+    }
+
+    /// Prepares `sql` now (waiting, within the deadline), so that `send` never waits later.
+    func prepare(_ sql: String, types: [PostgresType]) throws {
+        _ = try preparedName(sql, types.map(\.rawValue))
+    }
+
     /// The server's version number (150018 for 15.18).
     public var serverVersion: Int { conn.map { Int(PQserverVersion($0)) } ?? 0 }
 
@@ -181,6 +256,13 @@ public final class PostgresConnection: @unchecked Sendable {
     /// Runs one statement with `values` bound to `$1…` and returns its rows (binary format).
     @discardableResult
     public func query(_ sql: String, _ values: [PostgresValue] = []) throws -> PostgresResult {
+        try send(sql, values)
+        return try collect()
+    }
+
+    /// Sends one statement (prepared on first use, which waits for its own round trip) without
+    /// waiting for the answer: `query`'s first half, and the event loop's way in.
+    func send(_ sql: String, _ values: [PostgresValue]) throws {
         guard let conn else { throw PostgresError(.connectionLost, message: "connection closed", target: target) }
         var types: [UInt32] = []
         var lengths: [Int32] = []
@@ -195,6 +277,7 @@ public final class PostgresConnection: @unchecked Sendable {
             case .text(let v): types.append(PostgresType.text.rawValue); storage += v.utf8
             case .bytes(let v): types.append(PostgresType.bytea.rawValue); storage += v
             case .bool(let v): types.append(PostgresType.bool.rawValue); storage.append(v ? 1 : 0)
+            case .byteaArray(let elements): types.append(PostgresType.byteaArray.rawValue); Self.appendArray(elements, to: &storage)
             case .null(let type): types.append(type.rawValue)
             }
             if case .null = value {
@@ -215,7 +298,23 @@ public final class PostgresConnection: @unchecked Sendable {
             return PQsendQueryParams(conn, sql, Int32(values.count), types, pointers, lengths, formats, 1)
         }
         guard sent == 1 else { throw closing(.connectionLost) }
-        return try collect()
+    }
+
+    /// A one-dimensional `bytea[]` in PostgreSQL's binary array format: dimensions, no NULLs,
+    /// the element type, then each element's length and bytes.
+    static func appendArray(_ elements: [[UInt8]], to storage: inout [UInt8]) {
+        func int32(_ value: Int) { withUnsafeBytes(of: Int32(value).bigEndian) { storage += $0 } }
+        int32(elements.isEmpty ? 0 : 1)
+        int32(0)
+        int32(Int(PostgresType.bytea.rawValue))
+        if !elements.isEmpty {
+            int32(elements.count)
+            int32(1)
+        }
+        for element in elements {
+            int32(element.count)
+            storage += element
+        }
     }
 
     /// Statements this connection has prepared, by SQL and parameter types: the server parses
@@ -276,35 +375,20 @@ public final class PostgresConnection: @unchecked Sendable {
             try wait(for: Int16(POLLIN | POLLOUT))
             guard PQconsumeInput(conn) == 1 else { throw closing(.connectionLost) }
         }
-        var kept: OpaquePointer?
-        var failure: PostgresError?
         while true {
             while PQisBusy(conn) == 1 {
                 do {
                     try wait(for: Int16(POLLIN))
                     guard PQconsumeInput(conn) == 1 else { throw closing(.connectionLost) }
                 } catch {
-                    if let kept { PQclear(kept) }
+                    discardPartialResult()
                     throw error
                 }
             }
             guard let result = PQgetResult(conn) else { break }
-            let status = PQresultStatus(result)
-            if status == PGRES_FATAL_ERROR || status == PGRES_BAD_RESPONSE || status == PGRES_NONFATAL_ERROR {
-                if failure == nil { failure = error(from: result) }
-                PQclear(result)
-            } else if kept == nil {
-                kept = result
-            } else {
-                PQclear(result)
-            }
+            absorb(result)
         }
-        if let failure {
-            if let kept { PQclear(kept) }
-            throw failure
-        }
-        guard let kept else { throw PostgresError(.server, message: "no result", target: target) }
-        return PostgresResult(kept, target: target)
+        return try takeAnswer()
     }
 
     private func error(from result: OpaquePointer) -> PostgresError {

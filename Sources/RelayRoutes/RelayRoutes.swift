@@ -27,9 +27,12 @@ public struct RelayRoutes: Sendable {
     let ledger: UsageLedger?
     let metrics: Metrics
     let logger: Logger
+    let tokenChecks: (any NonBlockingTokenChecks)?
 
-    public init(service: DeviceTokenService, relay: MessagesRelay?, ledger: UsageLedger?, logger: Logger) {
+    public init(service: DeviceTokenService, relay: MessagesRelay?, ledger: UsageLedger?, logger: Logger,
+                tokenChecks: (any NonBlockingTokenChecks)? = nil) {
         self.service = service
+        self.tokenChecks = tokenChecks
         self.relay = relay
         self.ledger = ledger
         self.metrics = service.metrics
@@ -41,10 +44,13 @@ public struct RelayRoutes: Sendable {
 
     public var routes: [Route] {
         let relayed = RouteHandler.deferred { context, writer in try relayMessages(context, writer) }
-        // The token check (and the policy's profile read) on a worker when it waits on the network.
+        // A network database's token check runs on the loop's own connection without blocking
+        // it (or, without one, on a worker); a profile's limits, read by key, go to a worker.
         let ledger = self.ledger
-        let api = RouteGroup("/v1", shape: .messagesAPI, executor: service.store.readsCrossTheNetwork ? .worker : .loop,
-                             middleware: [BearerTokenAuthentication(service: service, markBeforeCheck: { ledger?.commitCount ?? 0 })])
+        let remote = service.store.readsCrossTheNetwork
+        let authentication = BearerTokenAuthentication(service: service, markBeforeCheck: { ledger?.commitCount ?? 0 }, nonBlocking: tokenChecks,
+                                                       needsWorker: { grant in remote && grant.policy.readsProfileUsage })
+        let api = RouteGroup("/v1", shape: .messagesAPI, executor: remote && tokenChecks == nil ? .worker : .loop, middleware: [authentication])
         return [
             api.route(["POST"], "/messages", bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json", handler: relayed),
             api.route(["POST"], "/messages/count_tokens", bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json", handler: relayed),

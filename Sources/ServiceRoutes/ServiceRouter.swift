@@ -23,10 +23,13 @@ public final class ServiceRouter: Sendable {
     ///     answer on the admin listener only; without it they answer on the public one too.
     ///   - exchangeWorkers: where the device exchange and introspection run (nil: the loops).
     ///   - metricsMaxAge: how long one rendering of /metrics is served (seconds).
+    ///   - tokenChecks: the token check without blocking the loops (PostgreSQL), for the relay
+    ///     and the proxy's token check; without it they read the store where they run.
     public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil,
                 ledger: UsageLedger? = nil, trustedProxies: [CIDR] = [], trustedProxyHeader: ForwardingHeader = .xForwardedFor,
                 separateAdminListener: Bool = false, adminHostNames: [String] = [],
-                exchangeWorkers: WorkerPool? = nil, metricsMaxAge: Double = 0, extraRoutes: [Route] = []) {
+                exchangeWorkers: WorkerPool? = nil, metricsMaxAge: Double = 0, tokenChecks: (any NonBlockingTokenChecks)? = nil,
+                extraRoutes: [Route] = []) {
         self.logger = logger
         let metrics = service.metrics
         let callers = CallerResolver(trustedProxies: trustedProxies, header: trustedProxyHeader)
@@ -34,8 +37,9 @@ public final class ServiceRouter: Sendable {
         metrics.describe("attestd_http_requests_total", "HTTP requests, by route and status.")
         metrics.describe("attestd_rejections_total", "Refused device requests, by endpoint and exact reason.")
         let routes = ExchangeRoutes(service: service, callers: callers).routes
-            + RelayRoutes(service: service, relay: relay, ledger: ledger, logger: logger).routes
-            + AdminRoutes(service: service, introspectionKey: introspectionKey, metricsPage: metricsPage, adminOnly: separateAdminListener).routes
+            + RelayRoutes(service: service, relay: relay, ledger: ledger, logger: logger, tokenChecks: tokenChecks).routes
+            + AdminRoutes(service: service, introspectionKey: introspectionKey, metricsPage: metricsPage, adminOnly: separateAdminListener,
+                          tokenChecks: tokenChecks).routes
             + extraRoutes
         router = Router(routes: routes, middleware: [RequestIDHeader(), RequestMetrics(metrics: metrics), AccessLog(logger: logger, callers: callers),
                                                      AdminHostCheck(names: adminHostNames)],

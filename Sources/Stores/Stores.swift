@@ -1,3 +1,5 @@
+import EventLoops
+import Foundation
 import PostgresStore
 import SQLiteStore
 import TokenService
@@ -28,5 +30,13 @@ public enum Stores {
         }
         return try SQLiteTokenStore(path: database, readers: max(1, connections), synchronous: synchronous, mode: mode,
                                     busyTimeoutMilliseconds: busyTimeoutMilliseconds)
+    }
+
+    /// The token check that never blocks an event loop, for a store whose reads cross the
+    /// network (a connection per loop); nil for SQLite, whose reads stay on the loop anyway.
+    public static func nonBlockingTokenChecks(_ store: any Database, loops: EventLoopGroup,
+                                              now: @escaping @Sendable () -> Date) -> (any NonBlockingTokenChecks)? {
+        guard let postgres = store as? PostgresTokenStore else { return nil }
+        return PostgresLoopTokenChecks(store: postgres, loops: loops, now: now)
     }
 }

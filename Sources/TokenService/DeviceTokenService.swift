@@ -286,8 +286,15 @@ public final class DeviceTokenService: Sendable {
 
     /// The grant behind a bearer token, or nil (with the reason counted) when it is not live.
     public func authenticate(bearer token: String, at time: Date? = nil) throws -> TokenGrant? {
+        guard let hash = tokenHash(bearer: token) else { return nil }
+        return try store.liveToken(hash: hash, at: time ?? now())
+    }
+
+    /// What the store keeps of a presented token (its SHA-256), or nil for a token that cannot
+    /// be one of ours (refused without a query).
+    public func tokenHash(bearer token: String) -> [UInt8]? {
         guard token.hasPrefix(Self.tokenPrefix), token.utf8.count <= 128 else { return nil }
-        return try store.liveToken(hash: sha256(Array(token.utf8)), at: time ?? now())
+        return sha256(Array(token.utf8))
     }
 
     // MARK: Helpers

@@ -42,6 +42,9 @@ public struct IntegrationPolicy: Sendable, Equatable {
         self.profileMonthlyTokenBudget = profileMonthlyTokenBudget
     }
 
+    /// Whether the policy reads a profile's recorded usage (the store, by key) to admit a request.
+    public var readsProfileUsage: Bool { profileRequestsPerMinute > 0 || profileMonthlyTokenBudget > 0 }
+
     /// A model ID as the Messages API spells them (`claude-sonnet-4-5`, `claude-3-5-haiku@20241022`):
     /// letters, digits and `._:@/-`, at most 128 bytes.
     public static func isValidModelID(_ id: String) -> Bool {

@@ -245,7 +245,7 @@ public final class UsageLedger: Service {
         var commitsBeforeProfileRead = commitsBeforeRead
         let month = MonthKey(clientID: grant.clientID, month: UsageClock.month(time))
         let minute = UsageClock.minute(time)
-        if let profile = input.profile, policy.profileRequestsPerMinute > 0 || policy.profileMonthlyTokenBudget > 0 {
+        if let profile = input.profile, policy.readsProfileUsage {
             commitsBeforeProfileRead = commitCount
             do {
                 recordedProfile = try store.recordedProfileUsage(clientID: grant.clientID, profile: profile, month: month.month, minute: minute)
