@@ -448,6 +448,22 @@ public final class PostgresResult {
     deinit { PQclear(result) }
 
     public var count: Int { Int(PQntuples(result)) }
+    /// The position of a result column, or nil when the query selects none of that name.
+    func columnIndex(_ name: String) -> Int32? { try? column(name) }
+    /// A value's bytes as the server sent them (binary format).
+    func rawValue(_ row: Int, _ column: Int32) -> [UInt8] { Array(bytes(Int32(row), column)) }
+    /// A whole row as the server sent it, each value with its length (-1: NULL): two rows with
+    /// the same bytes hold the same values.
+    func rawRow(_ row: Int) -> [UInt8] {
+        var raw: [UInt8] = []
+        raw.reserveCapacity(512)
+        for column in 0..<PQnfields(result) {
+            let length = PQgetisnull(result, Int32(row), column) == 1 ? -1 : PQgetlength(result, Int32(row), column)
+            withUnsafeBytes(of: length) { raw += $0 }
+            if length > 0 { raw += bytes(Int32(row), column) }
+        }
+        return raw
+    }
     /// Rows changed by an INSERT, UPDATE or DELETE.
     public var affectedRows: Int { Int(String(cString: PQcmdTuples(result))) ?? 0 }
     public subscript(row: Int) -> PostgresRow { PostgresRow(result: self, row: Int32(row)) }

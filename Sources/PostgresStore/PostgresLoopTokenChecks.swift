@@ -105,6 +105,9 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
     private var inFlight: (waiters: [Waiter], at: Date, marks: [Int], deadline: UInt64)?
     /// Whether libpq still holds part of the query to write.
     private var flushing = false
+    /// The grants last decoded, by token hash, with the bytes of the row they came from.
+    private var decoded: [[UInt8]: (row: [UInt8], grant: TokenGrant)] = [:]
+    static let maxDecoded = 4096
 
     init(loop: EventLoop, connectionString: PostgresConnectionString, configuration: PostgresConfiguration, counters: PostgresCounters,
          now: @escaping @Sendable () -> Date) {
@@ -121,7 +124,9 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
             return
         }
         waiting.append(waiter)
-        if inFlight == nil { sendNext() }
+        // Sent at the end of the turn (`poll`), with every other check this turn brings: the
+        // requests that one epoll wake-up delivers share a query.
+        if inFlight == nil { loop.requestTurn() }
     }
 
     // MARK: Sending and reading
@@ -182,7 +187,10 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
     }
 
     func poll(now: UInt64) -> UInt64? {
-        guard let query = inFlight else { return nil }
+        guard let query = inFlight else {
+            sendNext()
+            return inFlight?.deadline
+        }
         guard now >= query.deadline else { return query.deadline }
         inFlight = nil
         fail(query.waiters, PostgresError(.timeout, message: "no answer within the call's deadline", target: connectionString.redactedDescription))
@@ -191,15 +199,27 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
         return nil
     }
 
-    /// Each check's grant, by the row of its hash (confirmed in constant time by the record).
+    /// Each check's grant, from the row of its hash. A row that comes back byte for byte as it
+    /// was last time gives the grant decoded then (decoding the policy's lists costs more than
+    /// the comparison); any change in the row (a policy, a usage count) decodes it again.
     private func answer(_ query: (waiters: [Waiter], at: Date, marks: [Int], deadline: UInt64), _ result: PostgresResult) {
         var rowByHash: [[UInt8]: Int] = [:]
-        for index in 0..<result.count {
-            if let hash = try? result[index].bytes("token_hash") { rowByHash[hash] = index }
+        if let hashColumn = result.columnIndex("token_hash") {
+            for index in 0..<result.count { rowByHash[result.rawValue(index, hashColumn)] = index }
         }
         for (waiter, mark) in zip(query.waiters, query.marks) {
             do {
-                let grant = try rowByHash[waiter.hash].flatMap { try TokenGrant(row: result[$0], hash: waiter.hash) }
+                var grant: TokenGrant?
+                if let index = rowByHash[waiter.hash] {
+                    let raw = result.rawRow(index)
+                    if let kept = decoded[waiter.hash], kept.row == raw {
+                        grant = kept.grant
+                    } else if let fresh = try TokenGrant(row: result[index], hash: waiter.hash) {
+                        if decoded.count >= Self.maxDecoded { decoded.removeAll(keepingCapacity: true) }
+                        decoded[waiter.hash] = (raw, fresh)
+                        grant = fresh
+                    }
+                }
                 waiter.done(.success(TokenCheck(grant: grant, checkedAt: query.at, markBeforeCheck: mark)))
             } catch {
                 waiter.done(.failure(error))

@@ -128,6 +128,49 @@ import Glibc
         }
     }
 
+    /// The token checks go out on each loop's own connection (no worker): a token superseded by
+    /// the device's newest two is refused by the next request on both instances, the proxy's
+    /// check on the admin listener answers from the same checks, and requests arriving together
+    /// are answered alike (that they share queries is `PostgresLoopTokenCheckTests`' to show).
+    @Test func theLoopsOwnChecksRefuseASupersededTokenAtOnceOnBothInstances() async throws {
+        let deployment = try Deployment(instanceArguments: ["--mint-limit", "0", "--challenge-limit", "0", "--threads", "1"])
+        defer { deployment.stop() }
+        let http = deployment.http
+        let device = try ManualDevice(clientID: deployment.clientID)
+        var tokens = [try #require(try await http[0].registerFresh(device).json["access_token"] as? String)]
+        for round in 0..<2 {
+            let minted = try await http[round % 2].token(device, assertion: try device.assertion(challenge: try await http[round % 2].challengeBytes(device)))
+            tokens.append(try #require(minted.json["access_token"] as? String))
+        }
+        // The newest two live; the first, superseded, is refused by both at once.
+        for instance in http {
+            #expect(try await instance.messages(token: tokens[0]).status == 401)
+            #expect(try await instance.messages(token: tokens[1]).status == 503)   // authenticated, no upstream key
+            #expect(try await instance.messages(token: tokens[2]).status == 503)
+        }
+        for (index, instance) in deployment.instances.enumerated() {
+            let admin = TestHTTP(baseURL: instance.adminBaseURL)
+            let live = try await admin.send("GET", "/v1/authz/check/v1/messages", headers: ["authorization": "Bearer \(tokens[2])"])
+            #expect(live.status == 200 && live.header("x-attest-client-id") == deployment.clientID, "instance \(index)")
+            let superseded = try await admin.send("GET", "/v1/authz/check/v1/messages", headers: ["authorization": "Bearer \(tokens[0])"])
+            #expect(superseded.status == 401, "instance \(index)")
+        }
+        // 64 at once on the one loop.
+        let (instance, newest) = (http[0], tokens[2])
+        try await withThrowingTaskGroup(of: Int.self) { group in
+            for _ in 0..<64 { group.addTask { try await instance.messages(token: newest).status } }
+            for try await status in group { #expect(status == 503) }
+        }
+        let metrics = try await TestHTTP(baseURL: deployment.instances[0].adminBaseURL).send("GET", "/metrics")
+        func figure(_ name: String) -> Int {
+            String(decoding: metrics.body, as: UTF8.self).split(separator: "\n").first { $0.hasPrefix(name + " ") }
+                .flatMap { Int($0.split(separator: " ")[1]) } ?? -1
+        }
+        let checks = figure("attestd_token_checks_sent_total"), queries = figure("attestd_token_check_queries_total")
+        #expect(checks >= 64 + 5, "every check went out on the loop's connection: \(checks)")
+        #expect(queries > 0 && queries <= checks, "\(queries) queries carried \(checks) checks")
+    }
+
     @Test func killDashNineOfOneInstanceLosesNoAcknowledgedTokenAndTheOtherServesOn() async throws {
         let deployment = try Deployment(instanceArguments: ["--mint-limit", "0", "--challenge-limit", "0"])
         defer { deployment.stop() }

@@ -87,11 +87,10 @@ import TokenService
             if found.grant != nil { live += 1 }
         }
         #expect(live == 13, "the twelve tokens, one of them twice; nothing for the revoked, unknown or made-up hashes")
-        // The first check went out alone (the connection was idle); the rest waited for it and
-        // went out together.
+        // Asked for in one turn of the loop, they went out together, in one query.
         let figures = checks.figures
         #expect(figures.checks == hashes.count)
-        #expect(figures.queries <= 2, "\(figures.queries) queries for \(figures.checks) checks")
+        #expect(figures.queries == 1, "\(figures.queries) queries for \(figures.checks) checks")
         // Off a loop the checks decline: the caller uses the blocking call.
         let offLoop = checks.check(hash: hashes[0], markBeforeCheck: { 0 }, done: { _ in })
         #expect(!offLoop)
@@ -120,10 +119,14 @@ import TokenService
         }
     }
 
-    @Test func aRevocationIsRefusedByTheNextCheck() throws {
+    @Test func aPolicyChangeOrARevocationIsSeenByTheNextCheck() throws {
         let setup = try Setup(try fixture())
         let (f, app, hash, loops, checks) = (setup.fixture, setup.app, setup.hash, setup.loops, setup.checks)
         #expect(try check([hash], on: loops.loops[0], with: checks)[0].result.get().grant?.clientID == app.clientID)
+        // A grant decoded before is not served once its row changed: a new policy shows at once.
+        #expect(try f.store.updatePolicy(clientID: app.clientID, IntegrationPolicy(models: ["claude-test-1"], maxTokens: 77)))
+        let changed = try check([hash], on: loops.loops[0], with: checks)[0].result.get().grant?.policy
+        #expect(changed?.models == ["claude-test-1"] && changed?.maxTokens == 77)
         #expect(try f.store.revokeIntegration(clientID: app.clientID, at: StoreFixture.t0))
         #expect(try check([hash], on: loops.loops[0], with: checks)[0].result.get().grant == nil)
     }
