@@ -6,18 +6,37 @@ import Synchronization
 /// every instance of a deployment reads from the same file. Each value is bound to what it
 /// belongs to through the associated data, so a ciphertext copied to another row does not open.
 ///
-/// Sealed format: version 0x01 ‖ 12-byte random nonce ‖ ciphertext ‖ 16-byte tag.
+/// Sealed format: version 0x02 ‖ the sealing key's 8-byte ID ‖ 12-byte random nonce ‖
+/// ciphertext ‖ 16-byte tag. The key ID names the key, so that during a rotation a reader holding
+/// the new and the previous key opens each value with the right one (and a value under a key it
+/// does not hold says so). Version 0x01, from before rotation, has no key ID; it still opens.
 public struct SecretBox: Sendable {
     public static let keyLength = 32
-    static let version: UInt8 = 1
+    public static let keyIDLength = 8
+    static let version: UInt8 = 2
+    static let legacyVersion: UInt8 = 1
     static let nonceLength = 12
     static let tagLength = 16
 
     private let key: [UInt8]
+    /// The first 8 bytes of SHA-256 over a label and the key: names the key, reveals nothing of it.
+    public let keyID: [UInt8]
 
     public init(key: [UInt8]) throws {
         guard key.count == Self.keyLength else { throw CryptoError("a secrets key is \(Self.keyLength) bytes, got \(key.count)") }
         self.key = key
+        keyID = Array(sha256(Array("attestd secrets key ID".utf8) + key).prefix(Self.keyIDLength))
+    }
+
+    /// The key ID a sealed value names, or nil for a value sealed before key IDs (or malformed).
+    public static func keyID(ofSealed sealed: [UInt8]) -> [UInt8]? {
+        guard sealed.count >= 1 + keyIDLength + nonceLength + tagLength, sealed[0] == version else { return nil }
+        return Array(sealed[1...keyIDLength])
+    }
+
+    /// The key ID as operators see it (16 hex digits).
+    public static func describe(keyID: [UInt8]?) -> String {
+        keyID.map { $0.map { String(format: "%02x", $0) }.joined() } ?? "unnamed (sealed before key IDs)"
     }
 
     public func seal(_ plaintext: [UInt8], associatedData: [UInt8]) throws -> [UInt8] {
@@ -35,17 +54,28 @@ public struct SecretBox: Sendable {
             }
             return count + Int(final)
         }
-        return [Self.version] + nonce + output[0..<written] + tag
+        return [Self.version] + keyID + nonce + output[0..<written] + tag
     }
 
     /// The plaintext, or an error when the value was altered, sealed under another key, or sealed
     /// with other associated data.
     public func open(_ sealed: [UInt8], associatedData: [UInt8]) throws -> [UInt8] {
-        guard sealed.count >= 1 + Self.nonceLength + Self.tagLength, sealed[0] == Self.version else {
+        let header: Int
+        switch sealed.first {
+        case Self.version:
+            header = 1 + Self.keyIDLength
+            guard sealed.count >= header + Self.nonceLength + Self.tagLength else { throw CryptoError("sealed secret is malformed") }
+            guard Array(sealed[1..<header]) == keyID else {
+                throw CryptoError("sealed secret was sealed under key \(Self.describe(keyID: Self.keyID(ofSealed: sealed))), not \(Self.describe(keyID: keyID))")
+            }
+        case Self.legacyVersion:
+            header = 1
+            guard sealed.count >= header + Self.nonceLength + Self.tagLength else { throw CryptoError("sealed secret is malformed") }
+        default:
             throw CryptoError("sealed secret is malformed")
         }
-        let nonce = Array(sealed[1...Self.nonceLength])
-        let body = Array(sealed[(1 + Self.nonceLength)..<(sealed.count - Self.tagLength)])
+        let nonce = Array(sealed[header..<(header + Self.nonceLength)])
+        let body = Array(sealed[(header + Self.nonceLength)..<(sealed.count - Self.tagLength)])
         var tag = Array(sealed[(sealed.count - Self.tagLength)...])
         var output = [UInt8](repeating: 0, count: body.count + 16)
         let written = try withCipher(encrypt: false, nonce: nonce) { context in
@@ -157,31 +187,5 @@ public enum SecretsKeyFile {
             if let h = high { out.append(h << 4 | value); high = nil } else { high = value }
         }
         return high == nil ? out : nil
-    }
-}
-
-/// The secrets key file, read when first needed and kept once read: a server started before
-/// `attestctl init` created the file (the README's first run) opens sealed keys as soon as the
-/// file exists, without a restart. While it is absent, its path is looked at once a second at most.
-public final class SecretsKeySource: Sendable {
-    public let path: String
-    private let state: Mutex<(box: SecretBox?, checkedAt: ContinuousClock.Instant?)>
-
-    public init(path: String, loaded: SecretBox? = nil) {
-        self.path = path
-        state = Mutex((loaded, nil))
-    }
-
-    /// The key, or nil while the file is absent or unreadable (a half-written file is tried again).
-    public func current() -> SecretBox? {
-        state.withLock { s in
-            if let box = s.box { return box }
-            let now = ContinuousClock.now
-            if let last = s.checkedAt, now - last < .seconds(1) { return nil }
-            s.checkedAt = now
-            guard FileManager.default.fileExists(atPath: path), let box = try? SecretsKeyFile.load(path) else { return nil }
-            s.box = box
-            return box
-        }
     }
 }

@@ -122,7 +122,8 @@ enum UpstreamSettings {
                              + "that needs the owner or primary owner role.", kind: .forbidden)
         }
         let form = request.form
-        guard let box = secrets?.current() else {
+        // Sealed under the key the files hold now (a rotation may have just made a new one).
+        guard let box = secrets?.keyring(refresh: .now)?.current else {
             return try SettingsPage.page(request, admin, notice: "", errors: [kind.rawValue: "The deployment's secrets key file is missing, so "
                                          + "the credentials cannot be sealed: run attestctl init on the server."], status: 503, typed: form)
         }

@@ -62,3 +62,30 @@ extension PostgresTokenStore {
         }
     }
 }
+
+// MARK: Sealed secrets (a key rotation)
+
+extension PostgresTokenStore {
+    public func sealedSecrets() throws -> [SealedSecret] {
+        try run { db in
+            try db.query("SELECT workspace_id, sealed_key FROM workspace_upstream_keys ORDER BY workspace_id").rows.map {
+                SealedSecret(owner: .upstream(workspaceID: try $0.int("workspace_id")), sealed: try $0.bytes("sealed_key"))
+            } + db.query("SELECT team_id, key_id, sealed_key FROM apple_keys ORDER BY team_id").rows.map {
+                SealedSecret(owner: .appleKey(teamID: try $0.text("team_id"), keyID: try $0.text("key_id")), sealed: try $0.bytes("sealed_key"))
+            }
+        }
+    }
+
+    public func replaceSealedSecret(_ owner: SealedSecret.Owner, old: [UInt8], new: [UInt8]) throws -> Bool {
+        try run { db in
+            switch owner {
+            case .upstream(let workspaceID):
+                try db.query("UPDATE workspace_upstream_keys SET sealed_key = $1 WHERE workspace_id = $2 AND sealed_key = $3",
+                             [.bytes(new), .int(workspaceID), .bytes(old)]).affectedRows == 1
+            case .appleKey(let teamID, let keyID):
+                try db.query("UPDATE apple_keys SET sealed_key = $1 WHERE team_id = $2 AND key_id = $3 AND sealed_key = $4",
+                             [.bytes(new), .text(teamID), .text(keyID), .bytes(old)]).affectedRows == 1
+            }
+        }
+    }
+}

@@ -337,7 +337,7 @@ public final class ReceiptRefreshJob: Service {
     }
 
     func open(_ sealed: SealedAppleKey) -> AppleDataKey? {
-        guard let secrets = secrets?.current() else {
+        guard let secrets, secrets.current() != nil else {
             reportOnce("secrets", "apple_key_unopenable", [("note", "no secrets key: Apple keys cannot be opened (attestctl init creates it)")])
             return nil
         }

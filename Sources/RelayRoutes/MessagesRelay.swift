@@ -79,10 +79,11 @@ public final class MessagesRelay: Sendable {
     }
 
     private func open(_ sealed: SealedUpstreamKey, of grant: TokenGrant) throws(KeyProblem) -> [UInt8] {
-        guard let secrets = secrets?.current() else {
+        guard let secrets, secrets.current() != nil else {
             throw .unopenable("no secrets key file is loaded, so workspace \(grant.workspaceName)'s key cannot be opened")
         }
         do {
+            // With the key the value names: during a rotation, the new key or the previous one.
             return try secrets.open(sealed.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: grant.workspaceID))
         } catch {
             throw .unopenable("workspace \(grant.workspaceName)'s upstream key does not open with this secrets key file: \(error)")

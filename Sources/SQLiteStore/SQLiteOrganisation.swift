@@ -46,3 +46,33 @@ extension SQLiteTokenStore {
                                 [.int(workspaceID)], SealedUpstreamKey.init(row:)) }
     }
 }
+
+// MARK: Sealed secrets (a key rotation)
+
+extension SQLiteTokenStore {
+    public func sealedSecrets() throws -> [SealedSecret] {
+        try read { db in
+            var secrets: [SealedSecret] = []
+            try db.query("SELECT workspace_id, sealed_key FROM workspace_upstream_keys ORDER BY workspace_id") {
+                secrets.append(SealedSecret(owner: .upstream(workspaceID: try $0.int("workspace_id")), sealed: try $0.bytes("sealed_key")))
+            }
+            try db.query("SELECT team_id, key_id, sealed_key FROM apple_keys ORDER BY team_id") {
+                secrets.append(SealedSecret(owner: .appleKey(teamID: try $0.text("team_id"), keyID: try $0.text("key_id")), sealed: try $0.bytes("sealed_key")))
+            }
+            return secrets
+        }
+    }
+
+    public func replaceSealedSecret(_ owner: SealedSecret.Owner, old: [UInt8], new: [UInt8]) throws -> Bool {
+        try write { db in
+            switch owner {
+            case .upstream(let workspaceID):
+                try db.run("UPDATE workspace_upstream_keys SET sealed_key = ? WHERE workspace_id = ? AND sealed_key = ?",
+                           [.blob(new), .int(workspaceID), .blob(old)]) == 1
+            case .appleKey(let teamID, let keyID):
+                try db.run("UPDATE apple_keys SET sealed_key = ? WHERE team_id = ? AND key_id = ? AND sealed_key = ?",
+                           [.blob(new), .text(teamID), .text(keyID), .blob(old)]) == 1
+            }
+        }
+    }
+}

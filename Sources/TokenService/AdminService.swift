@@ -237,7 +237,7 @@ public final class AdminService: Sendable {
 
     // MARK: Helpers
 
-    private func defaultWorkspace() throws -> Workspace {
+    func defaultWorkspace() throws -> Workspace {
         if let workspace = try store.workspace(named: Self.defaultWorkspace) { return workspace }
         return try store.createWorkspace(name: Self.defaultWorkspace, at: now())
     }

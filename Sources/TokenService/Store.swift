@@ -163,7 +163,47 @@ public typealias DeviceExchangeStore = ExchangeStore & IntegrationStore & StoreH
 
 /// What the operators' service reads and changes (attestctl, the console).
 public typealias AdministrationStore = OrganisationStore & IntegrationStore & DeviceInventoryStore & UsageStore & AuditStore
-    & ReceiptRefreshStore & ConsoleStore
+    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore
+
+/// Every value sealed under the secrets key, for a rotation: read them all, replace them one at
+/// a time, each only if nobody changed it meanwhile.
+public protocol SealedSecretsStore: AnyObject, Sendable {
+    func sealedSecrets() throws -> [SealedSecret]
+    /// Replaces one sealed value if it still holds `old`; false when it changed or went meanwhile.
+    func replaceSealedSecret(_ owner: SealedSecret.Owner, old: [UInt8], new: [UInt8]) throws -> Bool
+}
+
+/// A value sealed under the secrets key, and what it is bound to.
+public struct SealedSecret: Sendable, Equatable {
+    public enum Owner: Sendable, Hashable, CustomStringConvertible {
+        /// A workspace's upstream credentials (an API key, AWS keys, a service account).
+        case upstream(workspaceID: Int64)
+        /// A team's App Attest data-service key.
+        case appleKey(teamID: String, keyID: String)
+
+        public var description: String {
+            switch self {
+            case .upstream(let id): "the upstream credentials of workspace #\(id)"
+            case .appleKey(let team, let key): "Apple key \(key) of team \(team)"
+            }
+        }
+    }
+    public let owner: Owner
+    public let sealed: [UInt8]
+
+    public init(owner: Owner, sealed: [UInt8]) {
+        self.owner = owner
+        self.sealed = sealed
+    }
+
+    /// What the value was sealed to: it opens only with the same.
+    public var associatedData: [UInt8] {
+        switch owner {
+        case .upstream(let id): SealedUpstreamKey.associatedData(workspaceID: id)
+        case .appleKey(let team, let key): SealedAppleKey.associatedData(teamID: team, keyID: key)
+        }
+    }
+}
 
 /// One database with every capability: what `Stores.open` returns and each database
 /// implements. Only the composition root (attestd, attestctl) holds it whole; each service

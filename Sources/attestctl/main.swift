@@ -17,6 +17,7 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE] [--by hour|day|model|integration] [--json]
                                            what relayed Messages requests cost
   audit [--client-id CLID] [--limit N]     newest audit events
+  secrets rotate|finish-rotation|status    a new secrets key, every sealed value re-sealed under it while attestd serves
   verify attestation|assertion|receipt …   verify an App Attest object or receipt offline
 every command answers --help; --db PATH|URL (a SQLite file or a postgresql:// URL; default: $ATTESTD_DB, else ./attestd.sqlite) and
 --secrets-key-file FILE (default: $ATTESTD_SECRETS_KEY_FILE, else attestd.key beside the database)
@@ -28,6 +29,7 @@ runTool("attestctl") {
     let rest = Array(argv.dropFirst())
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
+    case "secrets": return try SecretsCommands.run(rest)
     case "init", "migrate", "backup", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     default: throw UsageError(usage)

@@ -10,7 +10,8 @@ import Testing
 
     @Test func sealsAndOpensWithTheSameAssociatedData() throws {
         let sealed = try box.seal(plaintext, associatedData: workspace1)
-        #expect(sealed.count == 1 + 12 + plaintext.count + 16)
+        #expect(sealed.count == 1 + 8 + 12 + plaintext.count + 16)
+        #expect(SecretBox.keyID(ofSealed: sealed) == box.keyID, "the value names the key that sealed it")
         #expect(sealed.firstRange(of: plaintext) == nil, "the plaintext must not appear in the sealed bytes")
         #expect(try box.open(sealed, associatedData: workspace1) == plaintext)
         // A fresh nonce each time: the same plaintext never seals to the same bytes.

@@ -1,0 +1,184 @@
+import Foundation
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The secrets key and, while a rotation is under way, the previous one: new values are sealed
+/// under the current key; a value opens with whichever key it names.
+public struct SecretsKeyring: Sendable {
+    public let current: SecretBox
+    public let previous: SecretBox?
+
+    public init(current: SecretBox, previous: SecretBox? = nil) {
+        self.current = current
+        self.previous = previous
+    }
+
+    /// The key file at `path`, and `path.previous` when a rotation is under way.
+    public static func load(_ path: String) throws -> SecretsKeyring {
+        let current = try SecretsKeyFile.load(path)
+        let previousPath = SecretsKeyFile.previousPath(path)
+        let previous = FileManager.default.fileExists(atPath: previousPath) ? try SecretsKeyFile.load(previousPath) : nil
+        return SecretsKeyring(current: current, previous: previous)
+    }
+
+    /// Whether the ring holds the key `sealed` names (a value from before key IDs: any key may be it).
+    public func holdsKey(of sealed: [UInt8]) -> Bool {
+        guard let id = SecretBox.keyID(ofSealed: sealed) else { return true }
+        return id == current.keyID || id == previous?.keyID
+    }
+
+    /// Whether `sealed` is under another key than the current one (a rotation re-seals it).
+    public func needsResealing(_ sealed: [UInt8]) -> Bool { SecretBox.keyID(ofSealed: sealed) != current.keyID }
+
+    public func open(_ sealed: [UInt8], associatedData: [UInt8]) throws -> [UInt8] {
+        guard let id = SecretBox.keyID(ofSealed: sealed) else {
+            // Sealed before key IDs: under the current key, or the previous one.
+            do { return try current.open(sealed, associatedData: associatedData) } catch {
+                guard let previous else { throw error }
+                return try previous.open(sealed, associatedData: associatedData)
+            }
+        }
+        if id == current.keyID { return try current.open(sealed, associatedData: associatedData) }
+        if let previous, id == previous.keyID { return try previous.open(sealed, associatedData: associatedData) }
+        throw CryptoError("sealed under key \(SecretBox.describe(keyID: id)), which is neither the current secrets key (\(SecretBox.describe(keyID: current.keyID)))"
+                          + (previous.map { " nor the previous one (\(SecretBox.describe(keyID: $0.keyID)))" } ?? " nor a previous one"))
+    }
+}
+
+/// The secrets key files as a running service reads them: loaded when first needed, and read
+/// again when they change on disk (a rotation by `attestctl secrets rotate`), so that every
+/// instance opens values re-sealed under the new key without a restart. A value naming a key the
+/// ring does not hold makes it look at the files at once; otherwise at most once a second.
+public final class SecretsKeySource: Sendable {
+    public let path: String
+    private struct State {
+        var ring: SecretsKeyring?
+        var stamps: [FileStamp?] = []
+        var checkedAt: ContinuousClock.Instant?
+    }
+    private let state: Mutex<State>
+
+    public init(path: String, loaded: SecretBox? = nil) {
+        self.path = path
+        // No stamps yet: the first look at the files loads the previous key too, if there is one.
+        state = Mutex(State(ring: loaded.map { SecretsKeyring(current: $0) }))
+    }
+
+    /// The key new values are sealed under, or nil while the file is absent or unreadable.
+    public func current() -> SecretBox? { keyring(refresh: .ifDue)?.current }
+
+    /// The keys as the files hold them now (a seal or a rotation's step asks the files first).
+    public func keyring(refresh: Refresh = .ifDue) -> SecretsKeyring? {
+        state.withLock { s in
+            let now = ContinuousClock.now
+            let due = refresh == .now || s.ring == nil || s.checkedAt.map { now - $0 >= .seconds(1) } ?? true
+            guard due else { return s.ring }
+            s.checkedAt = now
+            let stamps = Self.stamps(path)
+            guard s.ring == nil || stamps != s.stamps else { return s.ring }
+            // A half-written or vanished file keeps the ring already held.
+            if let ring = try? SecretsKeyring.load(path) {
+                s.ring = ring
+                s.stamps = stamps
+            }
+            return s.ring
+        }
+    }
+
+    public enum Refresh: Sendable { case ifDue, now }
+
+    /// Opens a sealed value with the key it names, reading the files again first when it names a
+    /// key not held yet (another instance's attestctl rotated the key a moment ago).
+    public func open(_ sealed: [UInt8], associatedData: [UInt8]) throws -> [UInt8] {
+        guard var ring = keyring() else { throw CryptoError("no secrets key file is loaded (\(path); attestctl init creates it)") }
+        if !ring.holdsKey(of: sealed), let fresh = keyring(refresh: .now) { ring = fresh }
+        return try ring.open(sealed, associatedData: associatedData)
+    }
+
+    /// What tells a file changed: device, inode, size and modification time (nil: absent).
+    struct FileStamp: Equatable {
+        let device: UInt64, inode: UInt64, size: Int64, seconds: Int, nanoseconds: Int
+    }
+
+    static func stamps(_ path: String) -> [FileStamp?] {
+        [path, SecretsKeyFile.previousPath(path)].map { file in
+            var info = stat()
+            guard stat(file, &info) == 0 else { return nil }
+            return FileStamp(device: UInt64(info.st_dev), inode: UInt64(info.st_ino), size: Int64(info.st_size),
+                             seconds: Int(info.st_mtim.tv_sec), nanoseconds: Int(info.st_mtim.tv_nsec))
+        }
+    }
+}
+
+// MARK: Rotation, on disk
+
+extension SecretsKeyFile {
+    /// The previous key's file while a rotation is under way.
+    public static func previousPath(_ path: String) -> String { path + ".previous" }
+    static func nextPath(_ path: String) -> String { path + ".next" }
+
+    /// Makes a new key the current one and keeps the old one beside it (`path.previous`), each
+    /// step atomic and durable, so that a rotation killed at any point can be resumed: true when
+    /// it began now, false when one was already under way (it is then completed if it had been
+    /// stopped halfway through the switch). Readers find the old key in one of the two files at
+    /// every moment.
+    @discardableResult
+    public static func beginRotation(_ path: String) throws -> Bool {
+        let previous = previousPath(path), next = nextPath(path)
+        let manager = FileManager.default
+        if manager.fileExists(atPath: previous) {
+            if manager.fileExists(atPath: next) { try rename(next, to: path) }
+            return false
+        }
+        _ = try load(path)   // the current key must be a key before anything is changed
+        // 1. The new key, durable, under a name nobody reads.
+        unlink(next)
+        guard try createIfAbsent(next) else { throw CryptoError("cannot create \(next): it exists") }
+        // 2. A copy of the current key as the previous one (written whole, then renamed).
+        guard let current = manager.contents(atPath: path) else { throw CryptoError("cannot read the secrets key file \(path)") }
+        try writeDurably([UInt8](current), to: previous)
+        // 3. The switch.
+        try rename(next, to: path)
+        return true
+    }
+
+    /// Removes the previous key: the rotation is over.
+    public static func finishRotation(_ path: String) throws {
+        let previous = previousPath(path)
+        guard unlink(previous) == 0 || errno == ENOENT else {
+            throw CryptoError("cannot remove \(previous): \(String(cString: strerror(errno)))")
+        }
+        syncDirectory(of: path)
+    }
+
+    static func writeDurably(_ bytes: [UInt8], to path: String) throws {
+        let temporary = path + ".tmp"
+        unlink(temporary)
+        let fd = Foundation.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw CryptoError("cannot create \(temporary): \(String(cString: strerror(errno)))") }
+        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        let synced = fsync(fd) == 0
+        close(fd)
+        guard written == bytes.count, synced else {
+            unlink(temporary)
+            throw CryptoError("cannot write \(temporary): \(String(cString: strerror(errno)))")
+        }
+        try rename(temporary, to: path)
+    }
+
+    static func rename(_ from: String, to: String) throws {
+        guard Glibc.rename(from, to) == 0 else { throw CryptoError("cannot rename \(from) to \(to): \(String(cString: strerror(errno)))") }
+        syncDirectory(of: to)
+    }
+
+    /// Makes a rename or removal in the file's directory durable.
+    static func syncDirectory(of path: String) {
+        let directory = (path as NSString).deletingLastPathComponent
+        let fd = Foundation.open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { return }
+        fsync(fd)
+        close(fd)
+    }
+}

@@ -1,0 +1,126 @@
+import AttestCrypto
+import CommandLineSupport
+import Foundation
+import TokenService
+
+/// `attestctl secrets rotate|finish-rotation|status`: a new secrets key, with every sealed value
+/// (upstream credentials, Apple keys) re-sealed under it while attestd keeps serving.
+enum SecretsCommands {
+    static let usage = """
+    usage: attestctl secrets rotate --actor EMAIL [--keys-only]
+           attestctl secrets finish-rotation --actor EMAIL
+           attestctl secrets status [--json]
+      rotate makes a new secrets key the current one, keeps the old one beside it (KEYFILE.previous),
+      then re-seals every sealed value under the new key, one at a time. attestd reads both files while
+      a rotation is under way, so every instance keeps opening every value throughout. Interrupted at
+      any point, rotate resumes where it stopped. With instances on several hosts, run rotate --keys-only,
+      copy both key files to every host, then run rotate again to re-seal.
+      finish-rotation removes the previous key once no sealed value needs it, and refuses while one does.
+      Owners and the primary owner of the default workspace; every step is audited (never a key).
+    """
+
+    static func run(_ argv: [String]) throws -> Int32 {
+        if wantsHelp(argv) {
+            print(usage)
+            return 0
+        }
+        do {
+            switch argv.first {
+            case "rotate": return try rotate(Array(argv.dropFirst()))
+            case "finish-rotation": return try finish(Array(argv.dropFirst()))
+            case "status": return try status(Array(argv.dropFirst()))
+            default: throw UsageError(usage)
+            }
+        } catch let error as AdminError {
+            throw UsageError(error.description)
+        }
+    }
+
+    static func rotate(_ argv: [String]) throws -> Int32 {
+        let arguments = try AdminCommands.parse(argv, options: ["actor"], flags: ["keys-only"])
+        let actor = try arguments.required("actor")
+        let path = try AdminCommands.secretsKeyPath(arguments)
+        let (service, _) = try AdminCommands.open(arguments)
+        // Refused before any file is touched.
+        try service.authorizeSecretsRotation(actor: actor)
+        let began: Bool
+        do { began = try SecretsKeyFile.beginRotation(path) } catch { throw UsageError("\(error)") }
+        let keyring = try loadKeyring(path)
+        let current = SecretBox.describe(keyID: keyring.current.keyID)
+        let previous = SecretBox.describe(keyID: keyring.previous?.keyID)
+        if began {
+            try service.auditSecrets(actor: actor, "secrets.rotation_started", detail: "new key \(current), previous key \(previous)")
+            print("made a new secrets key \(current) in \(path); the previous key \(previous) stays in \(SecretsKeyFile.previousPath(path)) until the rotation finishes")
+        } else {
+            print("a rotation is under way (new key \(current), previous key \(previous)): resuming")
+        }
+        if arguments.has("keys-only") {
+            print("keys only: copy \(path) and \(SecretsKeyFile.previousPath(path)) to every host that runs attestd, then run attestctl secrets rotate again to re-seal")
+            return 0
+        }
+        let report = try service.resealSecrets(actor: actor, keyring: keyring) { owner in
+            print("re-sealed \(owner)")
+            fflush(nil)   // each line as it happens: a rotation stopped midway shows how far it got
+        }
+        print("re-sealed \(report.resealed.count) values under \(current) (\(report.alreadyCurrent) were under it already)")
+        guard report.unopenable.isEmpty else {
+            for (owner, why) in report.unopenable { printError("cannot re-seal \(owner): \(why)") }
+            printError("\(report.unopenable.count) values open with neither the new nor the previous key: they were left as they are, and the rotation cannot finish "
+                       + "until each is set again (workspaces set-upstream-…, apple-keys set)")
+            return 1
+        }
+        print("next: attestctl secrets finish-rotation --actor \(actor)   (removes the previous key)")
+        return 0
+    }
+
+    static func finish(_ argv: [String]) throws -> Int32 {
+        let arguments = try AdminCommands.parse(argv, options: ["actor"])
+        let actor = try arguments.required("actor")
+        let path = try AdminCommands.secretsKeyPath(arguments)
+        let (service, _) = try AdminCommands.open(arguments)
+        try service.authorizeSecretsRotation(actor: actor)
+        let keyring = try loadKeyring(path)
+        guard let previous = keyring.previous else {
+            print("no rotation is under way: \(path) holds the only key (\(SecretBox.describe(keyID: keyring.current.keyID)))")
+            return 0
+        }
+        let left = try service.sealedUnderOtherKeys(keyring)
+        guard left.isEmpty else {
+            for value in left { printError("still under key \(SecretBox.describe(keyID: SecretBox.keyID(ofSealed: value.sealed))): \(value.owner)") }
+            throw UsageError("\(left.count) sealed values still need the previous key: run attestctl secrets rotate --actor EMAIL to re-seal them first")
+        }
+        do { try SecretsKeyFile.finishRotation(path) } catch { throw UsageError("\(error)") }
+        try service.auditSecrets(actor: actor, "secrets.rotation_finished",
+                                 detail: "previous key \(SecretBox.describe(keyID: previous.keyID)) removed; current key \(SecretBox.describe(keyID: keyring.current.keyID))")
+        print("removed the previous key \(SecretBox.describe(keyID: previous.keyID)): every sealed value is under \(SecretBox.describe(keyID: keyring.current.keyID))")
+        return 0
+    }
+
+    static func status(_ argv: [String]) throws -> Int32 {
+        let arguments = try AdminCommands.parse(argv, options: [], flags: ["json"])
+        let path = try AdminCommands.secretsKeyPath(arguments)
+        let (service, _) = try AdminCommands.open(arguments)
+        let keyring = try loadKeyring(path)
+        let counts = try service.sealedValuesByKey()
+        let current = SecretBox.describe(keyID: keyring.current.keyID)
+        if arguments.has("json") {
+            var object: [String: Any] = ["key_file": path, "current_key": current, "rotation_under_way": keyring.previous != nil,
+                                         "sealed_values": Dictionary(uniqueKeysWithValues: counts.map { (SecretBox.describe(keyID: $0.keyID), $0.count) })]
+            if let previous = keyring.previous { object["previous_key"] = SecretBox.describe(keyID: previous.keyID) }
+            printJSON(object)
+            return 0
+        }
+        print("current key \(current) (\(path))")
+        if let previous = keyring.previous { print("previous key \(SecretBox.describe(keyID: previous.keyID)): a rotation is under way") }
+        for (keyID, count) in counts { print("\(count) sealed values under \(SecretBox.describe(keyID: keyID))") }
+        return 0
+    }
+
+    static func loadKeyring(_ path: String) throws -> SecretsKeyring {
+        do { return try SecretsKeyring.load(path) } catch { throw UsageError("\(error)") }
+    }
+
+    static func printError(_ line: String) {
+        FileHandle.standardError.write(Data((line + "\n").utf8))
+    }
+}
