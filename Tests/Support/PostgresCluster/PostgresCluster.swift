@@ -81,12 +81,18 @@ public final class PostgresCluster: Sendable {
     /// Takes `LOCK TABLE table IN ACCESS EXCLUSIVE MODE` in `database` and holds it until the
     /// returned closure is called: a stall that every query on the table waits behind.
     public func lockTable(_ table: String, in database: String) throws -> () -> Void {
+        try holdLocks("LOCK TABLE \(table) IN ACCESS EXCLUSIVE MODE", in: database)
+    }
+
+    /// Runs `statement` (a `SELECT … FOR UPDATE`, a `LOCK TABLE`) in a transaction of its own in
+    /// `database` and keeps it open, with the locks it took, until the returned closure is called.
+    public func holdLocks(_ statement: String, in database: String) throws -> () -> Void {
         let generous = PostgresConfiguration(callTimeout: 30, statementTimeoutMilliseconds: 30_000, lockTimeoutMilliseconds: 30_000)
         let connection = try PostgresConnection(PostgresConnectionString(socket(database, user: "postgres")), configuration: generous,
                                                 deadline: .after(seconds: 30))
         do {
             try connection.execute("BEGIN")
-            try connection.execute("LOCK TABLE \(table) IN ACCESS EXCLUSIVE MODE")
+            try connection.execute(statement)
         } catch {
             connection.close()
             throw error
