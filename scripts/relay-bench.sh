@@ -8,7 +8,7 @@
 #             threads as attestd has loops: the most any relay built on libcurl can reach here
 #   attestd — wrk → attestd (token check + relay + usage ledger + the integration's policy) → upstream
 #   attestd-noledger — the same attestd without ledger and policy (--no-usage-ledger): their cost
-#   nginx-auth — nginx as the data plane with auth_request to attestd's /v1/authz/check (the README's
+#   nginx-auth — nginx as the data plane with auth_request to attestd's /v1/authz/check (docs/token-check-for-a-proxy.md's
 #             configuration), then proxy_pass as in "nginx"
 # For each, the CPU per request of the processes doing the work (nginx's worker, attestd), less
 # the upstream's own share (the fixed reply is served by the same nginx worker: its CPU per

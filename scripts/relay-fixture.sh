@@ -57,7 +57,7 @@ http {
       proxy_buffering off;
     }
   }
-  # nginx as the data plane, attestd as the token check (the README's auth_request
+  # nginx as the data plane, attestd as the token check (docs/token-check-for-a-proxy.md's auth_request
   # configuration; the first attestd started listens for admin requests on $admin_port).
   upstream attest_check { server 127.0.0.1:$admin_port; keepalive 64; }
   server {

@@ -7,11 +7,11 @@ import Glibc
 
 /// `/v1/authz/check` on the admin listener: attestd as the token check for a data plane the
 /// operator already runs. Through the shipped attestd, directly (as Envoy's HTTP ext_authz and
-/// nginx's auth_request ask) and behind Debian's nginx with the README's configuration.
+/// nginx's auth_request ask) and behind Debian's nginx with docs/token-check-for-a-proxy.md's configuration.
 @Suite(.serialized) struct AuthzCheckTests {
     typealias Fixture = RelayTests.Fixture
 
-    /// The README's nginx configuration, filled in: nginx in front of the Messages API (the stub),
+    /// The guide's nginx configuration, filled in: nginx in front of the Messages API (the stub),
     /// every request checked with attestd first.
     static func nginxConfiguration(directory: String, port: Int, adminPort: UInt16, upstream: String, key: String) -> String {
         """
@@ -34,12 +34,12 @@ import Glibc
         """
     }
 
-    /// The server block as the README shows it (between its markers), so the test runs what the
+    /// The server block as docs/token-check-for-a-proxy.md shows it (between its markers), so the test runs what the
     /// operator copies.
     static var readmeServerBlock: String {
-        let readme = (try? String(contentsOfFile: ServerProcess.packageRoot.appendingPathComponent("README.md").path, encoding: .utf8)) ?? ""
+        let readme = (try? String(contentsOfFile: ServerProcess.packageRoot.appendingPathComponent("docs/token-check-for-a-proxy.md").path, encoding: .utf8)) ?? ""
         guard let start = readme.range(of: "# nginx: attestd checks the tokens\n"), let end = readme.range(of: "# end of the nginx example", range: start.upperBound..<readme.endIndex) else {
-            return "README.md has no nginx example"
+            return "docs/token-check-for-a-proxy.md has no nginx example"
         }
         return String(readme[start.upperBound..<end.lowerBound])
     }
@@ -92,7 +92,7 @@ import Glibc
     @Test func nginxWithTheREADMEsConfigurationPassesALiveTokenAndRefusesARevokedOneOnItsNextRequest() async throws {
         let nginx = "/usr/sbin/nginx"
         try #require(FileManager.default.isExecutableFile(atPath: nginx), "nginx is missing: make installs Debian's nginx-light")
-        #expect(!Self.readmeServerBlock.hasPrefix("README.md has no"), "the README's nginx example is missing")
+        #expect(!Self.readmeServerBlock.hasPrefix("docs/token-check-for-a-proxy.md has no"), "the nginx example of docs/token-check-for-a-proxy.md is missing")
         let fixture = try await Fixture()
         defer { fixture.stop() }
         let directory = fixture.directory.appendingPathComponent("nginx").path
