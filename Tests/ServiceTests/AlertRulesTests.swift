@@ -12,17 +12,7 @@ import Testing
         guard FileManager.default.isExecutableFile(atPath: "/usr/bin/promtool") else {
             throw HTTPTestError("/usr/bin/promtool is missing: `make deps` installs Debian's prometheus package")
         }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/promtool")
-        process.arguments = arguments
-        process.currentDirectoryURL = directory
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        return (process.terminationStatus, text)
+        return try ServerProcess.runCombined("/usr/bin/promtool", arguments, in: directory)
     }
 
     @Test func theRulesAreValidAndEachAlertFiresOnlyWhenItShould() throws {

@@ -42,20 +42,6 @@ import Testing
         return words
     }
 
-    static func run(_ executable: String, _ arguments: [String]) throws -> (Int32, String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        process.currentDirectoryURL = ServerProcess.packageRoot
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        return (process.terminationStatus, text)
-    }
-
     @Test func everyCommandOfTheGuideRunsInOrder() throws {
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("deploying-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: root) }
@@ -85,7 +71,7 @@ import Testing
                     #expect(FileManager.default.fileExists(atPath: to), "\(original): no copy at \(to)")
                 }
             case "openssl", "promtool":
-                let (status, output) = try Self.run("/usr/bin/\(command)", Array(words.dropFirst()))
+                let (status, output) = try ServerProcess.runCombined("/usr/bin/\(command)", Array(words.dropFirst()), in: ServerProcess.packageRoot)
                 #expect(status == 0, "\(original)\n\(output)")
                 ran.append(command)
             case "install" where words.dropFirst().first == "-d":

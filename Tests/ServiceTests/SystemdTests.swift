@@ -104,15 +104,7 @@ import Glibc
         defer { try? FileManager.default.removeItem(at: directory) }
         let path = directory.appendingPathComponent("attestd.service").path
         try unit.replacingOccurrences(of: "/usr/local/bin/attestd", with: ServerProcess.attestd).write(toFile: path, atomically: true, encoding: .utf8)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: analyze)
-        process.arguments = ["verify", path]
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "\(text)")
+        let (status, text) = try ServerProcess.runCombined(analyze, ["verify", path])
+        #expect(status == 0, "\(text)")
     }
 }

@@ -52,17 +52,24 @@ public struct StubCertificates: Sendable {
     }
 
     private static func run(_ arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["openssl"] + arguments
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
+        let (status, text) = try runCombined("/usr/bin/env", ["openssl"] + arguments)
+        guard status == 0 else {
             throw StubError("openssl \(arguments.prefix(2).joined(separator: " ")) failed: \(text)")
         }
     }
+}
+
+/// Runs a tool with its standard output and error in one pipe; returns (status, that text).
+public func runCombined(_ executable: String, _ arguments: [String], in directory: URL? = nil) throws -> (Int32, String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
+    if let directory { process.currentDirectoryURL = directory }
+    let output = Pipe()
+    process.standardOutput = output
+    process.standardError = output
+    try process.run()
+    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    return (process.terminationStatus, text)
 }
