@@ -125,7 +125,9 @@ enum ConsoleAssets {
     .revoked-note { color: var(--danger); font-weight: 600; }
     .empty { color: var(--muted); }
     section.chart, section.budget { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 4px 16px 8px; margin: 0 0 16px; }
-    svg.chart { width: 100%; max-width: 860px; height: auto; display: block; }
+    /* Drawn in a 720-unit box: narrower than 600 px, the labels would shrink below 9 px, so the chart scrolls instead. */
+    .chart-scroll { overflow-x: auto; }
+    svg.chart { width: 100%; min-width: 600px; max-width: 860px; height: auto; display: block; }
     ul.legend { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 4px 16px; font-size: 13px; }
     meter { width: 100%; max-width: 560px; height: 18px; }
     nav.pages { display: flex; gap: 16px; }

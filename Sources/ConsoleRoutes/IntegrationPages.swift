@@ -33,12 +33,19 @@ enum IntegrationPages {
 
     // MARK: The list
 
+    /// The first bundle ID, and how many more: a bare count read as an ID.
+    static func bundleIDs(_ ids: [String]) -> HTML {
+        guard let first = ids.first else { return "—" }
+        let more = ids.count - 1
+        return HTML.element("code", [], HTML.text(first)) + (more > 0 ? HTML.text(" and \(more) more") : "")
+    }
+
     static func list(_ request: ConsoleRequest, _ admin: AdminService) throws -> RouteOutcome {
         let integrations = try admin.integrations(workspace: request.session.workspace.name)
         let rows: [[HTML]] = integrations.map { integration in
             [HTML.element("a", [("href", base(integration))], HTML.text(integration.name)),
              HTML.element("code", [], HTML.text(integration.clientID)),
-             HTML.text(integration.bundleIDs.count), status(integration), ConsoleTime.html(integration.createdAt)]
+             bundleIDs(integration.bundleIDs), status(integration), ConsoleTime.html(integration.createdAt)]
         }
         var content = HTML.element("h1", [], "App integrations")
             + HTML.element("p", [], "Each app integration lets the genuine installs of your apps (checked with Apple's App Attest) call the Messages API with short-lived tokens instead of an API key.")
@@ -332,10 +339,12 @@ enum IntegrationPages {
         let counts = try admin.deviceCounts(integration.clientID)
         let total = counts.byPlatform.values.reduce(0, +)
         func summary(_ counts: [String: Int]) -> HTML {
-            HTML.text(counts.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", "))
+            counts.isEmpty ? "none yet" : HTML.text(counts.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", "))
         }
-        var content = ConsolePages.facts([("Registered devices", HTML.text(total)), ("By platform", summary(counts.byPlatform)),
-                                          ("By distribution", summary(counts.byCategory)), ("By Apple risk metric", summary(counts.byRisk))])
+        // Before the first registration there is nothing to break down: the table's own sentence says so.
+        var content: HTML = total == 0 ? "" : ConsolePages.facts([("Registered devices", HTML.text(total)), ("By platform", summary(counts.byPlatform)),
+                                                                   ("By distribution", summary(counts.byCategory)),
+                                                                   ("By Apple risk metric", summary(counts.byRisk))])
         let rows: [[HTML]] = devices.map { device in
             let key = base64URL(device.keyID)
             return [HTML.element("code", [("title", key)], HTML.text(String(key.prefix(12)) + "…")),

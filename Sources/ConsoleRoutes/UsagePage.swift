@@ -230,9 +230,9 @@ enum UsageChart {
     }
 
     static func svg(id: String, title: String, _ marks: HTML) -> HTML {
-        HTML.element("svg", [("id", id), ("class", "chart"), ("viewBox", "0 0 \(Int(width)) \(Int(height))"), ("role", "img"),
+        HTML.element("div", [("class", "chart-scroll")], HTML.element("svg", [("id", id), ("class", "chart"), ("viewBox", "0 0 \(Int(width)) \(Int(height))"), ("role", "img"),
                              ("aria-labelledby", "\(id)-title"), ("xmlns", "http://www.w3.org/2000/svg"), ("preserveAspectRatio", "xMinYMin meet")],
-                     HTML.element("title", [("id", "\(id)-title")], HTML.text(title + " (the table below has the numbers)")) + marks)
+                     HTML.element("title", [("id", "\(id)-title")], HTML.text(title + " (the table below has the numbers)")) + marks))
     }
 
     static func format(_ value: Double) -> String { String(format: "%.1f", value) }

@@ -149,6 +149,18 @@ import WebDriver
         #expect(try await browser.text("#overview").contains("com.example.app.widget"))
         try await Self.photograph(browser, "04-overview")
         let overviewURL = try await browser.url()
+        // Before any device: the Devices tab says so in one sentence, with no headings left blank.
+        try await browser.click(try await browser.find("nav.tabs a", text: "Devices"))
+        try await browser.waitForPage("the empty Devices tab") { $0.hasSuffix("/devices") }
+        let empty = try await browser.text("main")
+        #expect(empty.contains("No device has registered yet.") && !empty.contains("By platform"), "\(empty)")
+        // The list names the bundle IDs (a bare count read as one).
+        try await browser.open(fixture.adminBase + "/console/")
+        try await browser.waitForPage("App integrations") { $0 == "/console/" }
+        let listed = try await browser.text("#integrations")
+        #expect(listed.contains("com.example.app") && listed.contains("and 1 more"), "\(listed)")
+        try await browser.open(overviewURL)
+        try await browser.waitForPage("Overview") { $0.hasPrefix("/console/integrations/clid_") }
 
         // 4. A simulated device registers with it and relays Messages requests.
         let http = TestHTTP(baseURL: fixture.server.baseURL)
@@ -184,6 +196,15 @@ import WebDriver
             #expect(drawn > 1, "\(chart)")
         }
         try await Self.photograph(browser, "05-usage")
+        // On a phone's width the charts scroll in their own box rather than shrink their labels
+        // (720 units drawn in 330 px made 11-unit labels 5 px tall): at least 9 px.
+        try await browser.resize(width: 360, height: 800)
+        let labelPixels = try await browser.run("""
+            return Math.min(...Array.from(document.querySelectorAll('svg.chart')).map(svg =>
+                parseFloat(svg.querySelector('text').getAttribute('font-size')) * svg.getBoundingClientRect().width / svg.viewBox.baseVal.width));
+            """) as? Double ?? 0
+        #expect(labelPixels >= 9, "chart labels are \(labelPixels) px at 360 px")
+        try await browser.resize(width: 1280, height: 900)
 
         // 6. Change the policy and see the next relayed request obey it.
         try await browser.click(try await browser.find("nav.tabs a", text: "Policy"))
