@@ -62,11 +62,6 @@ import Testing
                 let (status, output) = try ServerProcess.attestctl(Array(words.dropFirst()))
                 #expect(status == 0, "\(original)\n\(output)")
                 ran.append(words.prefix(3).joined(separator: " "))
-                // After init, the service as the unit starts it (its flags; ports of the test's own).
-                if words.dropFirst().first == "init" {
-                    server = try ServerProcess(db: root.appendingPathComponent("state/attestd.sqlite").path, extraArguments: try Self.unitFlags(),
-                                               trustingTestAuthority: false)
-                }
                 if words.dropFirst().first == "backup", let to = words.firstIndex(of: "--to").map({ words[$0 + 1] }) {
                     #expect(FileManager.default.fileExists(atPath: to), "\(original): no copy at \(to)")
                 }
@@ -74,6 +69,14 @@ import Testing
                 let (status, output) = try ServerProcess.runCombined("/usr/bin/\(command)", Array(words.dropFirst()), in: ServerProcess.packageRoot)
                 #expect(status == 0, "\(original)\n\(output)")
                 ran.append(command)
+            case "systemctl" where words.contains("attestd") && words.contains("--now"):
+                // The service as the unit starts it: its flags, the test's own ports.
+                server = try ServerProcess(db: root.appendingPathComponent("state/attestd.sqlite").path, extraArguments: try Self.unitFlags(),
+                                           trustingTestAuthority: false)
+                ran.append("service")
+            case "chmod":
+                let (status, output) = try ServerProcess.runCombined("/usr/bin/chmod", Array(words.dropFirst()))
+                #expect(status == 0, "\(original)\n\(output)")
             case "install" where words.dropFirst().first == "-d":
                 // The directories, without the owner a test cannot give them.
                 for path in words.dropFirst() where path.hasPrefix("/") {
@@ -88,11 +91,14 @@ import Testing
             }
         }
         // The guide's steps, all of them: init, sign-in, an integration, a backup, a rotation, alerts.
-        for expected in ["attestctl init --db", "attestctl console-login --db", "attestctl integrations create", "attestctl backup --db",
+        for expected in ["service", "attestctl init --db", "attestctl console-login --db", "attestctl integrations create", "attestctl backup --db",
                          "attestctl secrets status", "attestctl secrets rotate", "attestctl secrets finish-rotation", "openssl", "promtool"] {
             #expect(ran.contains(expected), "the guide no longer runs \(expected): \(ran)")
         }
         #expect(server?.log.contains("\"event\":\"listening\"") == true)
+        // The key the guide made is the one everything is sealed under, mode 0600.
+        let key = root.appendingPathComponent("state/attestd.key").path
+        #expect((try FileManager.default.attributesOfItem(atPath: key)[.posixPermissions] as? Int) == 0o600)
     }
 
     /// The unit's `ExecStart=` flags, without the database and the listeners (the test's own).
