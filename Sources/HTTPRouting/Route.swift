@@ -265,6 +265,13 @@ public protocol SuspendingMiddleware: Middleware {
     /// (never before returning). Or returns false, and the router runs `respond(to:next:)`
     /// instead (off a loop, or for a request settled without waiting).
     func suspend(_ context: RequestContext, resume: @escaping @Sendable (Resumption) -> Void) -> Bool
+    /// False when this instance never suspends (nothing to wait on without blocking): its routes
+    /// then skip the per-request bookkeeping.
+    var maySuspend: Bool { get }
+}
+
+extension SuspendingMiddleware {
+    public var maySuspend: Bool { true }
 }
 
 /// How a suspended chain goes on.

@@ -58,7 +58,7 @@ public final class Router: Sendable {
         self.routes = routes.map { route in
             var route = route
             route.chain = middleware + route.middleware
-            route.suspends = route.chain.contains { $0 is any SuspendingMiddleware }
+            route.suspends = route.chain.contains { ($0 as? any SuspendingMiddleware)?.maySuspend == true }
             return route
         }
         self.exact = exact

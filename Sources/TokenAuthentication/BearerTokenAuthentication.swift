@@ -59,6 +59,9 @@ public struct BearerTokenAuthentication: SuspendingMiddleware {
         return try next(context)
     }
 
+    /// Only with non-blocking checks (SQLite's reads stay on the loop, and do not suspend).
+    public var maySuspend: Bool { nonBlocking != nil }
+
     public func suspend(_ context: RequestContext, resume: @escaping @Sendable (Resumption) -> Void) -> Bool {
         // A token that cannot be live is refused by `respond` without a query.
         guard let nonBlocking, let token = Self.presentedToken(context), let hash = service.tokenHash(bearer: token) else { return false }
