@@ -450,8 +450,30 @@ public final class PostgresResult {
     public var count: Int { Int(PQntuples(result)) }
     /// The position of a result column, or nil when the query selects none of that name.
     func columnIndex(_ name: String) -> Int32? { try? column(name) }
-    /// A value's bytes as the server sent them (binary format).
-    func rawValue(_ row: Int, _ column: Int32) -> [UInt8] { Array(bytes(Int32(row), column)) }
+    /// Whether a value is exactly `expected`'s bytes (binary format), compared in place.
+    func value(_ row: Int, _ column: Int32, equals expected: [UInt8]) -> Bool {
+        guard PQgetisnull(result, Int32(row), column) == 0 else { return false }
+        let value = bytes(Int32(row), column)
+        return value.count == expected.count && expected.withUnsafeBytes { memcmp($0.baseAddress!, value.baseAddress!, value.count) == 0 }
+    }
+
+    /// Whether a row is exactly what `rawRow` gave for it before, compared in place.
+    func row(_ row: Int, equals raw: [UInt8]) -> Bool {
+        var offset = 0
+        return raw.withUnsafeBytes { raw in
+            for column in 0..<PQnfields(result) {
+                let length = PQgetisnull(result, Int32(row), column) == 1 ? -1 : PQgetlength(result, Int32(row), column)
+                let width = MemoryLayout<Int32>.size
+                guard offset + width <= raw.count, raw.loadUnaligned(fromByteOffset: offset, as: Int32.self) == length else { return false }
+                offset += width
+                guard length > 0 else { continue }
+                guard offset + Int(length) <= raw.count, let value = PQgetvalue(result, Int32(row), column),
+                      memcmp(raw.baseAddress! + offset, value, Int(length)) == 0 else { return false }
+                offset += Int(length)
+            }
+            return offset == raw.count
+        }
+    }
     /// A whole row as the server sent it, each value with its length (-1: NULL): two rows with
     /// the same bytes hold the same values.
     func rawRow(_ row: Int) -> [UInt8] {

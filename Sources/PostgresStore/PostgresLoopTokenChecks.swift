@@ -203,20 +203,18 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
     /// was last time gives the grant decoded then (decoding the policy's lists costs more than
     /// the comparison); any change in the row (a policy, a usage count) decodes it again.
     private func answer(_ query: (waiters: [Waiter], at: Date, marks: [Int], deadline: UInt64), _ result: PostgresResult) {
-        var rowByHash: [[UInt8]: Int] = [:]
-        if let hashColumn = result.columnIndex("token_hash") {
-            for index in 0..<result.count { rowByHash[result.rawValue(index, hashColumn)] = index }
-        }
+        // A batch is small (its rows at most its checks): each check finds its row by comparing
+        // hashes in place, with nothing allocated.
+        let hashColumn = result.columnIndex("token_hash")
         for (waiter, mark) in zip(query.waiters, query.marks) {
             do {
                 var grant: TokenGrant?
-                if let index = rowByHash[waiter.hash] {
-                    let raw = result.rawRow(index)
-                    if let kept = decoded[waiter.hash], kept.row == raw {
+                if let hashColumn, let index = (0..<result.count).first(where: { result.value($0, hashColumn, equals: waiter.hash) }) {
+                    if let kept = decoded[waiter.hash], result.row(index, equals: kept.row) {
                         grant = kept.grant
                     } else if let fresh = try TokenGrant(row: result[index], hash: waiter.hash) {
                         if decoded.count >= Self.maxDecoded { decoded.removeAll(keepingCapacity: true) }
-                        decoded[waiter.hash] = (raw, fresh)
+                        decoded[waiter.hash] = (result.rawRow(index), fresh)
                         grant = fresh
                     }
                 }
