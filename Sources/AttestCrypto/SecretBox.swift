@@ -146,7 +146,11 @@ public enum SecretsKeyFile {
         guard let data = FileManager.default.contents(atPath: path) else {
             throw CryptoError("cannot read the secrets key file \(path) (attestctl init creates it)")
         }
-        let bytes = [UInt8](data)
+        return try parse([UInt8](data), path: path)
+    }
+
+    /// A key file's bytes as a key (`path` names it in the error).
+    static func parse(_ bytes: [UInt8], path: String) throws -> SecretBox {
         if bytes.count == SecretBox.keyLength { return try SecretBox(key: bytes) }
         let text = String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         if text.count == 64, let hex = decodeHex(text) { return try SecretBox(key: hex) }

@@ -73,7 +73,8 @@ public final class SecretsKeySource: Sendable {
     public func keyring(refresh: Refresh = .ifDue) -> SecretsKeyring? {
         state.withLock { s in
             let now = ContinuousClock.now
-            let due = refresh == .now || s.ring == nil || s.checkedAt.map { now - $0 >= .seconds(1) } ?? true
+            // Once a second at most, unless asked now (a value names a key not held, or a seal).
+            let due = refresh == .now || s.checkedAt.map { now - $0 >= .seconds(1) } ?? true
             guard due else { return s.ring }
             s.checkedAt = now
             let stamps = Self.stamps(path)
@@ -132,16 +133,42 @@ extension SecretsKeyFile {
             if manager.fileExists(atPath: next) { try rename(next, to: path) }
             return false
         }
-        _ = try load(path)   // the current key must be a key before anything is changed
+        // The current key's bytes, read once and checked to be a key before anything is changed:
+        // exactly these become the previous key.
+        guard let data = manager.contents(atPath: path) else { throw CryptoError("cannot read the secrets key file \(path)") }
+        let current = [UInt8](data)
+        _ = try parse(current, path: path)
         // 1. The new key, durable, under a name nobody reads.
         unlink(next)
         guard try createIfAbsent(next) else { throw CryptoError("cannot create \(next): it exists") }
-        // 2. A copy of the current key as the previous one (written whole, then renamed).
-        guard let current = manager.contents(atPath: path) else { throw CryptoError("cannot read the secrets key file \(path)") }
-        try writeDurably([UInt8](current), to: previous)
+        sameOwner(next, as: path)
+        // 2. The current key as the previous one (written whole, then renamed).
+        try writeDurably(current, to: previous, owner: path)
         // 3. The switch.
         try rename(next, to: path)
         return true
+    }
+
+    /// Runs `body` holding the key file's rotation lock (`path.lock`, an exclusive `flock`): two
+    /// rotations, or a rotation and its finish, never interleave. Refuses at once when another
+    /// holds it.
+    public static func withRotationLock<T>(_ path: String, _ body: () throws -> T) throws -> T {
+        let lockPath = path + ".lock"
+        let fd = Foundation.open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw CryptoError("cannot open the rotation lock \(lockPath): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            throw CryptoError("another attestctl is rotating the secrets key (it holds \(lockPath)); run this again once it has finished")
+        }
+        return try body()
+    }
+
+    /// Gives `file` the owner and group of `reference` (a rotation run as root must leave key files
+    /// the service's user can read); harmless when not allowed.
+    static func sameOwner(_ file: String, as reference: String) {
+        var info = stat()
+        guard stat(reference, &info) == 0 else { return }
+        _ = chown(file, info.st_uid, info.st_gid)
     }
 
     /// Removes the previous key: the rotation is over.
@@ -153,7 +180,7 @@ extension SecretsKeyFile {
         syncDirectory(of: path)
     }
 
-    static func writeDurably(_ bytes: [UInt8], to path: String) throws {
+    static func writeDurably(_ bytes: [UInt8], to path: String, owner reference: String) throws {
         let temporary = path + ".tmp"
         unlink(temporary)
         let fd = Foundation.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
@@ -165,6 +192,7 @@ extension SecretsKeyFile {
             unlink(temporary)
             throw CryptoError("cannot write \(temporary): \(String(cString: strerror(errno)))")
         }
+        sameOwner(temporary, as: reference)
         try rename(temporary, to: path)
     }
 

@@ -136,10 +136,10 @@ public final class Daemon: Sendable {
             }))
         }
         services.append(BasicService("upstream-relay", stop: { _ in relay.shutdown() }))
-        // After the listeners (nothing asks any more), before the loops stop.
-        if let tokenChecks { services.append(BasicService("token-checks", stop: { _ in tokenChecks.shutdown() })) }
         // What is queued runs (its audit events are in the audit log's last flush).
         services.append(BasicService("exchange-workers", stop: { _ in exchangeWorkers.shutdown() }))
+        // Stopped right after the listeners (nothing asks any more), while the workers and the loops still run.
+        if let tokenChecks { services.append(BasicService("token-checks", stop: { _ in tokenChecks.shutdown() })) }
         if let adminServer, let admin = options.admin {
             services.append(HTTPListener(name: "admin-listener", server: adminServer, grace: 0, logger: logger, started: { port in
                 logger.info("admin_listening", [("address", "\(admin.host.contains(":") ? "[\(admin.host)]" : admin.host):\(port)"),

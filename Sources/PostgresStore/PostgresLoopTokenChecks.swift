@@ -83,6 +83,8 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
         let hash: [UInt8]
         let mark: @Sendable () -> Int
         let done: @Sendable (Result<TokenCheck, any Error>) -> Void
+        /// Sent once already on a connection that turned out dead (a read may be sent again).
+        var retried = false
     }
 
     private let loop: EventLoop
@@ -120,7 +122,9 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
 
     func enqueue(_ waiter: Waiter) {
         guard !stopped else {
-            waiter.done(.failure(PostgresError(.connectionLost, message: "the service is stopping", target: connectionString.redactedDescription)))
+            // Later, never inside the caller's `check` (a suspension resumes after it returns).
+            let error = PostgresError(.connectionLost, message: "the service is stopping", target: connectionString.redactedDescription)
+            if !loop.execute({ waiter.done(.failure(error)) }) { waiter.done(.failure(error)) }
             return
         }
         waiting.append(waiter)
@@ -148,7 +152,7 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
                                                                    .int(UsageClock.month(time)), .int(minute)])
             flushing = !(try connection.flushWithoutWaiting())
         } catch {
-            fail(batch, error)
+            failOrRetry(batch, error)
             drop()
             return
         }
@@ -179,7 +183,7 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
             // An error result leaves the session usable; a broken one was closed by the call.
             if let query = inFlight {
                 inFlight = nil
-                fail(query.waiters, error)
+                failOrRetry(query.waiters, error)
             }
             if (error as? PostgresError)?.kind != .server { drop() }
         }
@@ -229,6 +233,24 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
         for waiter in waiters { waiter.done(.failure(error)) }
     }
 
+    /// A connection lost under a query (the server restarted, an idle session was closed before
+    /// the loop saw it): its checks go out once more on a new connection, ahead of the others.
+    /// Anything else, or a second loss, fails them.
+    private func failOrRetry(_ waiters: [Waiter], _ error: any Error) {
+        guard (error as? PostgresError)?.kind == .connectionLost, !stopped else { return fail(waiters, error) }
+        var again: [Waiter] = []
+        for var waiter in waiters {
+            if waiter.retried {
+                waiter.done(.failure(error))
+            } else {
+                waiter.retried = true
+                again.append(waiter)
+            }
+        }
+        waiting.insert(contentsOf: again, at: 0)
+        if !again.isEmpty { loop.requestTurn() }
+    }
+
     /// Watches the socket for its answer (and for room to write while libpq holds some of the
     /// query); epoll is told only of a change.
     private func watch() {
@@ -237,9 +259,12 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
         let events = EpollEvents.readable | (flushing ? EpollEvents.writable : 0)
         guard socket != watchedSocket || events != watchedEvents else { return }
         if watchedSocket >= 0, watchedSocket != socket { loop.unwatch(fd: watchedSocket) }
+        guard socket >= 0 else {
+            drop()
+            return
+        }
         watchedSocket = socket
         watchedEvents = events
-        guard socket >= 0 else { return }
         if !loop.watch(fd: socket, events: events, for: self) { drop() }
     }
 
@@ -253,7 +278,7 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
         connection = nil
         if let query = inFlight {
             inFlight = nil
-            fail(query.waiters, PostgresError(.connectionLost, message: "connection closed", target: connectionString.redactedDescription))
+            failOrRetry(query.waiters, PostgresError(.connectionLost, message: "connection closed", target: connectionString.redactedDescription))
         }
     }
 
@@ -291,6 +316,9 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
         switch result {
         case .success(let connection) where !stopped:
             self.connection = connection
+            // Watched from now on, idle or not: a session the server closes is seen and replaced
+            // before a batch is sent on it.
+            watch()
             sendNext()
         case .success(let connection):
             connection.close()

@@ -40,6 +40,19 @@ enum SecretsCommands {
         let arguments = try AdminCommands.parse(argv, options: ["actor"], flags: ["keys-only"])
         let actor = try arguments.required("actor")
         let path = try AdminCommands.secretsKeyPath(arguments)
+        return try locked(path) { try rotate(arguments, actor: actor, path: path) }
+    }
+
+    /// Under the key file's rotation lock: a second rotate, or a finish, waits its turn.
+    static func locked(_ path: String, _ body: () throws -> Int32) throws -> Int32 {
+        do {
+            return try SecretsKeyFile.withRotationLock(path, body)
+        } catch let error as CryptoError {
+            throw UsageError(error.description)
+        }
+    }
+
+    static func rotate(_ arguments: Arguments, actor: String, path: String) throws -> Int32 {
         let (service, _) = try AdminCommands.open(arguments)
         // Refused before any file is touched.
         try service.authorizeSecretsRotation(actor: actor)
@@ -77,6 +90,10 @@ enum SecretsCommands {
         let arguments = try AdminCommands.parse(argv, options: ["actor"])
         let actor = try arguments.required("actor")
         let path = try AdminCommands.secretsKeyPath(arguments)
+        return try locked(path) { try finish(arguments, actor: actor, path: path) }
+    }
+
+    static func finish(_ arguments: Arguments, actor: String, path: String) throws -> Int32 {
         let (service, _) = try AdminCommands.open(arguments)
         try service.authorizeSecretsRotation(actor: actor)
         let keyring = try loadKeyring(path)

@@ -92,6 +92,25 @@ import Testing
         #expect(!FileManager.default.fileExists(atPath: SecretsKeyFile.previousPath(path)))
     }
 
+    @Test func twoRotationsNeverInterleave() throws {
+        let dir = try directory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let path = dir.appendingPathComponent("attestd.key").path
+        #expect(try SecretsKeyFile.createIfAbsent(path))
+        let first = try SecretsKeyFile.load(path)
+        let began = try SecretsKeyFile.withRotationLock(path) { () throws -> Bool in
+            // While one holds the lock, another is refused at once, and nothing changes.
+            let refused = #expect(throws: CryptoError.self) { try SecretsKeyFile.withRotationLock(path) { try SecretsKeyFile.beginRotation(path) } }
+            #expect(refused?.description.contains("another attestctl is rotating") == true)
+            #expect(!FileManager.default.fileExists(atPath: SecretsKeyFile.previousPath(path)))
+            return try SecretsKeyFile.beginRotation(path)
+        }
+        #expect(began)
+        // Released: the next one runs (and resumes the rotation under way).
+        #expect(try !SecretsKeyFile.withRotationLock(path) { try SecretsKeyFile.beginRotation(path) })
+        #expect(try SecretsKeyring.load(path).previous?.keyID == first.keyID, "the old key is the previous one, never overwritten")
+    }
+
     @Test func aRunningReaderOpensValuesUnderTheNewKeyWithoutARestart() throws {
         let dir = try directory()
         defer { try? FileManager.default.removeItem(at: dir) }
