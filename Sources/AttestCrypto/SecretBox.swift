@@ -1,3 +1,4 @@
+import AttestWire
 import COpenSSL
 import Foundation
 import Synchronization
@@ -36,7 +37,7 @@ public struct SecretBox: Sendable {
 
     /// The key ID as operators see it (16 hex digits).
     public static func describe(keyID: [UInt8]?) -> String {
-        keyID.map { $0.map { String(format: "%02x", $0) }.joined() } ?? "unnamed (sealed before key IDs)"
+        keyID.map(hexString) ?? "unnamed (sealed before key IDs)"
     }
 
     public func seal(_ plaintext: [UInt8], associatedData: [UInt8]) throws -> [UInt8] {

@@ -102,9 +102,15 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
     private var stopped = false
     /// Checks not yet sent, in arrival order.
     private var waiting: [Waiter] = []
-    /// The query on the wire: its checks, when it was judged at, each check's mark, and the
+    /// A query on the wire: its checks, the time it judges them at, each check's mark, and the
     /// monotonic time it gives up at.
-    private var inFlight: (waiters: [Waiter], at: Date, marks: [Int], deadline: UInt64)?
+    struct Query {
+        let waiters: [Waiter]
+        let at: Date
+        let marks: [Int]
+        let deadline: UInt64
+    }
+    private var inFlight: Query?
     /// Whether libpq still holds part of the query to write.
     private var flushing = false
     /// The grants last decoded, by token hash, with the bytes of the row they came from.
@@ -156,7 +162,7 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
             drop()
             return
         }
-        inFlight = (batch, time, marks, monotonicNanoseconds() + UInt64(configuration.callTimeout * 1_000_000_000))
+        inFlight = Query(waiters: batch, at: time, marks: marks, deadline: monotonicNanoseconds() + UInt64(configuration.callTimeout * 1_000_000_000))
         checksSent.add(batch.count, ordering: .relaxed)
         queriesSent.add(1, ordering: .relaxed)
         watch()
@@ -206,7 +212,7 @@ final class LoopTokenChecker: EventLoopParticipant, @unchecked Sendable {
     /// Each check's grant, from the row of its hash. A row that comes back byte for byte as it
     /// was last time gives the grant decoded then (decoding the policy's lists costs more than
     /// the comparison); any change in the row (a policy, a usage count) decodes it again.
-    private func answer(_ query: (waiters: [Waiter], at: Date, marks: [Int], deadline: UInt64), _ result: PostgresResult) {
+    private func answer(_ query: Query, _ result: PostgresResult) {
         // A batch is small (its rows at most its checks): each check finds its row by comparing
         // hashes in place, with nothing allocated.
         let hashColumn = result.columnIndex("token_hash")

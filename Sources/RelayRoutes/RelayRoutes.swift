@@ -17,8 +17,9 @@ enum CloudPlan: Sendable {
 /// The Messages API for app tokens: `/v1/messages` and `/v1/messages/count_tokens` relayed to the
 /// upstream with the workspace's key (after the token check and the integration's policy), and
 /// every other `/v1/` path refused for an app token (the token authorizes the Messages API only).
-/// The token check and the policy read the database: on the loop when reads are local, on a
-/// worker when they cross the network; the transfer lives on the loop that took the request.
+/// The token check reads the database on the loop: SQLite locally, PostgreSQL on the loop's own
+/// non-blocking connection (the request suspends meanwhile); a profile's limits, read by key
+/// across the network, go to a worker. The transfer lives on the loop that took the request.
 public struct RelayRoutes: Sendable {
     let service: DeviceTokenService
     /// Without one, `/v1/messages` answers 503 after the token check.

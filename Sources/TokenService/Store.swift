@@ -151,7 +151,7 @@ public protocol StoreHealth: AnyObject, Sendable {
     /// What the store runs in the background while the service runs (a watch on its file).
     var backgroundServices: [any Service] { get }
     /// True when a read waits on another machine (PostgreSQL): routes that read run on a worker
-    /// then, never on an event loop. A local read (SQLite in WAL mode: the page cache, no lock
+    /// then, never on an event loop (the token check excepted: it has `NonBlockingTokenChecks`). A local read (SQLite in WAL mode: the page cache, no lock
     /// held by a writer) stays on the loop, where a hop to a worker and back would cost more
     /// than the read itself.
     var readsCrossTheNetwork: Bool { get }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UpstreamStub
 
 /// deploy/prometheus/attestd-rules.yml: valid for Prometheus, each alert firing on a series that
 /// should fire it and silent on one that should not (attestd-rules.test.yml), and every metric
@@ -12,7 +13,7 @@ import Testing
         guard FileManager.default.isExecutableFile(atPath: "/usr/bin/promtool") else {
             throw HTTPTestError("/usr/bin/promtool is missing: `make deps` installs Debian's prometheus package")
         }
-        return try ServerProcess.runCombined("/usr/bin/promtool", arguments, in: directory)
+        return try runCombined("/usr/bin/promtool", arguments, in: directory)
     }
 
     @Test func theRulesAreValidAndEachAlertFiresOnlyWhenItShould() throws {

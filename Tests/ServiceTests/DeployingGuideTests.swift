@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UpstreamStub
 
 /// `docs/deploying.md` as an operator follows it: every `attestctl`, `openssl` and `promtool` line
 /// of its `sh` blocks runs, in order, with the system paths moved into a temporary directory and
@@ -66,7 +67,7 @@ import Testing
                     #expect(FileManager.default.fileExists(atPath: to), "\(original): no copy at \(to)")
                 }
             case "openssl", "promtool":
-                let (status, output) = try ServerProcess.runCombined("/usr/bin/\(command)", Array(words.dropFirst()), in: ServerProcess.packageRoot)
+                let (status, output) = try runCombined("/usr/bin/\(command)", Array(words.dropFirst()), in: ServerProcess.packageRoot)
                 #expect(status == 0, "\(original)\n\(output)")
                 ran.append(command)
             case "systemctl" where words.contains("attestd") && words.contains("--now"):
@@ -75,7 +76,7 @@ import Testing
                                            trustingTestAuthority: false)
                 ran.append("service")
             case "chmod":
-                let (status, output) = try ServerProcess.runCombined("/usr/bin/chmod", Array(words.dropFirst()))
+                let (status, output) = try runCombined("/usr/bin/chmod", Array(words.dropFirst()))
                 #expect(status == 0, "\(original)\n\(output)")
             case "install" where words.dropFirst().first == "-d":
                 // The directories, without the owner a test cannot give them.

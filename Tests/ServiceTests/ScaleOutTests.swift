@@ -38,6 +38,9 @@ import Glibc
         }
 
         var http: [TestHTTP] { instances.map { TestHTTP(baseURL: $0.baseURL) } }
+        /// The deployment's secrets key file, and a place for a workspace's upstream key.
+        var keyFile: String { directory.appendingPathComponent("attestd.key").path }
+        var upstreamKeyFile: String { directory.appendingPathComponent("upstream.key").path }
 
         func stop() {
             instances.forEach { $0.stop() }

@@ -129,15 +129,28 @@ import UpstreamStub
         #expect(!server.log.contains("upstream_key_unavailable"))
     }
 
-    @Test func aRotationUnderTrafficOnTwoPostgreSQLInstancesLosesNoRequest() async throws {
+    /// Two instances on PostgreSQL relaying to a stub that takes only the workspace's key, with
+    /// that key in a file beside the deployment's secrets key.
+    static func postgresDeployment() throws -> (UpstreamStubServer, ScaleOutTests.Deployment) {
         let stub = try UpstreamStubServer(UpstreamStubConfiguration(apiKeys: ["rotation-upstream-key"]))
-        defer { stub.stop() }
-        let deployment = try ScaleOutTests.Deployment(instanceArguments: ["--upstream-url", stub.baseURL])
-        defer { deployment.stop() }
-        let keyFile = deployment.directory.appendingPathComponent("attestd.key").path
+        do {
+            let deployment = try ScaleOutTests.Deployment(instanceArguments: ["--upstream-url", stub.baseURL])
+            try Data("rotation-upstream-key\n".utf8).write(to: URL(fileURLWithPath: deployment.upstreamKeyFile))
+            return (stub, deployment)
+        } catch {
+            stub.stop()
+            throw error
+        }
+    }
+
+    @Test func aRotationUnderTrafficOnTwoPostgreSQLInstancesLosesNoRequest() async throws {
+        let (stub, deployment) = try Self.postgresDeployment()
+        defer {
+            deployment.stop()
+            stub.stop()
+        }
+        let (keyFile, upstreamKey) = (deployment.keyFile, deployment.upstreamKeyFile)
         let db = ["--db", deployment.url, "--secrets-key-file", keyFile]
-        let upstreamKey = deployment.directory.appendingPathComponent("upstream.key").path
-        try Data("rotation-upstream-key\n".utf8).write(to: URL(fileURLWithPath: upstreamKey))
         #expect(try Self.ctl(db + ["workspaces", "set-upstream-key", "--actor", Self.owner, "--workspace", "default", "--key-file", upstreamKey]).0 == 0)
         #expect(try Self.ctl(db + ["integrations", "update", deployment.clientID, "--actor", Self.owner, "--device-requests-per-minute", "0"]).0 == 0)
         let token = try #require(try await deployment.http[0].registerFresh(try ManualDevice(clientID: deployment.clientID)).json["access_token"] as? String)
@@ -150,14 +163,13 @@ import UpstreamStub
     /// it there): some values are under the new key and some under the previous one, the instances
     /// open both, finish refuses, and running rotate again finishes the job.
     @Test func aRotationKilledBetweenReSealsResumesAndFinishes() async throws {
-        let stub = try UpstreamStubServer(UpstreamStubConfiguration(apiKeys: ["rotation-upstream-key"]))
-        defer { stub.stop() }
-        let deployment = try ScaleOutTests.Deployment(instanceArguments: ["--upstream-url", stub.baseURL])
-        defer { deployment.stop() }
-        let keyFile = deployment.directory.appendingPathComponent("attestd.key").path
+        let (stub, deployment) = try Self.postgresDeployment()
+        defer {
+            deployment.stop()
+            stub.stop()
+        }
+        let (keyFile, upstreamKey) = (deployment.keyFile, deployment.upstreamKeyFile)
         let db = ["--db", deployment.url, "--secrets-key-file", keyFile]
-        let upstreamKey = deployment.directory.appendingPathComponent("upstream.key").path
-        try Data("rotation-upstream-key\n".utf8).write(to: URL(fileURLWithPath: upstreamKey))
         for workspace in ["default", "second", "third"] {
             if workspace != "default" { #expect(try Self.ctl(db + ["workspaces", "create", "--actor", Self.owner, "--name", workspace]).0 == 0) }
             #expect(try Self.ctl(db + ["workspaces", "set-upstream-key", "--actor", Self.owner, "--workspace", workspace, "--key-file", upstreamKey]).0 == 0)

@@ -1,5 +1,4 @@
 import Foundation
-import UpstreamStub
 import Synchronization
 
 /// The real `attestd` binary, started as a child process on a free loopback port.
@@ -102,11 +101,6 @@ final class ServerProcess: @unchecked Sendable {
     @discardableResult
     static func attestSim(_ arguments: [String]) throws -> (Int32, String) {
         try run(attestSim, arguments)
-    }
-
-    /// Runs a tool with its standard output and error in one pipe; returns (status, that text).
-    static func runCombined(_ executable: String, _ arguments: [String], in directory: URL? = nil) throws -> (Int32, String) {
-        try UpstreamStub.runCombined(executable, arguments, in: directory)
     }
 
     static func run(_ executable: String, _ arguments: [String]) throws -> (Int32, String) {

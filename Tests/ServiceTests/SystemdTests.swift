@@ -1,6 +1,7 @@
 import Foundation
 import Lifecycle
 import Testing
+import UpstreamStub
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -104,7 +105,7 @@ import Glibc
         defer { try? FileManager.default.removeItem(at: directory) }
         let path = directory.appendingPathComponent("attestd.service").path
         try unit.replacingOccurrences(of: "/usr/local/bin/attestd", with: ServerProcess.attestd).write(toFile: path, atomically: true, encoding: .utf8)
-        let (status, text) = try ServerProcess.runCombined(analyze, ["verify", path])
+        let (status, text) = try runCombined(analyze, ["verify", path])
         #expect(status == 0, "\(text)")
     }
 }
