@@ -1,4 +1,3 @@
-import AttestWire
 import COpenSSL
 import Foundation
 import Synchronization
@@ -37,7 +36,8 @@ public struct SecretBox: Sendable {
 
     /// The key ID as operators see it (16 hex digits).
     public static func describe(keyID: [UInt8]?) -> String {
-        keyID.map(hexString) ?? "unnamed (sealed before key IDs)"
+        // Not AttestWire's hexString: the leaf fuzzer compiles this target's sources on their own.
+        keyID.map { $0.map { String(format: "%02x", $0) }.joined() } ?? "unnamed (sealed before key IDs)"
     }
 
     public func seal(_ plaintext: [UInt8], associatedData: [UInt8]) throws -> [UInt8] {
