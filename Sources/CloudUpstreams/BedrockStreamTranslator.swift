@@ -24,6 +24,9 @@ public struct BedrockStreamTranslator: Sendable {
     public private(set) var isFinished = false
     /// A chunk that could not be read: thrown again by every later call.
     private var chunkFailure: BedrockStreamError?
+    /// The exception or error frame that ended the stream, in Bedrock's words: for the log only
+    /// (the device's error event has a message of this service's own).
+    public private(set) var cloudError: String?
 
     public init(maxMessageBytes: Int = 1 << 20) {
         decoder = EventStreamDecoder(maxMessageBytes: maxMessageBytes)
@@ -54,15 +57,18 @@ public struct BedrockStreamTranslator: Sendable {
                 }
             case "exception":
                 let exception = message.stringHeader(":exception-type") ?? "unknownException"
-                let text = bedrockMessage(message.payload) ?? "Bedrock ended the stream with \(exception)"
-                appendErrorEvent(type: anthropicType(forStreamException: exception), message: text, to: &out)
+                let type = anthropicType(forStreamException: exception)
+                let answer = CloudErrorAnswer.generic(status: 500, type: type, service: "Bedrock", cloudMessage: bedrockMessage(message.payload),
+                                                      exception: exception)
+                cloudError = answer.detail
+                appendErrorEvent(type: answer.type, message: answer.message, to: &out)
                 finished = true
                 return false
             case "error":
                 // The event-stream protocol's own error frame: code and message in headers.
                 let code = message.stringHeader(":error-code") ?? "unknown"
-                let text = message.stringHeader(":error-message") ?? "Bedrock ended the stream with error \(code)"
-                appendErrorEvent(type: "api_error", message: text, to: &out)
+                cloudError = code + ": " + (message.stringHeader(":error-message") ?? "")
+                appendErrorEvent(type: "api_error", message: "Bedrock ended the stream with an error", to: &out)
                 finished = true
                 return false
             default:
@@ -164,24 +170,34 @@ private func bedrockMessage(_ payload: [UInt8]) -> String? {
 }
 
 /// An error response from Bedrock (a non-2xx InvokeModel or InvokeModelWithResponseStream) as the
-/// Messages API would have answered: status and `{"type":"error","error":{…}}` body. The error
-/// type comes from `x-amzn-ErrorType` (whose value may carry a `:` and a namespace after the
-/// name), else from the body's `__type` or `code`.
-public func bedrockErrorToAnthropic(status: Int, errorTypeHeader: String?, body: [UInt8]) -> (status: Int, body: [UInt8]) {
+/// Messages API would have answered: status and `{"type":"error","error":{…}}` body, with a
+/// message of this service's own (the cloud's goes in `detail`, for the log). The error type comes
+/// from `x-amzn-ErrorType` (whose value may carry a `:` and a namespace after the name), else
+/// from the body's `__type` or `code`. Expired, unrecognised or badly signed credentials are the
+/// operator's problem: 503, never a 401 that would make the device attest again.
+public func bedrockError(status: Int, errorTypeHeader: String?, body: [UInt8]) -> CloudErrorAnswer {
     let errorType = bedrockErrorType(header: errorTypeHeader, body: body)
     let (mappedStatus, anthropic): (Int, String) = switch errorType {
-    case "ThrottlingException": (429, "rate_limit_error")
+    case "ThrottlingException", "ServiceQuotaExceededException": (429, "rate_limit_error")
     case "ValidationException": (400, "invalid_request_error")
-    case "AccessDeniedException": (403, "permission_error")
+    case "AccessDeniedException", "UnrecognizedClientException", "ExpiredTokenException", "InvalidSignatureException",
+         "IncompleteSignatureException", "MissingAuthenticationTokenException", "InvalidClientTokenId":
+        (403, "permission_error")
     case "ResourceNotFoundException": (404, "not_found_error")
     case "ModelNotReadyException": (529, "overloaded_error")
     case "ServiceUnavailableException": (503, "overloaded_error")
     case "ModelTimeoutException": (504, "api_error")
     case "InternalServerException": (500, "api_error")
-    default: (502, "api_error")
+    default: status == 401 || status == 403 ? (403, "permission_error") : (502, "api_error")
     }
-    let message = bedrockMessage(body) ?? (errorType.map { "Bedrock answered HTTP \(status) \($0)" } ?? "Bedrock answered HTTP \(status)")
-    return (mappedStatus, anthropicErrorBody(type: anthropic, message: message))
+    let cloudMessage = bedrockMessage(body) ?? "Bedrock answered HTTP \(status)"
+    return CloudErrorAnswer.generic(status: mappedStatus, type: anthropic, service: "Bedrock", cloudMessage: cloudMessage, exception: errorType)
+}
+
+/// The same as status and body.
+public func bedrockErrorToAnthropic(status: Int, errorTypeHeader: String?, body: [UInt8]) -> (status: Int, body: [UInt8]) {
+    let answer = bedrockError(status: status, errorTypeHeader: errorTypeHeader, body: body)
+    return (answer.status, anthropicErrorBody(type: answer.type, message: answer.message))
 }
 
 /// The bare exception name: "ThrottlingException" from "ThrottlingException:http://internal…"

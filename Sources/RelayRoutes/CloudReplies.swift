@@ -99,14 +99,11 @@ final class BedrockReply: UpstreamDelegate {
             return
         }
         if let failure, error == nil {
-            let (status, body) = bedrockErrorToAnthropic(status: failure.status, errorTypeHeader: failure.type, body: failure.body)
-            var headers: [(name: String, value: String)] = [("content-type", "application/json")]
-            if let retryAfter = failure.retryAfter { headers.append(("retry-after", retryAfter)) }
-            exchange.upstreamDidReceiveHead(status: status, headers: headers)
-            _ = body.withUnsafeBytes { exchange.upstreamDidReceive($0) }
-            exchange.upstreamDidFinish(nil)
+            exchange.answerCloudError(bedrockError(status: failure.status, errorTypeHeader: failure.type, body: failure.body),
+                                      retryAfter: failure.retryAfter)
             return
         }
+        if let cloudError = state.withLock({ $0.translator.cloudError }) { exchange.noteCloudError(cloudError) }
         if error == nil, streams, partial {
             exchange.upstreamDidFinish(UpstreamError(kind: .reset, detail: "Bedrock's event stream ended inside a frame"))
             return
@@ -129,9 +126,9 @@ final class VertexReply: UpstreamDelegate {
     init(_ exchange: RelayedExchange) { self.exchange = exchange }
 
     func upstreamDidReceiveHead(status: Int, headers: [(name: String, value: String)]) {
-        let json = headers.contains { $0.name == "content-type" && $0.value.lowercased().hasPrefix("application/json") }
-        if !(200..<300).contains(status), json {
-            // Held until its end, to tell Google's shape from the API's.
+        if !(200..<300).contains(status) {
+            // Held until its end (bounded): Google's front end answers in its own shapes (JSON,
+            // or an HTML page), and its words can name the project.
             state.withLock { $0.googleError = (status, headers.first { $0.name == "retry-after" }?.value, []) }
             return
         }
@@ -153,28 +150,30 @@ final class VertexReply: UpstreamDelegate {
             exchange.upstreamDidFinish(error)
             return
         }
-        let body = Self.anthropicShape(status: held.status, body: held.body) ?? held.body
-        var headers: [(name: String, value: String)] = [("content-type", "application/json")]
-        if let retryAfter = held.retryAfter { headers.append(("retry-after", retryAfter)) }
-        exchange.upstreamDidReceiveHead(status: held.status, headers: headers)
-        _ = body.withUnsafeBytes { exchange.upstreamDidReceive($0) }
-        exchange.upstreamDidFinish(nil)
+        exchange.answerCloudError(Self.answer(status: held.status, body: held.body), retryAfter: held.retryAfter)
     }
 
-    /// Google's error shape as the API's; nil when the body is already the API's (or not JSON).
-    static func anthropicShape(status: Int, body: [UInt8]) -> [UInt8]? {
-        guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
-              let error = object["error"] as? [String: Any], object["type"] == nil else { return nil }
-        let message = error["message"] as? String ?? "Vertex AI answered HTTP \(status)"
-        let type = switch status {
+    /// A Vertex AI error as the device gets it: the API's error type (from the API's own body, or
+    /// from the status of Google's front end) and a message of this service's own.
+    static func answer(status: Int, body: [UInt8]) -> CloudErrorAnswer {
+        let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any]
+        let error = object?["error"] as? [String: Any]
+        let apiType = object?["type"] as? String == "error" ? error?["type"] as? String : nil
+        let byStatus = switch status {
         case 400: "invalid_request_error"
         case 401: "authentication_error"
         case 403: "permission_error"
         case 404: "not_found_error"
+        case 413: "request_too_large"
         case 429: "rate_limit_error"
         case 503, 529: "overloaded_error"
         default: "api_error"
         }
-        return Array(("{\"type\":\"error\",\"error\":{\"type\":\"\(type)\",\"message\":" + JSONText.string(message) + "}}").utf8)
+        let type = apiType ?? byStatus
+        let cloudMessage = error?["message"] as? String ?? String(decoding: body.prefix(300), as: UTF8.self)
+        // Google's 401 and 403 are about this service's account; the API's own ones (from behind
+        // Google's front end) are too: the device's token was checked here.
+        return CloudErrorAnswer.generic(status: status, type: type, service: "Vertex AI", cloudMessage: cloudMessage,
+                                        exception: (error?["status"] as? String) ?? apiType.map { _ in "api" })
     }
 }

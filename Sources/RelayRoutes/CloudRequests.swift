@@ -10,67 +10,50 @@ import UpstreamClient
 /// it is decoded or rewritten).
 enum CloudRequestBody {
     /// `body` without the top-level members `removed`, with `added` (name, raw JSON value) first.
+    /// One walk over the members: each kept one is copied as it stands (its name, colon and
+    /// value) and the separators are written anew, so a removed member's comma is never shared
+    /// with another's, whatever the order, spacing or count. A removed name written with escapes,
+    /// or given twice, is refused: another parser would read it as the plain name.
     static func edit(_ body: [UInt8], removing removed: JSONMemberScan.Names, adding added: [(String, String)]) throws -> [UInt8] {
-        let ranges = try body.withUnsafeBytes { bytes throws -> [Range<Int>] in
-            let values = try JSONMemberScan.members(of: removed, in: bytes)
-            return try values.compactMap { $0 }.map { try memberSpan(of: $0, in: bytes) }.sorted { $0.lowerBound < $1.lowerBound }
+        try body.withUnsafeBytes { raw throws -> [UInt8] in
+            let bytes = raw.bindMemory(to: UInt8.self)
+            var scanner = JSONMemberScan.Scanner(bytes: bytes)
+            var kept: [Range<Int>] = []
+            var seen = [Bool](repeating: false, count: removed.bytes.count)
+            try scanner.eachMember { name, quote, value throws(JSONMemberScan.Failure) in
+                if name.contains(0x5c) { throw .escapedName(at: quote) }
+                if let slot = removed.bytes.firstIndex(where: { $0.elementsEqual(name) }) {
+                    guard !seen[slot] else { throw .duplicate(removed.names[slot]) }
+                    seen[slot] = true
+                } else {
+                    kept.append(quote..<value.upperBound)
+                }
+            }
+            scanner.skipWhitespace()
+            guard scanner.index == bytes.count else { throw JSONMemberScan.Failure.malformed(at: scanner.index) }
+            var out: [UInt8] = [UInt8(ascii: "{")]
+            out.reserveCapacity(body.count + 128)
+            var first = true
+            for (name, value) in added {
+                if !first { out.append(UInt8(ascii: ",")) }
+                first = false
+                out.append(contentsOf: "\"\(name)\":\(value)".utf8)
+            }
+            for range in kept {
+                if !first { out.append(UInt8(ascii: ",")) }
+                first = false
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[range]))
+            }
+            out.append(UInt8(ascii: "}"))
+            return out
         }
-        guard let open = body.firstIndex(where: { !isBlank($0) }), body[open] == UInt8(ascii: "{") else {
-            throw JSONMemberScan.Failure.notAnObject
-        }
-        var kept: [UInt8] = []
-        kept.reserveCapacity(body.count + 128)
-        var cursor = open + 1
-        for range in ranges {
-            kept.append(contentsOf: body[cursor..<range.lowerBound])
-            cursor = range.upperBound
-        }
-        kept.append(contentsOf: body[cursor...])
-        // What is left after `{`: empty when every member was removed.
-        let restIsEmpty = kept.first(where: { !isBlank($0) }) == UInt8(ascii: "}")
-        var out: [UInt8] = [UInt8(ascii: "{")]
-        out.reserveCapacity(kept.count + 128)
-        for (index, (name, value)) in added.enumerated() {
-            out.append(contentsOf: Array("\"\(name)\":\(value)".utf8))
-            if index < added.count - 1 || !restIsEmpty { out.append(UInt8(ascii: ",")) }
-        }
-        out.append(contentsOf: kept)
-        return out
     }
-
-    /// The bytes of the member whose value is at `value` (its name, colon and value) and of one
-    /// comma beside it, so that what is left is still an object.
-    private static func memberSpan(of value: Range<Int>, in bytes: UnsafeRawBufferPointer) throws -> Range<Int> {
-        var start = value.lowerBound - 1
-        while start >= 0, isBlank(bytes[start]) { start -= 1 }
-        guard start >= 0, bytes[start] == UInt8(ascii: ":") else { throw JSONMemberScan.Failure.malformed(at: start) }
-        start -= 1
-        while start >= 0, isBlank(bytes[start]) { start -= 1 }
-        // The name: the scanner refuses escaped names, so the opening quote is the previous one.
-        guard start > 0, bytes[start] == UInt8(ascii: "\"") else { throw JSONMemberScan.Failure.malformed(at: start) }
-        start -= 1
-        while start >= 0, bytes[start] != UInt8(ascii: "\"") { start -= 1 }
-        guard start >= 0 else { throw JSONMemberScan.Failure.malformed(at: 0) }
-        var before = start - 1
-        while before >= 0, isBlank(bytes[before]) { before -= 1 }
-        var after = value.upperBound
-        while after < bytes.count, isBlank(bytes[after]) { after += 1 }
-        if before >= 0, bytes[before] == UInt8(ascii: ",") { return before..<value.upperBound }   // `, "name": value`
-        if after < bytes.count, bytes[after] == UInt8(ascii: ",") { return start..<(after + 1) }  // `"name": value,`
-        return start..<value.upperBound                                                           // the only member
-    }
-
-    private static func isBlank(_ byte: UInt8) -> Bool { byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09 }
 
     /// A JSON string literal.
     static func quoted(_ text: String) -> String { JSONText.string(text) }
 
-    /// The request's betas (`anthropic-beta`, comma-separated, any number of headers) as a JSON array.
-    static func betasArray(_ request: HTTPRequest) -> String? {
-        let betas = request.headers.filter { $0.name == "anthropic-beta" }
-            .flatMap { $0.value.split(separator: ",") }
-            .map { $0.trimmingCharacters(in: .whitespaces) }
-            .filter { !$0.isEmpty }
+    /// Betas as a JSON array of strings; nil when there are none.
+    static func betasArray(_ betas: [String]) -> String? {
         guard !betas.isEmpty else { return nil }
         return "[" + betas.map(quoted).joined(separator: ",") + "]"
     }
@@ -91,14 +74,18 @@ enum CloudRequestBody {
 enum CloudRoute {
     static let bedrockVersion = "bedrock-2023-05-31"
     static let vertexVersion = "vertex-2023-10-16"
-    static let removedForBedrock = JSONMemberScan.Names("model", "stream")
-    static let removedForVertex = JSONMemberScan.Names("model")
+    /// What a cloud reads from the path or sets itself (`model`, `stream`), what this relay
+    /// writes (`anthropic_version`), and the body's betas, which are sent again as one checked
+    /// list with the header's.
+    static let removedForBedrock = JSONMemberScan.Names("model", "stream", "anthropic_version", "anthropic_beta")
+    static let removedForVertex = JSONMemberScan.Names("model", "anthropic_version", "anthropic_beta")
 
-    /// The Bedrock request, signed with SigV4 for the service `bedrock`.
+    /// The Bedrock request, signed with SigV4 for the service `bedrock`. `betas` are every beta
+    /// the request named, in its headers and its body, after the policy checked them.
     static func bedrock(_ request: HTTPRequest, modelID: String, streams: Bool, settings: CloudUpstreamSettings,
-                        credentials: AWSCredentials, at date: Date) throws -> UpstreamRequest {
+                        betas: [String], credentials: AWSCredentials, at date: Date) throws -> UpstreamRequest {
         var added = [("anthropic_version", CloudRequestBody.quoted(bedrockVersion))]
-        if let betas = CloudRequestBody.betasArray(request) { added.append(("anthropic_beta", betas)) }
+        if let betas = CloudRequestBody.betasArray(betas) { added.append(("anthropic_beta", betas)) }
         let body = try CloudRequestBody.edit(request.body, removing: removedForBedrock, adding: added)
         let origin = settings.endpointURL ?? "https://bedrock-runtime.\(settings.region).amazonaws.com"
         let path = "/model/\(CloudRequestBody.pathSegment(modelID))/" + (streams ? "invoke-with-response-stream" : "invoke")
@@ -117,16 +104,18 @@ enum CloudRoute {
         try CloudRequestBody.edit(request.body, removing: removedForVertex, adding: [("anthropic_version", CloudRequestBody.quoted(vertexVersion))])
     }
 
-    /// The Vertex AI request, with the service account's access token.
+    /// The Vertex AI request, with the service account's access token; `betas` (header and body
+    /// ones, checked) go in one `anthropic-beta` header.
     static func vertex(body: [UInt8], model: String, streams: Bool, settings: CloudUpstreamSettings,
-                       betas: [(name: String, value: String)], accessToken: String) -> UpstreamRequest {
+                       betas: [String], accessToken: String) -> UpstreamRequest {
         let origin = settings.endpointURL ?? "https://\(settings.region)-aiplatform.googleapis.com"
         let project = CloudRequestBody.pathSegment(settings.project ?? "")
         let region = CloudRequestBody.pathSegment(settings.region)
         let method = streams ? "streamRawPredict" : "rawPredict"
         let path = "/v1/projects/\(project)/locations/\(region)/publishers/anthropic/models/"
             + CloudRequestBody.pathSegment(model, keeping: [UInt8(ascii: "@")]) + ":" + method
-        let headers: [(name: String, value: String)] = [("authorization", "Bearer " + accessToken), ("content-type", "application/json")] + betas
+        var headers: [(name: String, value: String)] = [("authorization", "Bearer " + accessToken), ("content-type", "application/json")]
+        if !betas.isEmpty { headers.append(("anthropic-beta", betas.joined(separator: ","))) }
         return UpstreamRequest(method: "POST", path: path, headers: headers, body: body, origin: origin)
     }
 

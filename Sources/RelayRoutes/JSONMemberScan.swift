@@ -75,7 +75,7 @@ struct JSONMemberScan {
         var scanner = Scanner(bytes: UnsafeBufferPointer(rebasing: bytes.bindMemory(to: UInt8.self)[range]))
         var found: [(name: String, value: Range<Int>)] = []
         do throws(Failure) {
-            try scanner.eachMember { name, value throws(Failure) in
+            try scanner.eachMember { name, _, value throws(Failure) in
                 if found.count < limit, !name.contains(0x5c) {
                     found.append((String(decoding: name, as: UTF8.self), (value.lowerBound + range.lowerBound)..<(value.upperBound + range.lowerBound)))
                 }
@@ -176,7 +176,7 @@ struct JSONMemberScan {
             let wanted = names.bytes
             var found = [Range<Int>?](repeating: nil, count: wanted.count)
             let start = bytes.baseAddress
-            try eachMember { name, value throws(Failure) in
+            try eachMember { name, _, value throws(Failure) in
                 if name.contains(0x5c) { throw .escapedName(at: name.baseAddress.flatMap { at in start.map { $0.distance(to: at) } } ?? 0) }
                 if let slot = wanted.firstIndex(where: { $0.elementsEqual(name) }) {
                     guard found[slot] == nil else { throw .duplicate(names.names[slot]) }
@@ -189,8 +189,9 @@ struct JSONMemberScan {
         }
 
         /// Walks the object at `index` (after leading whitespace), calling `visit` with each
-        /// member's name (its raw bytes) and value range; leaves `index` just past the `}`.
-        mutating func eachMember(_ visit: (UnsafeBufferPointer<UInt8>, Range<Int>) throws(Failure) -> Void) throws(Failure) {
+        /// member's name (its raw bytes), the offset of the name's opening quote, and the value's
+        /// range; leaves `index` just past the `}`.
+        mutating func eachMember(_ visit: (UnsafeBufferPointer<UInt8>, Int, Range<Int>) throws(Failure) -> Void) throws(Failure) {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == 0x7b else { throw .notAnObject }
             index += 1
@@ -202,7 +203,7 @@ struct JSONMemberScan {
             while true {
                 skipWhitespace()
                 guard index < bytes.count, bytes[index] == 0x22 else { throw .malformed(at: index) }
-                let nameStart = index + 1
+                let nameQuote = index, nameStart = index + 1
                 try skipString()
                 let name = UnsafeBufferPointer(rebasing: bytes[nameStart..<(index - 1)])
                 skipWhitespace()
@@ -211,7 +212,7 @@ struct JSONMemberScan {
                 skipWhitespace()
                 let valueStart = index
                 try skipValue()
-                try visit(name, valueStart..<index)
+                try visit(name, nameQuote, valueStart..<index)
                 skipWhitespace()
                 guard index < bytes.count else { throw .malformed(at: index) }
                 if bytes[index] == 0x2c { index += 1; continue }

@@ -196,6 +196,8 @@ final class RelayedExchange: UpstreamDelegate {
         var firstByteAt: UInt64?
         /// The model that served, as the reply said.
         var servingModel: String?
+        /// A cloud's own words for its error (its exception and message): for the log only.
+        var cloudError: String?
     }
 
     let writer: HTTPResponseWriter
@@ -206,6 +208,8 @@ final class RelayedExchange: UpstreamDelegate {
     /// The transfer, once started: cancelled when an abandoned reply turns out to be a stream or
     /// grows past its cap, resumed when its client leaves.
     private let transfer = Mutex<UpstreamTransfer?>(nil)
+    /// A cloud's own words for its error, kept for the log.
+    private let cloudError = Mutex<String?>(nil)
 
     /// - Parameters:
     ///   - readsAbandonedReply: a reply whose client leaves is read to its end for its usage (a
@@ -302,11 +306,29 @@ final class RelayedExchange: UpstreamDelegate {
         upstreamDidFinish(nil)
     }
 
+    /// A cloud's error, answered in the Messages API's shape with this service's own message;
+    /// the cloud's words go to the log.
+    func answerCloudError(_ answer: CloudErrorAnswer, retryAfter: String?) {
+        noteCloudError(answer.detail)
+        var headers: [(name: String, value: String)] = [("content-type", "application/json")]
+        if let retryAfter { headers.append(("retry-after", retryAfter)) }
+        upstreamDidReceiveHead(status: answer.status, headers: headers)
+        let body = Array(APIErrorResponse(type: answer.type, message: answer.message, requestID: requestID).json.utf8)
+        _ = body.withUnsafeBytes { upstreamDidReceive($0) }
+        upstreamDidFinish(nil)
+    }
+
+    /// Keeps a cloud's own words for its error, for the log line of this request.
+    func noteCloudError(_ detail: String) {
+        cloudError.withLock { $0 = String(detail.prefix(1000)) }
+    }
+
     func upstreamDidFinish(_ error: UpstreamError?) {
-        let (action, result, headers) = machine.withLock { machine in
+        var (action, result, headers) = machine.withLock { machine in
             let (action, result) = machine.finish(error)
             return (action, result, machine.clientHeaders)
         }
+        result.cloudError = cloudError.withLock { $0 }
         transfer.withLock { $0 = nil }
         switch action {
         case .none:

@@ -11,7 +11,7 @@ import CloudUpstreams
 enum CloudPlan: Sendable {
     case bedrock(UpstreamRequest)
     /// The body as Vertex takes it; the request is made once the access token is there.
-    case vertex(body: [UInt8], model: String, account: GoogleServiceAccount, settings: CloudUpstreamSettings, sealed: [UInt8])
+    case vertex(body: [UInt8], model: String, betas: [String], account: GoogleServiceAccount, settings: CloudUpstreamSettings, sealed: [UInt8])
 }
 
 /// The Messages API for app tokens: `/v1/messages` and `/v1/messages/count_tokens` relayed to the
@@ -117,9 +117,10 @@ public struct RelayRoutes: Sendable {
                 case .anthropic: break
                 case .bedrock(let credentials, _):
                     cloud = .bedrock(try CloudRoute.bedrock(request, modelID: mapped, streams: cloudStreams, settings: settings,
-                                                            credentials: credentials, at: Date()))
+                                                            betas: fields.betas, credentials: credentials, at: Date()))
                 case .vertex(let account, _, let sealed):
-                    cloud = .vertex(body: try CloudRoute.vertexBody(request), model: mapped, account: account, settings: settings, sealed: sealed)
+                    cloud = .vertex(body: try CloudRoute.vertexBody(request), model: mapped, betas: fields.betas, account: account,
+                                    settings: settings, sealed: sealed)
                 }
             } catch {
                 return RouteOutcome(MessagesAPIError.response(400, "invalid_request_error", "the request body is not a JSON object", requestID: requestID),
@@ -141,7 +142,19 @@ public struct RelayRoutes: Sendable {
 
         let clientID = grant.clientID
         let admitted = ticket
-        let streams = route == WireProtocol.messagesPath && (asksForStream ?? MessagesRequestFields.asksForStream(request.body))
+        // Without a ledger the body was not scanned yet: `stream` is read here (the policy's scan
+        // refuses a bad value itself).
+        let streams: Bool
+        if route != WireProtocol.messagesPath {
+            streams = false
+        } else if let asksForStream {
+            streams = asksForStream
+        } else if let asks = MessagesRequestFields.asksForStream(request.body) {
+            streams = asks
+        } else {
+            return RouteOutcome(MessagesAPIError.response(400, "invalid_request_error", "stream: must be true or false", requestID: requestID),
+                                clientID: grant.clientID, reason: RejectionReason.invalidRequest.rawValue)
+        }
         let readsAbandoned = admitted != nil && route == WireProtocol.messagesPath && !streams
         let (metrics, ledger) = (self.metrics, self.ledger)
         let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start, readsAbandonedReply: readsAbandoned,
@@ -158,7 +171,8 @@ public struct RelayRoutes: Sendable {
                                                       abandoned: result.abandoned, servingModel: result.servingModel))
             }
             context.finish(RouteOutcome(ended: result.status, clientID: clientID,
-                                        detail: result.error.map { "upstream \($0)" } ?? (result.abandoned ? "the client left; the reply was read for its usage" : nil),
+                                        detail: result.cloudError.map { "upstream said: \($0)" } ?? result.error.map { "upstream \($0)" }
+                                            ?? (result.abandoned ? "the client left; the reply was read for its usage" : nil),
                                         bytes: result.bytes))
         }
         let send: @Sendable (UpstreamRequest, any UpstreamDelegate) -> Void = { upstreamRequest, delegate in
@@ -180,9 +194,9 @@ public struct RelayRoutes: Sendable {
             begin = { send(upstreamRequest, exchange) }
         case .bedrock(let upstreamRequest):
             begin = { send(upstreamRequest, BedrockReply(exchange, streams: streams)) }
-        case .vertex(let body, let model, let account, let settings, let sealed):
+        case .vertex(let body, let model, let betas, let account, let settings, let sealed):
             let tokens = relay.vertexTokens, workspace = grant.workspaceID, workspaceName = grant.workspaceName
-            let tokenURL = settings.tokenURL ?? account.tokenURI, betas = request.headers.filter { $0.name == "anthropic-beta" }
+            let tokenURL = settings.tokenURL ?? account.tokenURI
             let loop = context.loop, logger = self.logger
             begin = {
                 tokens.token(workspace: workspace, sealed: sealed, account: account, tokenURL: tokenURL,

@@ -7,7 +7,9 @@ import TokenService
 /// read with the bounded scan, and the betas and user profile from its headers. The body itself
 /// goes upstream byte for byte.
 public enum MessagesRequestFields {
-    static let policyMembers = JSONMemberScan.Names("model", "max_tokens", "fallbacks", "tools", "stream")
+    static let policyMembers = JSONMemberScan.Names("model", "max_tokens", "fallbacks", "tools", "stream", "anthropic_beta")
+    /// Far more betas than a request names; past it the body's `anthropic_beta` is refused.
+    static let maxBodyBetas = 64
     static let toolMembers = JSONMemberScan.Names("type", "max_uses")
     /// The API takes at most three fallbacks; a longer list is refused before it is read further.
     static let maxFallbacks = 3
@@ -51,7 +53,13 @@ public enum MessagesRequestFields {
         body.withUnsafeBytes { bytes in
             do throws(JSONMemberScan.Failure) {
                 let found = try JSONMemberScan.members(of: policyMembers, in: bytes)
-                streams = found[4].map { !bytes[$0].elementsEqual("false".utf8) } ?? false
+                switch found[4].map({ streamValue(bytes, $0) }) {
+                case nil, .some(false?): streams = false
+                case .some(true?): streams = true
+                case .some(nil):
+                    streams = false
+                    input.malformed = "stream: must be true or false"
+                }
                 if let range = found[0] {
                     if let model = JSONMemberScan.plainString(bytes, range) { input.model = model } else { input.problem = "model is not a plain string" }
                 }
@@ -60,6 +68,7 @@ public enum MessagesRequestFields {
                 }
                 if let range = found[2] { readFallbacks(bytes, range, into: &input) }
                 if let range = found[3], input.malformed == nil { readTools(bytes, range, into: &input) }
+                if let range = found[5], input.malformed == nil { readBodyBetas(bytes, range, into: &input) }
             } catch {
                 input.problem = switch error {
                 case .notAnObject: "the body is not a JSON object"
@@ -73,6 +82,33 @@ public enum MessagesRequestFields {
     }
 
     static func isNull(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Bool { bytes[range].elementsEqual("null".utf8) }
+
+    /// `stream`'s value: true or false for the JSON literals, nil for anything else (`null`, `0`,
+    /// `"false"`), which is refused rather than guessed at.
+    static func streamValue(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Bool? {
+        if bytes[range].elementsEqual("true".utf8) { return true }
+        if bytes[range].elementsEqual("false".utf8) { return false }
+        return nil
+    }
+
+    /// The body's `anthropic_beta` (how Bedrock's InvokeModel takes betas): an array of plain
+    /// strings, each checked by the policy like a header's beta, since a cloud reads it as one.
+    static func readBodyBetas(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>, into input: inout PolicyInput) {
+        if isNull(bytes, range) { return }
+        guard let elements = try? JSONMemberScan.elements(in: bytes, range, limit: maxBodyBetas) else {
+            input.malformed = bytes[range.lowerBound] == UInt8(ascii: "[") ? "anthropic_beta: at most \(maxBodyBetas) betas"
+                : "anthropic_beta: must be an array of strings"
+            return
+        }
+        for (index, element) in elements.enumerated() {
+            guard let beta = JSONMemberScan.plainString(bytes, element), !beta.isEmpty, beta.utf8.count <= 256,
+                  !beta.utf8.contains(where: { $0 == UInt8(ascii: ",") || $0 < 0x21 || $0 > 0x7e }) else {
+                input.malformed = "anthropic_beta[\(index)]: must be a beta's name (printable ASCII, no commas or spaces)"
+                return
+            }
+            input.bodyBetas.append(beta)
+        }
+    }
 
     /// `"default"`, or an array of at most three objects each naming a `model`.
     static func readFallbacks(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>, into input: inout PolicyInput) {
@@ -132,13 +168,14 @@ public enum MessagesRequestFields {
 
     static let streamMember = JSONMemberScan.Names("stream")
 
-    /// Whether the request asks for an SSE stream (`"stream": true`); true as well when that
-    /// cannot be read, so such a request is treated as a stream.
-    public static func asksForStream(_ body: [UInt8]) -> Bool {
+    /// Whether the request asks for an SSE stream (`"stream": true`); true as well when the body
+    /// cannot be read, so such a request is treated as a stream; nil when `stream` is there with
+    /// any value but `true` or `false` (refused).
+    public static func asksForStream(_ body: [UInt8]) -> Bool? {
         body.withUnsafeBytes { bytes in
             guard let found = try? JSONMemberScan.members(of: streamMember, in: bytes) else { return true }
             guard let range = found[0] else { return false }
-            return !bytes[range].elementsEqual("false".utf8)
+            return streamValue(bytes, range)
         }
     }
 }
@@ -157,7 +194,7 @@ enum UsageObject {
     /// The counts in the object at `bytes[range]`; absent or null fields count 0.
     static func read(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> TokenUsage? {
         guard let found = try? JSONMemberScan.members(of: fields, in: bytes, within: range) else { return nil }
-        func count(_ slot: Int) -> Int64 { found[slot].flatMap { JSONMemberScan.integer(bytes, $0) }.map { Int64(max(0, $0)) } ?? 0 }
+        func count(_ slot: Int) -> Int64 { found[slot].flatMap { JSONMemberScan.integer(bytes, $0) }.map(TokenUsage.bounded) ?? 0 }
         var usage = TokenUsage(inputTokens: count(0), outputTokens: count(1), cacheCreationInputTokens: count(2), cacheReadInputTokens: count(3))
         if let tools = found[4] { usage.serverToolUse = serverToolUse(bytes, tools) }
         return usage
@@ -168,7 +205,7 @@ enum UsageObject {
         var counters: [String: Int64] = [:]
         for (name, value) in JSONMemberScan.allMembers(in: bytes, within: range, limit: serverToolCountersPerReply) ?? []
         where name.utf8.count <= 64 && name.utf8.allSatisfy({ (0x61...0x7a).contains($0) || (0x30...0x39).contains($0) || $0 == 0x5f }) {
-            if let count = JSONMemberScan.integer(bytes, value), count > 0 { counters[name] = Int64(count) }
+            if let count = JSONMemberScan.integer(bytes, value), count > 0 { counters[name] = TokenUsage.bounded(count) }
         }
         return counters
     }
@@ -346,7 +383,7 @@ struct StreamUsageReader {
                 guard let usageRange = found[2],
                       let fields = try? JSONMemberScan.members(of: Self.deltaUsage, in: bytes, within: usageRange) else { return }
                 // Both are running totals: the last one seen is the reply's.
-                if let output = fields[0].flatMap({ JSONMemberScan.integer(bytes, $0) }) { usage.outputTokens = Int64(max(0, output)) }
+                if let output = fields[0].flatMap({ JSONMemberScan.integer(bytes, $0) }) { usage.outputTokens = TokenUsage.bounded(output) }
                 if let tools = fields[1] { usage.serverToolUse = UsageObject.serverToolUse(bytes, tools) }
             case "message_stop":
                 sawStop = true

@@ -7,7 +7,10 @@ import UpstreamClient
 /// fetched once and shared by every request until it nears its end, renewed in the background
 /// from half its life on (requests keep the current one meanwhile), and fetched by one transfer
 /// at a time however many requests wait for it. The fetch goes through the relay's own upstream
-/// client, so it never blocks a loop.
+/// client, so it never blocks a loop. Tokens are kept by the credentials they came from (the
+/// sealed bytes and the token URL), so a workspace whose account changes mid-fetch never gets
+/// the old account's token for its new settings, and the old fetch still answers its own waiters.
+/// A fetch has a total deadline, so no waiter waits longer than it.
 final class VertexAccessTokens: Sendable {
     static let scope = "https://www.googleapis.com/auth/cloud-platform"
     /// The largest token response read.
@@ -19,9 +22,14 @@ final class VertexAccessTokens: Sendable {
 
     typealias Completion = @Sendable (Result<String, Failure>) -> Void
 
+    /// The credentials a token is for: the workspace, its sealed service account and token URL.
+    struct Identity: Hashable {
+        let workspace: Int64
+        let sealed: [UInt8]
+        let tokenURL: String
+    }
+
     private struct Entry {
-        /// The sealed credentials the token came from: new credentials start afresh.
-        var sealed: [UInt8]
         var token: String?
         /// Monotonic nanoseconds.
         var expiresAt: UInt64 = 0
@@ -35,8 +43,13 @@ final class VertexAccessTokens: Sendable {
 
     /// How long a failed fetch is answered from memory.
     static let failureHold: UInt64 = 5_000_000_000
+    /// The most a token fetch may take, connection included: its waiters are answered by then.
+    static let fetchDeadline: Duration = .seconds(20)
+    /// The longest lifetime taken from a token endpoint (Google's are an hour): a larger
+    /// `expires_in` is read as this, so no number it sends can overflow the clock's arithmetic.
+    static let maxLifetimeSeconds = 86_400
 
-    private let entries = Mutex<[Int64: Entry]>([:])
+    private let entries = Mutex<[Identity: Entry]>([:])
     private let now: @Sendable () -> UInt64
     /// Grants fetched (tests, metrics).
     let fetches = Atomic<Int>(0)
@@ -51,9 +64,14 @@ final class VertexAccessTokens: Sendable {
                start: @escaping @Sendable (UpstreamRequest, any UpstreamDelegate) -> Void, completion: @escaping Completion) {
         enum Step { case ready(String, renew: Bool), wait(fetch: Bool), failed(Failure) }
         let time = now()
+        let identity = Identity(workspace: workspace, sealed: sealed, tokenURL: tokenURL)
         let step: Step = entries.withLock { all in
-            var entry = all[workspace].flatMap { $0.sealed == sealed ? $0 : nil } ?? Entry(sealed: sealed)
-            defer { all[workspace] = entry }
+            // Entries of the workspace's earlier credentials go once nobody waits on them.
+            if all[identity] == nil {
+                all = all.filter { $0.key == identity || $0.key.workspace != workspace || $0.value.fetching }
+            }
+            var entry = all[identity] ?? Entry()
+            defer { all[identity] = entry }
             // Usable until a tenth of its life (at most a minute) before its end.
             let margin = min(60_000_000_000, entry.lifetime / 10)
             if let token = entry.token, entry.expiresAt > time + margin {
@@ -69,32 +87,32 @@ final class VertexAccessTokens: Sendable {
         }
         switch step {
         case .ready(let token, let renew):
-            if renew { fetch(workspace: workspace, account: account, tokenURL: tokenURL, start: start) }
+            if renew { fetch(identity, account: account, start: start) }
             completion(.success(token))
         case .wait(let fetch):
-            if fetch { self.fetch(workspace: workspace, account: account, tokenURL: tokenURL, start: start) }
+            if fetch { self.fetch(identity, account: account, start: start) }
         case .failed(let failure):
             completion(.failure(failure))
         }
     }
 
-    private func fetch(workspace: Int64, account: GoogleServiceAccount, tokenURL: String,
-                       start: @Sendable (UpstreamRequest, any UpstreamDelegate) -> Void) {
+    private func fetch(_ identity: Identity, account: GoogleServiceAccount, start: @Sendable (UpstreamRequest, any UpstreamDelegate) -> Void) {
         fetches.add(1, ordering: .relaxed)
         let request: UpstreamRequest
+        let tokenURL = identity.tokenURL
         do {
             guard let (origin, path) = Self.split(tokenURL) else { throw Failure(description: "the token URL \(tokenURL) is not an absolute http(s) URL") }
             let issuedAt = Int(Date().timeIntervalSince1970)
             let assertion = try account.assertion(scope: Self.scope, audience: tokenURL, issuedAt: issuedAt)
             request = UpstreamRequest(method: "POST", path: path,
                                       headers: [("content-type", "application/x-www-form-urlencoded"), ("accept", "application/json")],
-                                      body: account.tokenRequestBody(assertion: assertion), origin: origin)
+                                      body: account.tokenRequestBody(assertion: assertion), origin: origin, totalTimeout: Self.fetchDeadline)
         } catch {
-            finish(workspace: workspace, .failure(Failure(description: "cannot make the service account's JWT grant: \(error)")))
+            finish(identity, .failure(Failure(description: "cannot make the service account's JWT grant: \(error)")))
             return
         }
         let fetch = TokenFetch { [self] result in
-            finish(workspace: workspace, result.flatMap { body in
+            finish(identity, result.flatMap { body in
                 do {
                     let (token, expiresIn) = try account.parseTokenResponse(body)
                     return .success((token, expiresIn))
@@ -106,15 +124,15 @@ final class VertexAccessTokens: Sendable {
         start(request, fetch)
     }
 
-    private func finish(workspace: Int64, _ result: Result<(String, Int), Failure>) {
+    private func finish(_ identity: Identity, _ result: Result<(String, Int), Failure>) {
         let time = now()
         let waiters = entries.withLock { all -> [Completion] in
-            guard var entry = all[workspace] else { return [] }
+            guard var entry = all[identity] else { return [] }
             entry.fetching = false
             switch result {
             case .success(let (token, expiresIn)):
                 entry.token = token
-                entry.lifetime = UInt64(max(1, expiresIn)) * 1_000_000_000
+                entry.lifetime = UInt64(min(max(1, expiresIn), Self.maxLifetimeSeconds)) * 1_000_000_000
                 entry.expiresAt = time + entry.lifetime
                 entry.failure = nil
             case .failure(let failure):
@@ -122,7 +140,7 @@ final class VertexAccessTokens: Sendable {
             }
             let waiters = entry.waiters
             entry.waiters = []
-            all[workspace] = entry
+            all[identity] = entry
             return waiters
         }
         let outcome = result.map(\.0)

@@ -213,18 +213,34 @@ public struct UsageCounters: Sendable, Equatable {
 
     public init() {}
 
+    /// Sums saturate at `Int64.max`: counts read back from a database are not trusted to be small.
     public static func += (lhs: inout UsageCounters, rhs: UsageCounters) {
-        lhs.requests += rhs.requests
-        lhs.inputTokens += rhs.inputTokens
-        lhs.outputTokens += rhs.outputTokens
-        lhs.cacheCreationInputTokens += rhs.cacheCreationInputTokens
-        lhs.cacheReadInputTokens += rhs.cacheReadInputTokens
-        lhs.incomplete += rhs.incomplete
-        lhs.abandoned += rhs.abandoned
-        lhs.errors.merge(rhs.errors, uniquingKeysWith: +)
-        lhs.refusals.merge(rhs.refusals, uniquingKeysWith: +)
-        lhs.serverToolUse.merge(rhs.serverToolUse, uniquingKeysWith: +)
+        lhs.requests.saturatingAdd(rhs.requests)
+        lhs.inputTokens.saturatingAdd(rhs.inputTokens)
+        lhs.outputTokens.saturatingAdd(rhs.outputTokens)
+        lhs.cacheCreationInputTokens.saturatingAdd(rhs.cacheCreationInputTokens)
+        lhs.cacheReadInputTokens.saturatingAdd(rhs.cacheReadInputTokens)
+        lhs.incomplete.saturatingAdd(rhs.incomplete)
+        lhs.abandoned.saturatingAdd(rhs.abandoned)
+        lhs.errors.merge(rhs.errors, uniquingKeysWith: Int64.saturatingSum)
+        lhs.refusals.merge(rhs.refusals, uniquingKeysWith: Int64.saturatingSum)
+        lhs.serverToolUse.merge(rhs.serverToolUse, uniquingKeysWith: Int64.saturatingSum)
     }
+
+    /// Every kind of token: what a token budget counts.
+    public var totalTokens: Int64 {
+        Int64.saturatingSum(Int64.saturatingSum(inputTokens, outputTokens), Int64.saturatingSum(cacheCreationInputTokens, cacheReadInputTokens))
+    }
+}
+
+extension Int64 {
+    /// `a + b`, or the bound it passed: for counters, where a trap would stop every tenant.
+    public static func saturatingSum(_ a: Int64, _ b: Int64) -> Int64 {
+        let (sum, overflow) = a.addingReportingOverflow(b)
+        return overflow ? (b > 0 ? .max : .min) : sum
+    }
+
+    public mutating func saturatingAdd(_ other: Int64) { self = Self.saturatingSum(self, other) }
 }
 
 /// A device's relayed requests in one minute.

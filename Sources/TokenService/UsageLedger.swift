@@ -88,7 +88,10 @@ public struct PolicyInput: Sendable {
     /// The `anthropic-beta` header values as sent; `betas` splits them, only when a policy asks
     /// (Foundation's trimming cost 5% of a relayed request's CPU when done for every request).
     public var betaHeaderValues: [String]
-    /// Every `anthropic-beta` value, split at commas, spaces and tabs trimmed, empty ones dropped.
+    /// The betas named in the body's `anthropic_beta` array (Bedrock's way of naming them).
+    public var bodyBetas: [String] = []
+    /// Every `anthropic-beta` value, split at commas, spaces and tabs trimmed, empty ones dropped,
+    /// then every beta of the body's `anthropic_beta`: the policy checks them all.
     public var betas: [String] {
         var names: [String] = []
         for value in betaHeaderValues {
@@ -97,6 +100,7 @@ public struct PolicyInput: Sendable {
                 if !trimmed.isEmpty { names.append(String(decoding: trimmed, as: UTF8.self)) }
             }
         }
+        names.append(contentsOf: bodyBetas)
         return names
     }
     /// The `anthropic-user-profile-id`, when sent (valid: a bad one is in `malformed`).
@@ -134,6 +138,19 @@ public struct UsageTicket: Sendable {
 
 /// Token counts from the upstream's own `usage`, and the model that served.
 public struct TokenUsage: Sendable, Equatable {
+    /// The most one reply may count of any kind: 2^40, far past any model's context, far below
+    /// where sums of many replies could overflow. A count an upstream sends above it is taken as
+    /// this (and the ledger's sums saturate), so no number from an upstream can trap the process.
+    public static let maxCount: Int64 = 1 << 40
+
+    /// A count as an upstream sent it, within 0...`maxCount`.
+    public static func bounded(_ count: Int) -> Int64 { Int64(Swift.min(Swift.max(0, count), Int(maxCount))) }
+
+    /// Every kind of token: what a token budget counts (cache writes and reads are input too).
+    public var totalTokens: Int64 {
+        Int64.saturatingSum(Int64.saturatingSum(inputTokens, outputTokens), Int64.saturatingSum(cacheCreationInputTokens, cacheReadInputTokens))
+    }
+
     public var inputTokens: Int64 = 0
     public var outputTokens: Int64 = 0
     public var cacheCreationInputTokens: Int64 = 0
@@ -265,8 +282,9 @@ public final class UsageLedger: Service {
                     guard let entries = batch?[keyPath: table], !entries.isEmpty else { return 0 }
                     return entries[key, default: 0]
                 }
-                return count(state.pending) + count(state.flushing)
-                    + state.recentlyFlushed.reduce(0) { $0 + ($1.commit > commits ? count($1.batch) : 0) }
+                return state.recentlyFlushed.reduce(Int64.saturatingSum(count(state.pending), count(state.flushing))) {
+                    Int64.saturatingSum($0, $1.commit > commits ? count($1.batch) : 0)
+                }
             }
             if policy.deviceRequestsPerMinute > 0 {
                 let current = grant.recorded.deviceRequestsThisMinute + unflushed(\.deviceMinutes, thisMinute, since: commitsBeforeRead)
@@ -287,12 +305,12 @@ public final class UsageLedger: Service {
             if input.spendsTokens {
                 let renews = { max(1, Int(UsageClock.nextMonthStart(after: time).timeIntervalSince(time).rounded(.up))) }
                 if policy.monthlyTokenBudget > 0,
-                   grant.recorded.monthTokens + unflushed(\.monthTokens, month, since: commitsBeforeRead) >= Int64(policy.monthlyTokenBudget) {
+                   Int64.saturatingSum(grant.recorded.monthTokens, unflushed(\.monthTokens, month, since: commitsBeforeRead)) >= Int64(policy.monthlyTokenBudget) {
                     return .failure(.monthlyBudgetSpent(budget: policy.monthlyTokenBudget, retryAfter: renews()))
                 }
                 if let profile = input.profile, policy.profileMonthlyTokenBudget > 0 {
                     let key = ProfileMonthKey(clientID: grant.clientID, profile: profile, month: month.month)
-                    if recordedProfile.monthTokens + unflushed(\.profileMonthTokens, key, since: commitsBeforeProfileRead)
+                    if Int64.saturatingSum(recordedProfile.monthTokens, unflushed(\.profileMonthTokens, key, since: commitsBeforeProfileRead))
                         >= Int64(policy.profileMonthlyTokenBudget) {
                         return .failure(.profileBudgetSpent(budget: policy.profileMonthlyTokenBudget, retryAfter: renews()))
                     }
@@ -414,12 +432,12 @@ public final class UsageLedger: Service {
             }
             // Updated in place: one lookup of the key, and no copy of the counters' tables.
             func record(_ counters: inout UsageCounters) {
-                counters.requests += 1
-                counters.inputTokens += usage.inputTokens
-                counters.outputTokens += usage.outputTokens
-                counters.cacheCreationInputTokens += usage.cacheCreationInputTokens
-                counters.cacheReadInputTokens += usage.cacheReadInputTokens
-                for (name, count) in usage.serverToolUse where count > 0 { counters.serverToolUse[name, default: 0] += count }
+                counters.requests &+= 1
+                counters.inputTokens.saturatingAdd(usage.inputTokens)
+                counters.outputTokens.saturatingAdd(usage.outputTokens)
+                counters.cacheCreationInputTokens.saturatingAdd(usage.cacheCreationInputTokens)
+                counters.cacheReadInputTokens.saturatingAdd(usage.cacheReadInputTokens)
+                for (name, count) in usage.serverToolUse where count > 0 { counters.serverToolUse[name, default: 0].saturatingAdd(count) }
                 if outcome.incomplete { counters.incomplete += 1 }
                 if outcome.abandoned { counters.abandoned += 1 }
                 // 499: the client left before an answer; that is `incomplete`, not an upstream error.
@@ -429,13 +447,13 @@ public final class UsageLedger: Service {
                                         default: UsageCounters()])
             // Cache writes and reads are input too: counted apart by the API (and priced apart), but
             // leaving them out would let a request move its input out of the budget with `cache_control`.
-            let spent = usage.inputTokens + usage.outputTokens + usage.cacheCreationInputTokens + usage.cacheReadInputTokens
+            let spent = usage.totalTokens
             if spent > 0 {
-                state.pending.monthTokens[ticket.month, default: 0] += spent
+                state.pending.monthTokens[ticket.month, default: 0].saturatingAdd(spent)
                 // Only a profile the upstream billed gets a month row: an invented one never does.
                 if let profile = ticket.profile {
                     state.pending.profileMonthTokens[ProfileMonthKey(clientID: ticket.clientID, profile: profile, month: ticket.month.month),
-                                                     default: 0] += spent
+                                                     default: 0].saturatingAdd(spent)
                 }
             }
         }

@@ -17,6 +17,9 @@ struct EasyResources {
     /// The path of the URL last set on the handle: what it still holds while its options are kept
     /// (`configure`'s `shared`), since any reset makes the next transfer set the URL again.
     fileprivate(set) var keptPath: String?
+    /// A total timeout was set on the handle (a request with `totalTimeout`): the next transfer
+    /// clears it, since kept handles keep their options.
+    fileprivate(set) var keptTimeout = false
 
     init() {
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
@@ -141,6 +144,14 @@ final class TransferState {
         } else if !(shared && resources.keptPath.map({ sameBytes($0, request.path) }) == true) {
             set(attest_curl_easy_setopt_string(easy, CURLOPT_URL, settings.baseURL + request.path))
             resources.keptPath = request.path
+        }
+        if let total = request.totalTimeout {
+            set(attest_curl_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, max(1, Int(total.components.seconds) * 1000
+                                                                               + Int(total.components.attoseconds / 1_000_000_000_000_000))))
+            resources.keptTimeout = true
+        } else if resources.keptTimeout {
+            set(attest_curl_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, 0))
+            resources.keptTimeout = false
         }
         set(attest_curl_easy_setopt_slist(easy, CURLOPT_HTTPHEADER, resources.headerList))
         set(attest_curl_easy_setopt_pointer(easy, CURLOPT_HEADERDATA, me))
@@ -357,7 +368,7 @@ final class TransferState {
         case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY, CURLE_COULDNT_CONNECT:
             return .connect
         case CURLE_OPERATION_TIMEDOUT:
-            // No total timeout is set, so this is the connect timeout.
+            // The connect timeout, or a request's own total timeout (`totalTimeout`).
             return .timeout
         case CURLE_SSL_CONNECT_ERROR, CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER,
              CURLE_SSL_CACERT_BADFILE, CURLE_SSL_ISSUER_ERROR, CURLE_SSL_PINNEDPUBKEYNOTMATCH,

@@ -48,14 +48,18 @@ public struct UpstreamRequest: Sendable {
     /// `scheme://host[:port]` to send this request to instead of the configuration's `baseURL`
     /// (a workspace's cloud upstream; the same trusted roots apply).
     public var origin: String?
+    /// The most the whole transfer may take (nil: none, as for a stream that runs for minutes):
+    /// a token fetch that many requests wait on ends by then, answered or not.
+    public var totalTimeout: Duration?
 
     public init(method: String = "POST", path: String,
-                headers: [(name: String, value: String)] = [], body: [UInt8] = [], origin: String? = nil) {
+                headers: [(name: String, value: String)] = [], body: [UInt8] = [], origin: String? = nil, totalTimeout: Duration? = nil) {
         self.method = method
         self.path = path
         self.headers = headers
         self.body = body
         self.origin = origin
+        self.totalTimeout = totalTimeout
     }
 }
 

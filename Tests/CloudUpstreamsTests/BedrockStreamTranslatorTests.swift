@@ -70,8 +70,11 @@ import Testing
         let failure = frame([(":exception-type", exception), (":content-type", "application/json"), (":message-type", "exception")],
                             #"{"message":"Too many \"requests\"\nwait \u00e9","originalStatusCode":429}"#)
         let out = try translate(&translator, chunkFrame(Self.events[0]) + failure + chunkFrame(Self.events[1]))
+        let message = CloudErrorAnswer.generic(status: 500, type: mapped, service: "Bedrock", cloudMessage: nil).message
         #expect(out == Self.sse(Self.events[0])
-            + #"event: error\#ndata: {"type":"error","error":{"type":"\#(mapped)","message":"Too many \"requests\"\nwait é"}}\#n\#n"#)
+            + #"event: error\#ndata: {"type":"error","error":{"type":"\#(mapped)","message":"\#(message)"}}\#n\#n"#)
+        // Bedrock's own words go to the log only.
+        #expect(translator.cloudError == exception + ": Too many \"requests\"\nwait é")
         #expect(translator.isFinished)
         #expect(try translate(&translator, chunkFrame(Self.events[2])) == "")
         // Even broken framing after the end is ignored.
@@ -84,7 +87,7 @@ import Testing
         var translator = BedrockStreamTranslator()
         let failure = frame([(":message-type", "exception"), (":exception-type", "validationException")], #"{"message":"bad"}"#)
         let out = try translate(&translator, failure + [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 1, 2, 3, 4] + chunkFrame(Self.events[0]))
-        #expect(out == #"event: error\#ndata: {"type":"error","error":{"type":"invalid_request_error","message":"bad"}}\#n\#n"#)
+        #expect(out == #"event: error\#ndata: {"type":"error","error":{"type":"invalid_request_error","message":"Bedrock refused the request as invalid"}}\#n\#n"#)
         #expect(translator.isFinished && !translator.hasPartialMessage)
     }
 
@@ -95,20 +98,28 @@ import Testing
         #expect(throws: BedrockStreamError.self) { try translate(&translator, chunkFrame(Self.events[0])) }
     }
 
-    @Test func anExceptionWithoutAMessageGetsOne() throws {
+    @Test func anExceptionsMessageIsLoggedNeverSentAndAContextOverflowKeepsTheAPIsWording() throws {
         var translator = BedrockStreamTranslator()
-        let failure = frame([(":message-type", "exception"), (":exception-type", "throttlingException")], #"{"Message":"capital M"}"#)
-            + frame([(":message-type", "exception"), (":exception-type", "internalServerException")], "")
-        #expect(try translate(&translator, failure).contains(#""type":"rate_limit_error","message":"capital M""#))
+        let failure = frame([(":message-type", "exception"), (":exception-type", "throttlingException")],
+                            #"{"Message":"User: arn:aws:sts::123456789012:assumed-role/r/s is throttled"}"#)
+        let out = try translate(&translator, failure)
+        #expect(out.contains(#""type":"rate_limit_error","message":"Bedrock is limiting this workspace's requests; retry later""#))
+        #expect(!out.contains("arn:aws") && !out.contains("123456789012"))
+        #expect(translator.cloudError?.contains("arn:aws:sts::123456789012") == true)
         var other = BedrockStreamTranslator()
         #expect(try translate(&other, frame([(":message-type", "exception"), (":exception-type", "internalServerException")], "not json"))
-            == #"event: error\#ndata: {"type":"error","error":{"type":"api_error","message":"Bedrock ended the stream with internalServerException"}}\#n\#n"#)
+            == #"event: error\#ndata: {"type":"error","error":{"type":"api_error","message":"Bedrock could not answer the request"}}\#n\#n"#)
+        var overflow = BedrockStreamTranslator()
+        #expect(try translate(&overflow, frame([(":message-type", "exception"), (":exception-type", "validationException")],
+                                               #"{"message":"Input is too long for requested model."}"#))
+            .contains(#""type":"invalid_request_error","message":"\#(CloudErrorAnswer.promptTooLong)""#))
     }
 
     @Test func anEventStreamErrorFrameBecomesAnAPIError() throws {
         var translator = BedrockStreamTranslator()
         #expect(try translate(&translator, PublishedFrames.errorMessage)
-            == #"event: error\#ndata: {"type":"error","error":{"type":"api_error","message":"message"}}\#n\#n"#)
+            == #"event: error\#ndata: {"type":"error","error":{"type":"api_error","message":"Bedrock ended the stream with an error"}}\#n\#n"#)
+        #expect(translator.cloudError?.hasSuffix(": message") == true)
         #expect(translator.isFinished)
     }
 
@@ -142,38 +153,48 @@ import Testing
 
     // MARK: - Error responses
 
+    /// Each exception's status and type; 401 and 403 kinds (the operator's credentials) are 503
+    /// `api_error`, so the published client never throws its App Attest token away for them.
     static let errorResponses: [(String?, Int, String)] = [
         ("ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/", 429, "rate_limit_error"),
         ("ValidationException", 400, "invalid_request_error"),
-        ("AccessDeniedException:http://internal.amazon.com/coral/com.amazon.coral.service/", 403, "permission_error"),
+        ("AccessDeniedException:http://internal.amazon.com/coral/com.amazon.coral.service/", 503, "api_error"),
+        ("ExpiredTokenException", 503, "api_error"),
+        ("UnrecognizedClientException", 503, "api_error"),
+        ("InvalidSignatureException", 503, "api_error"),
         ("ResourceNotFoundException", 404, "not_found_error"),
         ("ModelNotReadyException", 529, "overloaded_error"),
         ("ServiceUnavailableException", 503, "overloaded_error"),
         ("ModelTimeoutException", 504, "api_error"),
         ("InternalServerException", 500, "api_error"),
         ("ModelErrorException", 502, "api_error"),
-        ("ServiceQuotaExceededException", 502, "api_error"),
+        ("ServiceQuotaExceededException", 429, "rate_limit_error"),
         (nil, 502, "api_error"),
     ]
 
-    @Test(arguments: errorResponses) func errorResponsesMapToAnthropicErrors(_ header: String?, _ status: Int, _ type: String) {
-        let mapped = bedrockErrorToAnthropic(status: 418, errorTypeHeader: header, body: Array(#"{"message":"Bedrock says \"no\""}"#.utf8))
+    @Test(arguments: errorResponses) func errorResponsesMapToAnthropicErrorsWithoutTheCloudsWords(_ header: String?, _ status: Int, _ type: String) {
+        let said = #"User: arn:aws:iam::123456789012:user/relay is not authorized (\"no\")"#
+        let mapped = bedrockErrorToAnthropic(status: 418, errorTypeHeader: header, body: Array(#"{"message":"\#(said)"}"#.utf8))
         #expect(mapped.status == status)
-        #expect(String(decoding: mapped.body, as: UTF8.self) == #"{"type":"error","error":{"type":"\#(type)","message":"Bedrock says \"no\""}}"#)
+        let body = String(decoding: mapped.body, as: UTF8.self)
+        #expect(body.hasPrefix(#"{"type":"error","error":{"type":"\#(type)","message":""#), "\(body)")
+        #expect(!body.contains("arn:") && !body.contains("123456789012"), "\(body)")
+        #expect(bedrockError(status: 418, errorTypeHeader: header, body: Array(#"{"message":"\#(said)"}"#.utf8)).detail.contains("123456789012"))
     }
 
     @Test func theErrorTypeMayComeFromTheBodyAndTheMessageMayBeMissing() {
-        let fromBody = bedrockErrorToAnthropic(status: 429, errorTypeHeader: nil,
-                                               body: Array(#"{"__type":"com.amazon.coral.service#ThrottlingException","Message":"slow down"}"#.utf8))
-        #expect(fromBody.status == 429)
-        #expect(String(decoding: fromBody.body, as: UTF8.self) == #"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#)
-        let bare = bedrockErrorToAnthropic(status: 400, errorTypeHeader: " ValidationException ", body: [])
-        #expect(bare.status == 400)
-        #expect(String(decoding: bare.body, as: UTF8.self)
-            == #"{"type":"error","error":{"type":"invalid_request_error","message":"Bedrock answered HTTP 400 ValidationException"}}"#)
+        let fromBody = bedrockError(status: 429, errorTypeHeader: nil,
+                                    body: Array(#"{"__type":"com.amazon.coral.service#ThrottlingException","Message":"slow down"}"#.utf8))
+        #expect(fromBody.status == 429 && fromBody.type == "rate_limit_error")
+        #expect(fromBody.detail == "ThrottlingException: slow down")
+        let bare = bedrockError(status: 400, errorTypeHeader: " ValidationException ", body: [])
+        #expect(bare.status == 400 && bare.type == "invalid_request_error")
+        #expect(bare.detail == "ValidationException: Bedrock answered HTTP 400")
         let nothing = bedrockErrorToAnthropic(status: 500, errorTypeHeader: "", body: Array("<html>".utf8))
         #expect(nothing.status == 502)
-        #expect(String(decoding: nothing.body, as: UTF8.self) == #"{"type":"error","error":{"type":"api_error","message":"Bedrock answered HTTP 500"}}"#)
+        #expect(String(decoding: nothing.body, as: UTF8.self) == #"{"type":"error","error":{"type":"api_error","message":"Bedrock could not answer the request"}}"#)
+        let unauthorised = bedrockError(status: 403, errorTypeHeader: nil, body: Array("{}".utf8))
+        #expect(unauthorised.status == 503 && unauthorised.message == CloudErrorAnswer.credentialsRefused)
     }
 }
 

@@ -139,11 +139,13 @@ import Glibc
                          "--access-key-id", CloudUpstreamTests.accessKeyID, "--secret-key-file", path("aws-secret"),
                          "--session-token-file", path("aws-session"), "--endpoint-url", bedrock.origin] + models
                         + ["--model", "claude-throttled=anthropic.throttle-v1:0", "--model", "claude-versioned=anthropic.claude-test-v2:0",
+                           "--model", "claude-denied=anthropic.denied-v1:0",
                            "--model", "claude-exception=midstream-exception"]
                         + CloudUpstreamTests.malformedFrames.flatMap { ["--model", "claude-\($0)=\($0)", "--model", "claude-first-\($0)=first-\($0)"] })
             _ = try ctl(["workspaces", "set-upstream-vertex", "--actor", "owner@example.com", "--workspace", "gcp", "--project", CloudUpstreamTests.project,
                          "--region", "us-east5", "--service-account-file", path("sa.json"), "--endpoint-url", vertex.origin,
-                         "--token-url", vertex.origin + "/token"] + models + ["--model", "claude-throttled=throttle@2026"])
+                         "--token-url", vertex.origin + "/token"] + models + ["--model", "claude-throttled=throttle@2026",
+                                                                              "--model", "claude-denied=denied@2026"])
             var clients: [String: String] = [:]
             for workspace in ["default", "aws", "gcp"] {
                 let output = try ctl(["integrations", "create", "--actor", "owner@example.com", "--workspace", workspace, "--name", "App",

@@ -12,7 +12,8 @@ or each SSE event's data in an AWS event-stream `chunk` frame.
         [--session-token-file token.txt] [--log requests.jsonl] [--port N]
 
 It prints `PORT <n>` once listening. Model ids containing these words script the answer:
-`throttle`, `unavailable`, `not-ready` (refused without forwarding), and on the streaming route
+`throttle`, `unavailable`, `not-ready`, `denied` (refused without forwarding; `denied` names
+the IAM principal and account, as AWS does), and on the streaming route
 `midstream-exception`, `bad-prelude-crc`, `bad-message-crc`, `truncated-frame`,
 `oversized-frame`, `headers-past-frame`.
 """
@@ -358,6 +359,11 @@ class BedrockHandler(common.StubHandler):
         if "unavailable" in model_id:
             record["behaviour"] = "unavailable"
             raise self.model_failure(503, "ServiceUnavailableException", "Bedrock is unable to process your request.")
+        if "denied" in model_id:
+            record["behaviour"] = "denied"
+            raise self.model_failure(403, "AccessDeniedException",
+                                     "User: arn:aws:sts::123456789012:assumed-role/attestd-relay/i-0abc is not authorized to perform: "
+                                     f"bedrock:InvokeModel on resource: arn:aws:bedrock:{self.app.region}::foundation-model/{model_id}")
         if "not-ready" in model_id:
             record["behaviour"] = "not-ready"
             raise self.model_failure(429, "ModelNotReadyException",

@@ -265,6 +265,10 @@ class VertexHandler(common.StubHandler):
             raise common.HTTPFailure(400, f"anthropic_version: must be {VERTEX_VERSION!r}")
         if "model" in parsed:
             raise common.HTTPFailure(400, "model: the model is named in the URL, not in the body")
+        if "denied" in model:
+            record["behaviour"] = "denied"
+            raise common.HTTPFailure(403, f"Permission 'aiplatform.endpoints.predict' denied on resource "
+                                     f"'//aiplatform.googleapis.com/projects/{self.app.project}/locations/{self.app.region}/publishers/anthropic/models/{model}'")
         if "throttle" in model:
             record["behaviour"] = "throttle"
             raise common.HTTPFailure(429, "Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model "
