@@ -89,10 +89,70 @@ import Glibc
         #expect(count == 7 && String(decoding: buffer.prefix(max(0, count)), as: UTF8.self) == "READY=1")
     }
 
+    static let unitPath = ServerProcess.packageRoot.appendingPathComponent("deploy/systemd/attestd.service").path
+
+    /// The `[Service]` section's assignments, in order, by key (continuation lines joined).
+    static func serviceSettings(_ unit: String) -> [String: [String]] {
+        var settings: [String: [String]] = [:], section = "", pending = ""
+        for raw in unit.split(separator: "\n", omittingEmptySubsequences: false) {
+            let line = pending + raw.trimmingCharacters(in: .whitespaces)
+            if line.hasSuffix("\\") { pending = String(line.dropLast()) + " "; continue }
+            pending = ""
+            if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
+            if line.hasPrefix("[") { section = line; continue }
+            guard section == "[Service]", let equals = line.firstIndex(of: "=") else { continue }
+            settings[String(line[..<equals]), default: []].append(String(line[line.index(after: equals)...]))
+        }
+        return settings
+    }
+
+    /// The sandbox of issue 46: each setting's last assignment (the one systemd keeps) has this value.
+    @Test func theShippedUnitKeepsItsSandbox() throws {
+        let settings = Self.serviceSettings(try String(contentsOfFile: Self.unitPath, encoding: .utf8))
+        for (key, value) in [("ProtectKernelTunables", "yes"), ("ProtectKernelModules", "yes"), ("ProtectControlGroups", "yes"),
+                             ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"), ("LockPersonality", "yes"),
+                             ("MemoryDenyWriteExecute", "yes"), ("RestrictRealtime", "yes"), ("CapabilityBoundingSet", ""),
+                             ("AmbientCapabilities", ""), ("NoNewPrivileges", "yes"), ("SystemCallArchitectures", "native"),
+                             ("SystemCallErrorNumber", "EPERM"), ("PrivateUsers", "yes"), ("PrivateMounts", "yes"),
+                             ("ProtectProc", "invisible"), ("ProcSubset", "pid"), ("RemoveIPC", "yes"), ("UMask", "0077")] {
+            #expect(settings[key]?.last == value, "\(key)=\(value), found \(settings[key] ?? [])")
+        }
+        // An allow list, then what it takes away (an empty assignment would reset both).
+        #expect(settings["SystemCallFilter"] == ["@system-service", "~@privileged"])
+    }
+
+    /// systemd-analyze where it can review a unit file offline (systemd 250 and later).
+    static let securityAnalysis: String? = {
+        guard let analyze = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"].first(where: FileManager.default.isExecutableFile),
+              let help = try? runCombined(analyze, ["security", "--help"]), help.1.contains("--offline") else { return nil }
+        return analyze
+    }()
+
+    /// `systemd-analyze security --offline=true` on the unit as it was before this sandbox (commit
+    /// 8d8b214), systemd 252: "Overall exposure level for attestd.service: 3.2 OK". The shipped
+    /// unit scored 1.2 when it was added.
+    static let exposureBeforeSandbox = 3.2
+
+    @Test(.enabled(if: SystemdTests.securityAnalysis != nil, "needs systemd-analyze with `security --offline`"))
+    func theShippedUnitIsLessExposedThanBefore() throws {
+        let analyze = try #require(Self.securityAnalysis)
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("unit-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("attestd.service").path
+        try FileManager.default.copyItem(atPath: Self.unitPath, toPath: path)
+        let (status, text) = try runCombined(analyze, ["security", "--offline=true", "--no-pager", path], in: directory)
+        #expect(status == 0, "\(text)")
+        // "→ Overall exposure level for attestd.service: 1.2 OK 🙂"
+        let line = try #require(text.split(separator: "\n").first { $0.contains("Overall exposure level for attestd.service:") }, "\(text)")
+        let score = try #require(line.split(separator: ":").last?.split(separator: " ").first.flatMap { Double($0) }, "\(line)")
+        #expect(score < Self.exposureBeforeSandbox, "\(text)")
+    }
+
     /// The unit as shipped, checked by systemd's own tool with the ExecStart binary pointed at
     /// the one just built (verify refuses a command that does not exist).
     @Test func theShippedUnitVerifies() throws {
-        let unit = try String(contentsOfFile: ServerProcess.packageRoot.appendingPathComponent("deploy/systemd/attestd.service").path, encoding: .utf8)
+        let unit = try String(contentsOfFile: Self.unitPath, encoding: .utf8)
         for setting in ["Type=notify", "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes", "CapabilityBoundingSet=\n",
                         "StateDirectory=attestd", "LimitNOFILE=65536", "User=attestd"] {
             #expect(unit.contains(setting), "\(setting)")
