@@ -161,6 +161,32 @@ import TokenService
         }
     }
 
+    /// Usage at the bound (2^40 of every kind, as an upstream claiming 2^63 is read) recorded again
+    /// and again: the sums and the budget saturate instead of trapping, written and read back.
+    @Test func extremeUsageSaturatesInTheLedgerAndTheStore() throws {
+        let (directory, db, clientID) = try makeDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let store = try SQLiteTokenStore(path: db, readers: 1)
+        let ledger = UsageLedger(store: store, metrics: Metrics())
+        let grant = TokenGrant(clientID: clientID, workspaceName: "default", issuedAt: Date(), expiresAt: Date() + 3600,
+                               keyID: Array(repeating: 7, count: 32), policy: IntegrationPolicy(monthlyTokenBudget: 1_000_000))
+        let now = Date()
+        let huge = TokenUsage(inputTokens: TokenUsage.maxCount, outputTokens: TokenUsage.maxCount, cacheCreationInputTokens: TokenUsage.maxCount,
+                              cacheReadInputTokens: TokenUsage.maxCount, serverToolUse: ["web_search_requests": TokenUsage.maxCount])
+        let readBegan = ledger.commitCount  // the grant was read before any of this was flushed
+        guard case .success(let ticket) = ledger.admit(grant, PolicyInput(model: "claude-x"), commitsBeforeRead: readBegan, at: now) else {
+            Issue.record("refused"); return
+        }
+        ledger.finish(ticket, RelayOutcome(status: 200, usage: huge, incomplete: false))
+        #expect(ledger.flush(at: now))
+        // Over budget now: refused, not trapped, however large the counts read back.
+        guard case .failure(.monthlyBudgetSpent) = ledger.admit(grant, PolicyInput(model: "claude-x"), commitsBeforeRead: readBegan, at: now) else {
+            Issue.record("admitted over the budget"); return
+        }
+        let rows = try store.usage(UsageFilter(clientID: clientID))
+        #expect(rows.map(\.counters.inputTokens) == [TokenUsage.maxCount])
+    }
+
     /// At shutdown a refused flush is retried for a while rather than lost: the store is locked
     /// when the ledger stops and unlocked once two attempts have failed, and the usage is still written.
     @Test func theLastFlushIsRetriedAtShutdown() async throws {

@@ -213,6 +213,33 @@ struct UpstreamClientTests {
         #expect(events(in: steady.text).filter { $0.event == "content_block_delta" }.count == 8)
     }
 
+    /// A request with its own total timeout (a token fetch that requests wait on) ends by then
+    /// even while bytes keep trickling in under the idle timeout; the next transfer on the same
+    /// kept handle has no such limit.
+    @Test func aTotalTimeoutEndsATransferThatKeepsTrickling() async throws {
+        let stub = try UpstreamStubServer()
+        defer { stub.stop() }
+        let client = try UpstreamClient(UpstreamConfiguration(baseURL: stub.baseURL, idleTimeout: .seconds(5)))
+        defer { client.shutdown() }
+        var bounded = messagesRequest(stream: true, extraHeaders: [("x-stub-behavior", "deltas-40,delta-interval-100")])
+        bounded.origin = stub.baseURL
+        bounded.totalTimeout = .milliseconds(400)
+        let cut = Recorder()
+        let started = ContinuousClock.now
+        client.start(bounded, delegate: cut)
+        #expect(await cut.waitForFinish(timeout: .seconds(5)))
+        #expect(cut.snapshot.error?.kind == .timeout)
+        let elapsed = started.duration(to: cut.snapshot.finishedAt!)
+        #expect(elapsed >= .milliseconds(380) && elapsed < .seconds(3))
+        var unbounded = messagesRequest(stream: true, extraHeaders: [("x-stub-behavior", "deltas-8,delta-interval-100")])
+        unbounded.origin = stub.baseURL
+        let whole = Recorder()
+        client.start(unbounded, delegate: whole)
+        #expect(await whole.waitForFinish(timeout: .seconds(5)))
+        #expect(whole.snapshot.error == nil)
+        #expect(events(in: whole.text).filter { $0.event == "content_block_delta" }.count == 8)
+    }
+
     @Test func tlsUpstreamNeedsTheExtraRoot() async throws {
         let certificates = try StubCertificates.generate()
         defer { certificates.remove() }

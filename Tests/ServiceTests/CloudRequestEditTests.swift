@@ -1,0 +1,120 @@
+import Foundation
+import Testing
+import TokenService
+@testable import RelayRoutes
+@testable import CloudUpstreams
+import UpstreamClient
+import Synchronization
+
+/// The edit that makes a device's Messages body a cloud's: every removed member in every
+/// position (first, last, adjacent, alone, spaced out), and what must be refused.
+@Suite struct CloudRequestEditTests {
+    static let members: [(String, String)] = [
+        ("model", #""claude-test""#), ("stream", "false"), ("max_tokens", "5"), ("messages", #"[{"role":"user","content":"a, \"b\""}]"#),
+        ("anthropic_version", #""old""#),
+    ]
+    static let spacings: [(String, String)] = [("", ""), (" ", " "), ("\n\t", " \r\n")]
+
+    static func permutations<T>(_ items: [T]) -> [[T]] {
+        guard items.count > 1 else { return [items] }
+        return items.indices.flatMap { i -> [[T]] in
+            var rest = items
+            let first = rest.remove(at: i)
+            return permutations(rest).map { [first] + $0 }
+        }
+    }
+
+    static func object(_ text: [UInt8]) -> [String: Any]? {
+        try? JSONSerialization.jsonObject(with: Data(text)) as? [String: Any]
+    }
+
+    @Test func everyRemovedMemberInEveryPositionLeavesTheRestIntact() throws {
+        let removed = JSONMemberScan.Names("model", "stream", "anthropic_version")
+        var checked = 0
+        for subsetMask in 1..<(1 << Self.members.count) {
+            let present = Self.members.enumerated().filter { subsetMask & (1 << $0.offset) != 0 }.map(\.element)
+            for order in Self.permutations(present) {
+                for (inner, outer) in Self.spacings {
+                    let body = outer + "{" + inner + order.map { "\"\($0.0)\"\(inner):\(inner)\($0.1)" }.joined(separator: inner + "," + inner) + inner + "}" + outer
+                    let edited = try CloudRequestBody.edit(Array(body.utf8), removing: removed, adding: [("anthropic_version", #""bedrock-2023-05-31""#)])
+                    let object = try #require(Self.object(edited), "\(body) → \(String(decoding: edited, as: UTF8.self))")
+                    let kept = order.filter { !["model", "stream", "anthropic_version"].contains($0.0) }.map(\.0)
+                    #expect(Set(object.keys) == Set(kept + ["anthropic_version"]), "\(body)")
+                    #expect(object["anthropic_version"] as? String == "bedrock-2023-05-31")
+                    if order.contains(where: { $0.0 == "messages" }) {
+                        #expect(((object["messages"] as? [[String: Any]])?.first?["content"] as? String) == #"a, "b""#)
+                    }
+                    checked += 1
+                }
+            }
+        }
+        #expect(checked > 900)
+    }
+
+    @Test func anObjectWithOnlyRemovedMembersOrNothingAddedIsStillAnObject() throws {
+        let removed = JSONMemberScan.Names("model", "stream")
+        for body in [#"{"model":"x"}"#, #"{"model":"x","stream":true}"#, "{}", " { } "] {
+            let none = try CloudRequestBody.edit(Array(body.utf8), removing: removed, adding: [])
+            #expect(String(decoding: none, as: UTF8.self) == "{}", "\(body)")
+            let one = try CloudRequestBody.edit(Array(body.utf8), removing: removed, adding: [("a", "1"), ("b", "[]")])
+            #expect(String(decoding: one, as: UTF8.self) == #"{"a":1,"b":[]}"#)
+        }
+    }
+
+    @Test(arguments: [
+        #"{"model":"a","model":"b"}"#,           // twice
+        #"{"mod\u0065l":"a"}"#,                  // a removed name with escapes
+        #"["model"]"#, "", "   ", "{", #"{"model":}"#, #"{"model":"a",}"#, #"{"model":"a"} x"#, #"{"a":1"#, "null",
+    ])
+    func whatAnotherParserCouldReadOtherwiseIsRefused(_ body: String) {
+        #expect(throws: (any Error).self) {
+            try CloudRequestBody.edit(Array(body.utf8), removing: JSONMemberScan.Names("model", "stream"), adding: [("v", "1")])
+        }
+    }
+
+    @Test func aBodyThatIsNotJSONNeverTrapsTheEdit() {
+        // Every prefix and every one-byte change of a real body: refused or edited, never a crash.
+        let body = Array(#"{"stream":false , "model":"claude-test","max_tokens":5,"messages":[{"role":"user","content":"Hi \"x\""}]}"#.utf8)
+        var outcomes = 0
+        for cut in 0...body.count {
+            _ = try? CloudRequestBody.edit(Array(body[..<cut]), removing: CloudRoute.removedForBedrock, adding: [("v", "1")])
+            outcomes += 1
+        }
+        for index in body.indices {
+            for replacement in [UInt8(ascii: ","), UInt8(ascii: "\""), UInt8(ascii: "}"), UInt8(ascii: ":"), 0x5c, 0x00] {
+                var mutated = body
+                mutated[index] = replacement
+                if let edited = try? CloudRequestBody.edit(mutated, removing: CloudRoute.removedForBedrock, adding: [("v", "1")]) {
+                    #expect(edited.first == UInt8(ascii: "{") && edited.last == UInt8(ascii: "}"))
+                }
+                outcomes += 1
+            }
+        }
+        #expect(outcomes == body.count + 1 + body.count * 6)
+    }
+}
+
+/// Numbers an upstream sends: bounded where they are read, saturated where they are summed.
+@Suite struct UpstreamNumberTests {
+    @Test func usageNearTheTopOfInt64IsBoundedAndSumsSaturate() {
+        let huge = #"{"usage":{"input_tokens":9223372036854775807,"output_tokens":99999999999999999999999,"cache_creation_input_tokens":-5,"cache_read_input_tokens":4611686018427387904,"server_tool_use":{"web_search_requests":9223372036854775807}}}"#
+        let usage = UsageObject.ofReply(Array(huge.utf8))
+        #expect(usage?.inputTokens == TokenUsage.maxCount && usage?.outputTokens == TokenUsage.maxCount)
+        #expect(usage?.cacheCreationInputTokens == 0 && usage?.cacheReadInputTokens == TokenUsage.maxCount)
+        #expect(usage?.serverToolUse["web_search_requests"] == TokenUsage.maxCount)
+        #expect(usage?.totalTokens == 3 * TokenUsage.maxCount)
+        var counters = UsageCounters()
+        counters.inputTokens = .max - 1
+        var more = UsageCounters()
+        more.inputTokens = 10
+        more.errors = [500: .max]
+        counters.errors = [500: 3]
+        counters += more
+        #expect(counters.inputTokens == .max && counters.errors[500] == .max)
+        var stream = StreamUsageReader()
+        let events = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":18446744073709551616}}}\n\n"
+            + "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9223372036854775807}}\n\n"
+        Array(events.utf8).withUnsafeBytes { _ = stream.feed($0) }
+        #expect(stream.usage.inputTokens == TokenUsage.maxCount && stream.usage.outputTokens == TokenUsage.maxCount)
+    }
+}
