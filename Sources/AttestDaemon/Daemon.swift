@@ -61,7 +61,7 @@ public final class Daemon: Sendable {
         // second: a scrape costs a page of text, and a flood of them must not cost a page each.
         let router = ServiceRouter(service: service, logger: logger, introspectionKey: introspectionKey, relay: relay, ledger: ledger,
                                    trustedProxies: options.trustedProxies, trustedProxyHeader: options.trustedProxyHeader,
-                                   separateAdminListener: true, adminHostNames: options.adminHostNames,
+                                   ipv6PrefixLength: options.ipv6PrefixLength, separateAdminListener: true, adminHostNames: options.adminHostNames,
                                    exchangeWorkers: exchangeWorkers, metricsMaxAge: 1, tokenChecks: tokenChecks,
                                    // The console: on the admin listener only, on the same service layer as attestctl.
                                    extraRoutes: ConsoleRoutes(admin: AdminService(store: store), secrets: relayOptions.secrets,
@@ -78,6 +78,7 @@ public final class Daemon: Sendable {
         configuration.minBodyBytesPerSecond = options.minBodyRate
         configuration.writeTimeoutSeconds = options.writeTimeout
         configuration.maxConnectionsPerIP = options.maxConnectionsPerIP
+        configuration.ipv6PrefixLength = options.ipv6PrefixLength
         // Body limits and the shapes of the transport's own refusals, from the route table.
         router.configure(&configuration, for: .public)
         publicServer = HTTPServer(configuration: configuration, loops: loops) { router.router.handle($0, $1, on: .public) }

@@ -17,7 +17,7 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--registration-limit-per-address PER_HOUR]
                      [--introspection-key-file FILE] [--threads N] [--exchange-threads N] [--synchronous full|normal]
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
-                     [--max-connections N] [--max-connections-per-ip N] [--no-migrate] [--shutdown-grace SECONDS]
+                     [--max-connections N] [--max-connections-per-ip N] [--ipv6-prefix-length N] [--no-migrate] [--shutdown-grace SECONDS]
                      [--head-deadline SECONDS] [--min-body-rate BYTES_PER_SECOND] [--write-timeout SECONDS]
                      [--trusted-proxy CIDR]… [--trusted-proxy-header x-forwarded-for|forwarded] [--admin-listen HOST:PORT] [--usage-flush-interval SECONDS] [--no-usage-ledger]
                      [--audit-retention-days N] [--base-url URL]…
@@ -58,6 +58,8 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
 --max-connections (default 10000): open streams hold a connection each (epoll keeps idle ones cheap),
           so 1,000 streams plus exchanges fit with room; --max-connections-per-ip (default 64, 0 = none):
           one address cannot take every slot; raise it behind a proxy that connects from one address.
+--ipv6-prefix-length (default 64, 32 to 128): an IPv6 client counts as its /N for every per-address
+          limit (connections, challenges, registrations, the fair exchange queue); IPv4 as its /32.
 --usage-flush-interval (default 1, at most 5): relayed requests are counted in memory (tokens per
           workspace, integration, model and hour) and written in one transaction this often and at
           shutdown; a kill -9 loses at most one interval. The per-integration policy (attestctl
@@ -153,6 +155,8 @@ public struct ServeOptions: Sendable {
     public var writeTimeout = HTTPServerConfiguration().writeTimeoutSeconds
     public var maxConnections = HTTPServerConfiguration().maxConnections
     public var maxConnectionsPerIP = HTTPServerConfiguration().maxConnectionsPerIP
+    /// How much of an IPv6 client's address per-address limits key on.
+    public var ipv6PrefixLength = CallerResolver.defaultIPv6PrefixLength
     public var usageFlushInterval = 1.0
     public var usageLedger = true
     public var auditRetentionDays = 400
@@ -227,6 +231,7 @@ public struct ServeOptions: Sendable {
             case "--write-timeout": writeTimeout = Double(try number("--write-timeout", 1...3600))
             case "--max-connections": maxConnections = try number("--max-connections", 16...1_000_000)
             case "--max-connections-per-ip": maxConnectionsPerIP = try number("--max-connections-per-ip", 0...1_000_000)
+            case "--ipv6-prefix-length": ipv6PrefixLength = try number("--ipv6-prefix-length", 32...128)
             case "--usage-flush-interval": usageFlushInterval = Double(try number("--usage-flush-interval", 1...5))
             case "--no-usage-ledger": usageLedger = false
             case "--base-url":

@@ -74,7 +74,7 @@ public struct ExchangeRoutes: Sendable {
         let fields = try RequestParsing.jsonFields(request.body, [("client_id", FieldLimits.clientID), ("key_id", FieldLimits.keyID)])
         let clientID = fields["client_id"]!
         let keyID = try RequestParsing.requireBase64(fields, "key_id")
-        let caller = callers.caller(peer: request.remoteAddress, headers: request.headers)
+        let caller = callers.limitKey(peer: request.remoteAddress, headers: request.headers)
         let issued = try service.challenge(clientID: clientID, keyID: keyID, caller: caller)
         let body = JSONText.object([("challenge", Base64.encode(issued.challenge)), ("expires_in", issued.expiresIn)])
         return RouteOutcome(.json(200, body, headers: [("cache-control", "no-store")]), clientID: clientID)
@@ -88,7 +88,7 @@ public struct ExchangeRoutes: Sendable {
         guard let object = RequestParsing.base64(fields["attestation_object"]!) else {
             throw attempt(clientID, keyID, "register", BadRequest("attestation_object is not base64"))
         }
-        let caller = callers.caller(peer: context.request.remoteAddress, headers: context.request.headers)
+        let caller = callers.limitKey(peer: context.request.remoteAddress, headers: context.request.headers)
         service.register(clientID: clientID, keyID: keyID, attestationObject: object, caller: caller) { result in
             answer(result.map { RouteOutcome(Self.tokenResponse($0), clientID: clientID) })
         }

@@ -53,10 +53,23 @@ public enum ForwardingHeader: String, Sendable, CaseIterable {
 public struct CallerResolver: Sendable {
     public let trustedProxies: [CIDR]
     public let header: ForwardingHeader
+    /// How much of an IPv6 caller's address its limits key on (`--ipv6-prefix-length`).
+    public let ipv6PrefixLength: Int
+    public static let defaultIPv6PrefixLength = 64
 
-    public init(trustedProxies: [CIDR], header: ForwardingHeader = .xForwardedFor) {
+    public init(trustedProxies: [CIDR], header: ForwardingHeader = .xForwardedFor, ipv6PrefixLength: Int = defaultIPv6PrefixLength) {
         self.trustedProxies = trustedProxies
         self.header = header
+        self.ipv6PrefixLength = ipv6PrefixLength
+    }
+
+    /// The bucket per-address limits and the fair queue count the caller under: an IPv6 caller
+    /// as its network (`2001:db8:1:2::/64`), an IPv4 one as its address. The log keeps the whole
+    /// address (`caller`).
+    public func limitKey(peer: String, headers: [(name: String, value: String)]) -> String {
+        let caller = caller(peer: peer, headers: headers)
+        guard let address = IPAddress(caller), address.isIPv6 else { return caller }
+        return "\(address.limitNetwork(ipv6PrefixLength: ipv6PrefixLength))/\(ipv6PrefixLength)"
     }
 
     public func isTrusted(_ address: String) -> Bool {

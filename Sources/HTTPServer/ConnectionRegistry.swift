@@ -155,7 +155,7 @@ final class ConnectionRegistry: Sendable {
             s.records[ObjectIdentifier(record)] = record
             let count = (s.perWorker[record.worker] ?? 0) + 1
             s.perWorker[record.worker] = count
-            if let address = record.address {
+            if let address = record.address.map(limitKey) {
                 let sameAddress = (s.perAddress[address] ?? 0) + 1
                 s.perAddress[address] = sameAddress
                 // Two loops accepting from one address at once can both pass `admits`: the
@@ -167,11 +167,15 @@ final class ConnectionRegistry: Sendable {
         }
     }
 
+    /// What `maxConnectionsPerIP` counts an address under: its IPv6 /N, or its IPv4 address.
+    private func limitKey(_ address: IPAddress) -> IPAddress { address.limitNetwork(ipv6PrefixLength: configuration.ipv6PrefixLength) }
+
     /// Whether a connection from `address` may be accepted (under `maxConnectionsPerIP`).
     func admits(_ address: IPAddress) -> Bool {
         let limit = configuration.maxConnectionsPerIP
         guard limit > 0 else { return true }
-        return state.withLock { ($0.perAddress[address] ?? 0) < limit }
+        let key = limitKey(address)
+        return state.withLock { ($0.perAddress[key] ?? 0) < limit }
     }
 
     func closed(_ record: ConnectionRecord) {
@@ -179,7 +183,7 @@ final class ConnectionRegistry: Sendable {
             guard s.records.removeValue(forKey: ObjectIdentifier(record)) != nil else { return }
             let count = (s.perWorker[record.worker] ?? 1) - 1
             s.perWorker[record.worker] = count > 0 ? count : nil
-            if let address = record.address {
+            if let address = record.address.map(limitKey) {
                 let sameAddress = (s.perAddress[address] ?? 1) - 1
                 s.perAddress[address] = sameAddress > 0 ? sameAddress : nil
             }

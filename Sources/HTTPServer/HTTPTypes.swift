@@ -154,6 +154,8 @@ public struct HTTPServerConfiguration: Sendable {
     /// room for carrier NAT. Behind a proxy every client shares the proxy's address: raise it
     /// (or set 0) there.
     public var maxConnectionsPerIP: Int = 64
+    /// An IPv6 client counts as its /N for `maxConnectionsPerIP` (IPv4 as its /32).
+    public var ipv6PrefixLength: Int = 64
     /// Idle connections (including ones that never send anything) are closed after this. 0 = never.
     public var idleTimeoutSeconds: Int = 15
     /// A request whose body is still arriving this long after its request line is dropped, however

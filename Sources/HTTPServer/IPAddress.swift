@@ -54,6 +54,21 @@ public struct IPAddress: Hashable, Sendable, CustomStringConvertible {
         }
     }
 
+    private init(high: UInt64, low: UInt64, isIPv6: Bool) {
+        (self.high, self.low, self.isIPv6) = (high, low, isIPv6)
+    }
+
+    /// The network of this address that per-address limits count as one caller: an IPv6
+    /// address with all but its first `ipv6PrefixLength` bits cleared (one subscriber's /64 is
+    /// 2^64 addresses, each a fresh bucket otherwise); an IPv4 address as it is.
+    public func limitNetwork(ipv6PrefixLength: Int) -> IPAddress {
+        guard isIPv6 else { return self }
+        let bits = Swift.min(Swift.max(ipv6PrefixLength, 0), 128)
+        let highMask: UInt64 = bits >= 64 ? .max : (bits == 0 ? 0 : ~(UInt64.max >> UInt64(bits)))
+        let lowMask: UInt64 = bits <= 64 ? 0 : (bits == 128 ? .max : ~(UInt64.max >> UInt64(bits - 64)))
+        return IPAddress(high: high & highMask, low: low & lowMask, isIPv6: true)
+    }
+
     /// The address's bytes in network order (4 or 16).
     public var bytes: [UInt8] {
         isIPv6 ? (0..<8).map { UInt8(truncatingIfNeeded: high >> (56 - 8 * $0)) } + (0..<8).map { UInt8(truncatingIfNeeded: low >> (56 - 8 * $0)) }

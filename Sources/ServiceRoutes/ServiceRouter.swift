@@ -27,12 +27,12 @@ public final class ServiceRouter: Sendable {
     ///     and the proxy's token check; without it they read the store where they run.
     public init(service: DeviceTokenService, logger: Logger, introspectionKey: String? = nil, relay: MessagesRelay? = nil,
                 ledger: UsageLedger? = nil, trustedProxies: [CIDR] = [], trustedProxyHeader: ForwardingHeader = .xForwardedFor,
-                separateAdminListener: Bool = false, adminHostNames: [String] = [],
+                ipv6PrefixLength: Int = CallerResolver.defaultIPv6PrefixLength, separateAdminListener: Bool = false, adminHostNames: [String] = [],
                 exchangeWorkers: WorkerPool? = nil, metricsMaxAge: Double = 0, tokenChecks: (any NonBlockingTokenChecks)? = nil,
                 extraRoutes: [Route] = []) {
         self.logger = logger
         let metrics = service.metrics
-        let callers = CallerResolver(trustedProxies: trustedProxies, header: trustedProxyHeader)
+        let callers = CallerResolver(trustedProxies: trustedProxies, header: trustedProxyHeader, ipv6PrefixLength: ipv6PrefixLength)
         metricsPage = MetricsPage(metrics: metrics, maxAge: metricsMaxAge)
         metrics.describe("attestd_http_requests_total", "HTTP requests, by route and status.")
         metrics.describe("attestd_rejections_total", "Refused device requests, by endpoint and exact reason.")
@@ -45,7 +45,7 @@ public final class ServiceRouter: Sendable {
                                                      AdminHostCheck(names: adminHostNames)],
                         fallbackShape: .oauth, workers: exchangeWorkers,
                         // Queued by caller, so that no caller's flood delays another's exchange.
-                        workerKey: { request in callers.caller(peer: request.remoteAddress, headers: request.headers) },
+                        workerKey: { request in callers.limitKey(peer: request.remoteAddress, headers: request.headers) },
                         classify: { error in (error as? any StoreAvailabilityError)?.isUnavailable == true ? .unavailable : .failed },
                         onFailure: { context, failure, error in
                             // The database is busy, locked or gone: 503 at once (nothing was half-done:

@@ -17,7 +17,7 @@ import Testing
         let server: ServerProcess
         let proxy: ForwardingProxy
 
-        init(trustedProxy: String?) throws {
+        init(trustedProxy: String?, extraArguments: [String] = []) throws {
             directory = FileManager.default.temporaryDirectory.appendingPathComponent("attestd-proxy-\(UUID().uuidString)")
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             let db = directory.appendingPathComponent("attestd.sqlite").path
@@ -26,7 +26,7 @@ import Testing
                                                        "--team-id", "ABCDE12345", "--bundle-id", "com.example.app", "--json"]).1
             clientID = try #require((try JSONSerialization.jsonObject(with: Data(created.utf8)) as? [String: Any])?["client_id"] as? String)
             server = try ServerProcess(db: db, extraArguments: ["--challenge-limit", String(TrustedProxyTests.limit), "--shutdown-grace", "1"]
-                                       + (trustedProxy.map { ["--trusted-proxy", $0] } ?? []))
+                                       + (trustedProxy.map { ["--trusted-proxy", $0] } ?? []) + extraArguments)
             do {
                 proxy = try ForwardingProxy(host: "127.0.0.2", upstreamPort: server.port)
             } catch {
@@ -112,6 +112,23 @@ import Testing
         }
         #expect(viaForwarded == Self.allowed + [429, 429], "a client-sent Forwarded through the proxy")
         #expect(hop.proxy.forwarded == 3 * (Self.limit + 1) + (Self.limit + 5) + 2 * (Self.limit + 2), "requests through the proxy")
+    }
+
+    /// One subscriber holds a whole IPv6 /64: eight of its addresses share one challenge budget,
+    /// another /64 has its own, and the log still names each address. With
+    /// `--ipv6-prefix-length 128` each address is a caller of its own again.
+    @Test func theAddressesOfOneIPv6Slash64ShareOneLimit() async throws {
+        let hop = try Hop(trustedProxy: "127.0.0.9/32")
+        defer { hop.stop() }
+        let sameNetwork = try hop.statuses(8, from: "127.0.0.9", viaProxy: false) { "2001:db8:1:2:\($0 + 1)::\($0 + 7)" }
+        #expect(sameNetwork == Self.allowed + [Int](repeating: 429, count: 8 - Self.limit), "eight addresses of one /64")
+        #expect(try hop.statuses(1, from: "127.0.0.9", viaProxy: false) { _ in "2001:db8:1:3::1" } == [200], "the next /64")
+        #expect(await hop.server.waitForLog(containing: #""remote":"2001:db8:1:2:8::14""#), "the log keeps the whole address: \(hop.server.log.suffix(600))")
+
+        let exact = try Hop(trustedProxy: "127.0.0.9/32", extraArguments: ["--ipv6-prefix-length", "128"])
+        defer { exact.stop() }
+        let separate = try exact.statuses(8, from: "127.0.0.9", viaProxy: false) { "2001:db8:1:2:\($0 + 1)::\($0 + 7)" }
+        #expect(separate == [Int](repeating: 200, count: 8))
     }
 
     @Test func withoutTrustedProxiesForwardedForIsIgnored() async throws {
