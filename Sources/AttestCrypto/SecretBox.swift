@@ -125,9 +125,10 @@ public struct SecretBox: Sendable {
     }
 }
 
-/// The deployment's master key for secrets at rest: a file of 32 random bytes, mode 0600.
-/// (A 64-character hex or 44-character base64 text file, e.g. from `openssl rand -hex 32`, is
-/// accepted too, with surrounding white space trimmed.)
+/// The deployment's master key for secrets at rest: a file of 32 random bytes, mode 0600, owned
+/// by the service's user (a file others may read or write is refused). (A 64-character hex or
+/// 44-character base64 text file, e.g. from `openssl rand -hex 32`, is accepted too, with
+/// surrounding white space trimmed.)
 public enum SecretsKeyFile {
     public static let fileName = "attestd.key"
 
@@ -143,11 +144,10 @@ public enum SecretsKeyFile {
         return directory.isEmpty ? "./" + fileName : (directory as NSString).appendingPathComponent(fileName)
     }
 
+    /// The key in the file at `path`, refused unless only its owner, this user (or root), may
+    /// read or write it (see `readChecked`).
     public static func load(_ path: String) throws -> SecretBox {
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw CryptoError("cannot read the secrets key file \(path) (attestctl init creates it)")
-        }
-        return try parse([UInt8](data), path: path)
+        try parse(try readChecked(path), path: path)
     }
 
     /// A key file's bytes as a key (`path` names it in the error).

@@ -51,19 +51,40 @@ public struct SecretsKeyring: Sendable {
 /// again when they change on disk (a rotation by `attestctl secrets rotate`), so that every
 /// instance opens values re-sealed under the new key without a restart. A value naming a key the
 /// ring does not hold makes it look at the files at once; otherwise at most once a second.
+/// Files that fail to load (refused by the access check, half-written, gone) never replace the
+/// ring held: `problem` says why until the files load again.
 public final class SecretsKeySource: Sendable {
     public let path: String
     private struct State {
         var ring: SecretsKeyring?
         var stamps: [FileStamp?] = []
         var checkedAt: ContinuousClock.Instant?
+        /// When the ring held was read from the files.
+        var loadedAt: Date?
+        /// Why the files on disk did not load at the last look (nil: they did, or never changed).
+        var problem: String?
     }
     private let state: Mutex<State>
 
     public init(path: String, loaded: SecretBox? = nil) {
         self.path = path
         // No stamps yet: the first look at the files loads the previous key too, if there is one.
-        state = Mutex(State(ring: loaded.map { SecretsKeyring(current: $0) }))
+        state = Mutex(State(ring: loaded.map { SecretsKeyring(current: $0) }, loadedAt: loaded.map { _ in Date() }))
+    }
+
+    /// The files at `path` as they are now, both keys, checked: what a service reads at start.
+    public static func loading(_ path: String) throws -> SecretsKeySource {
+        let source = SecretsKeySource(path: path)
+        // The stamps first: a change between them and the read is seen at the next look.
+        let stamps = Self.stamps(path)
+        let ring = try SecretsKeyring.load(path)
+        source.state.withLock { s in
+            s.ring = ring
+            s.stamps = stamps
+            s.checkedAt = ContinuousClock.now
+            s.loadedAt = Date()
+        }
+        return source
     }
 
     /// The key new values are sealed under, or nil while the file is absent or unreadable.
@@ -79,10 +100,23 @@ public final class SecretsKeySource: Sendable {
             s.checkedAt = now
             let stamps = Self.stamps(path)
             guard s.ring == nil || stamps != s.stamps else { return s.ring }
-            // A half-written or vanished file keeps the ring already held.
-            if let ring = try? SecretsKeyring.load(path) {
+            // The first run: no file yet, nothing held, nothing wrong (attestctl init makes it).
+            guard s.ring != nil || stamps[0] != nil else {
+                s.problem = nil
+                return nil
+            }
+            // A refused, half-written or vanished file keeps the ring already held; no stamps are
+            // kept, so the files are read again at every look until they load (even when put back
+            // as they were: a chmod back to 0600 leaves the stamps the ring was read with).
+            do {
+                let ring = try SecretsKeyring.load(path)
                 s.ring = ring
                 s.stamps = stamps
+                s.loadedAt = Date()
+                s.problem = nil
+            } catch {
+                s.stamps = []
+                s.problem = "\(error)"
             }
             return s.ring
         }
@@ -90,17 +124,43 @@ public final class SecretsKeySource: Sendable {
 
     public enum Refresh: Sendable { case ifDue, now }
 
+    /// What the service holds, and why the files on disk did not replace it (if they did not).
+    public struct Holding: Sendable, Equatable {
+        /// Key IDs as operators see them (`SecretBox.describe(keyID:)`); nil: none held.
+        public let currentKey: String?
+        public let previousKey: String?
+        /// When the keys held were read from the files (nil: none yet).
+        public let readAt: Date?
+        /// Why the files on disk were not taken at the last look (nil: nothing wrong).
+        public let problem: String?
+    }
+
+    /// The keys held after a look at the files (if one is due) and what that look found.
+    public func holding() -> Holding {
+        _ = keyring(refresh: .ifDue)
+        return state.withLock { s in
+            Holding(currentKey: s.ring.map { SecretBox.describe(keyID: $0.current.keyID) },
+                    previousKey: s.ring?.previous.map { SecretBox.describe(keyID: $0.keyID) }, readAt: s.loadedAt, problem: s.problem)
+        }
+    }
+
+    /// Why the files on disk did not load at the last look, or nil.
+    public var problem: String? { state.withLock { $0.problem } }
+
     /// Opens a sealed value with the key it names, reading the files again first when it names a
     /// key not held yet (another instance's attestctl rotated the key a moment ago).
     public func open(_ sealed: [UInt8], associatedData: [UInt8]) throws -> [UInt8] {
-        guard var ring = keyring() else { throw CryptoError("no secrets key file is loaded (\(path); attestctl init creates it)") }
+        guard var ring = keyring() else {
+            throw CryptoError(problem ?? "no secrets key file is loaded (\(path); attestctl init creates it)")
+        }
         if !ring.holdsKey(of: sealed), let fresh = keyring(refresh: .now) { ring = fresh }
         return try ring.open(sealed, associatedData: associatedData)
     }
 
-    /// What tells a file changed: device, inode, size and modification time (nil: absent).
+    /// What tells a file changed: device, inode, size and modification time, and its mode and
+    /// owner (a chmod or chown is looked at too) (nil: absent).
     struct FileStamp: Equatable {
-        let device: UInt64, inode: UInt64, size: Int64, seconds: Int, nanoseconds: Int
+        let device: UInt64, inode: UInt64, size: Int64, seconds: Int, nanoseconds: Int, mode: UInt32, owner: UInt32
     }
 
     static func stamps(_ path: String) -> [FileStamp?] {
@@ -108,7 +168,8 @@ public final class SecretsKeySource: Sendable {
             var info = stat()
             guard stat(file, &info) == 0 else { return nil }
             return FileStamp(device: UInt64(info.st_dev), inode: UInt64(info.st_ino), size: Int64(info.st_size),
-                             seconds: Int(info.st_mtim.tv_sec), nanoseconds: Int(info.st_mtim.tv_nsec))
+                             seconds: Int(info.st_mtim.tv_sec), nanoseconds: Int(info.st_mtim.tv_nsec),
+                             mode: UInt32(info.st_mode), owner: UInt32(info.st_uid))
         }
     }
 }
@@ -135,8 +196,7 @@ extension SecretsKeyFile {
         }
         // The current key's bytes, read once and checked to be a key before anything is changed:
         // exactly these become the previous key.
-        guard let data = manager.contents(atPath: path) else { throw CryptoError("cannot read the secrets key file \(path)") }
-        let current = [UInt8](data)
+        let current = try readChecked(path)
         _ = try parse(current, path: path)
         // 1. The new key, durable, under a name nobody reads.
         unlink(next)

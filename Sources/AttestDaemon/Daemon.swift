@@ -120,6 +120,15 @@ public final class Daemon: Sendable {
         services.append(audit)
         if let ledger { services.append(ledger) }
         services.append(purgeJob(store: store, logger: logger, auditRetentionDays: options.auditRetentionDays))
+        // The key files: looked at once a second (a refused file is logged, and never replaces the
+        // keys held), and what this instance holds written to the database for attestctl secrets
+        // status and finish-rotation (at start, on a change, every five minutes), off the loops.
+        if let secrets = relayOptions.secrets {
+            services.append(SecretsKeyReadReporter(source: secrets, store: store, log: { event, fields, isError in
+                let values: [(String, Any)] = fields.map { ($0.0, $0.1) }
+                if isError { logger.error(event, values) } else { logger.info(event, values) }
+            }))
+        }
         if let receipts = verifier.receiptVerifier {
             var refresh = ReceiptRefreshConfiguration()
             refresh.productionURL = options.appleDataProductionURL
@@ -261,9 +270,11 @@ public final class Daemon: Sendable {
             }
         }
         let secretsPath = options.secretsKeyFile ?? SecretsKeyFile.defaultPath(database: options.db, isFile: !Stores.isPostgres(options.db))
-        var loaded: SecretBox?
+        let secrets: SecretsKeySource
         if FileManager.default.fileExists(atPath: secretsPath) {
-            do { loaded = try SecretsKeyFile.load(secretsPath) } catch { throw StartupError("\(error)") }
+            // Both files (the previous key's while a rotation is under way), each refused when its
+            // group or others may read or write it, or another user owns it.
+            do { secrets = try SecretsKeySource.loading(secretsPath) } catch { throw StartupError("\(error)") }
         } else if options.secretsKeyFile != nil {
             throw StartupError("--secrets-key-file: cannot read \(secretsPath)")
         } else {
@@ -271,8 +282,8 @@ public final class Daemon: Sendable {
             // once it appears, so a workspace's key opens without a restart.
             logger.warning("no_secrets_key", [("file", secretsPath),
                                               ("note", "workspaces' upstream keys and Apple keys open once attestctl init creates this file")])
+            secrets = SecretsKeySource(path: secretsPath)
         }
-        let secrets = SecretsKeySource(path: secretsPath, loaded: loaded)
         return RelayConfiguration(upstream: upstream, defaultKey: defaultKey, secrets: secrets)
     }
 }
@@ -318,7 +329,7 @@ final class HTTPListener: Service {
 /// Used and expired challenges, and challenge requests past their window, are purged once a
 /// minute so those tables stay small; so are audit rows past their retention, in bounded batches
 /// (a first run on a large old log deletes it over many minutes, never in one long transaction).
-func purgeJob(store: any ExchangeStore & AuditStore & ConsoleStore, logger: Logger, every interval: Double = 60, auditRetentionDays: Int = 400,
+func purgeJob(store: any ExchangeStore & AuditStore & ConsoleStore & SecretsKeyReadStore, logger: Logger, every interval: Double = 60, auditRetentionDays: Int = 400,
               auditBatch: Int = 1000, auditBatchesPerRun: Int = 10) -> PeriodicTask {
     PeriodicTask("purge", every: interval) {
         do {
@@ -339,6 +350,8 @@ func purgeJob(store: any ExchangeStore & AuditStore & ConsoleStore, logger: Logg
             _ = try store.purgeChallengeRequests(before: Date() - 120, registrationsBefore: Date() - 3720)
             // Console sign-in links and sessions, an hour after they ended.
             _ = try store.purgeConsoleAccess(before: Date() - 3600)
+            // Key-file reports of instances gone for a month (stale long before: see SecretsKeyRead).
+            _ = try store.purgeSecretsKeyReads(before: Date() - SecretsKeyRead.keptFor)
         } catch { logger.error("purge_failed", [("error", String(describing: error))]) }
     }
 }

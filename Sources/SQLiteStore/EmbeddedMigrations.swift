@@ -440,5 +440,23 @@ CREATE INDEX audit_log_client_action ON audit_log (client_id, action, id);
 ALTER TABLE workspace_upstream_keys ADD COLUMN kind TEXT NOT NULL DEFAULT 'anthropic' CHECK (kind IN ('anthropic', 'bedrock', 'vertex'));
 ALTER TABLE workspace_upstream_keys ADD COLUMN settings TEXT CHECK ((settings IS NULL) = (kind = 'anthropic'));
 """#),
+        ("0016_secrets_key_reads.sql", #"""
+-- What each attestd last read from its secrets key files: a row per host and key file (a restart
+-- updates its row), written by the instance at start, when what it holds changes, and every five
+-- minutes; read by `attestctl secrets status` and `finish-rotation` (which hosts still hold the
+-- previous key). Key IDs as operators see them (16 hex digits), never a key.
+CREATE TABLE secrets_key_reads (
+    host         TEXT NOT NULL,
+    key_file     TEXT NOT NULL,
+    current_key  TEXT,
+    previous_key TEXT,
+    read_at      REAL,
+    reported_at  REAL NOT NULL,
+    pid          INTEGER NOT NULL,
+    -- Why the files on disk were refused at its last look (it kept the keys it held), or NULL.
+    problem      TEXT,
+    PRIMARY KEY (host, key_file)
+);
+"""#),
     ]
 }

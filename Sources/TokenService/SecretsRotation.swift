@@ -70,6 +70,9 @@ extension AdminService {
         return counts.map { ($0.key, $0.value) }.sorted { $0.count > $1.count }
     }
 
+    /// What each attestd last reported reading from its key files, by host.
+    public func secretsKeyReads() throws -> [SecretsKeyRead] { try store.secretsKeyReads() }
+
     /// Records a step of a rotation in the audit log.
     public func auditSecrets(actor: String, _ action: String, detail: String) throws {
         try audit(actor: try Validate.email(actor), action, detail: detail)

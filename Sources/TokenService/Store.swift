@@ -163,7 +163,19 @@ public typealias DeviceExchangeStore = ExchangeStore & IntegrationStore & StoreH
 
 /// What the operators' service reads and changes (attestctl, the console).
 public typealias AdministrationStore = OrganisationStore & IntegrationStore & DeviceInventoryStore & UsageStore & AuditStore
-    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore
+    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore & SecretsKeyReadStore
+
+/// What each attestd last read from its secrets key files (a row per host and key file, written
+/// by the instance, read by `attestctl secrets status` and `finish-rotation`): key IDs as
+/// operators see them, never a key.
+public protocol SecretsKeyReadStore: AnyObject, Sendable {
+    /// Inserts the row of `read.host` and `read.keyFile`, or replaces it.
+    func recordSecretsKeyRead(_ read: SecretsKeyRead) throws
+    /// Every row, by host, then key file.
+    func secretsKeyReads() throws -> [SecretsKeyRead]
+    /// Deletes the rows last reported before `time` (instances long gone); returns how many.
+    func purgeSecretsKeyReads(before time: Date) throws -> Int
+}
 
 /// Every value sealed under the secrets key, for a rotation: read them all, replace them one at
 /// a time, each only if nobody changed it meanwhile.

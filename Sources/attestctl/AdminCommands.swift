@@ -134,6 +134,9 @@ enum AdminCommands {
         let keyFile = try secretsKeyPath(arguments)
         if try SecretsKeyFile.createIfAbsent(keyFile) {
             print("created the secrets key \(keyFile) (32 random bytes, mode 0600): every attestd of this deployment reads it")
+        } else {
+            // One already there must be one attestd takes: a key, only its owner's to read.
+            _ = try secretBox(arguments)
         }
         switch try service.initialize(owner: owner) {
         case .created:

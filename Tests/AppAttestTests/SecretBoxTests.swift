@@ -63,10 +63,13 @@ import Testing
         // Hex text (openssl rand -hex 32) with a trailing newline is the same key.
         let hexPath = directory.appendingPathComponent("hex.key").path
         try Data((before.map { String(format: "%02x", $0) }.joined() + "\n").utf8).write(to: URL(fileURLWithPath: hexPath))
+        chmod(hexPath, 0o600)   // its owner's alone, as every key file must be
         #expect(try SecretsKeyFile.load(hexPath).open(sealed, associatedData: workspace1) == plaintext)
         let badPath = directory.appendingPathComponent("bad.key").path
         try Data("too short".utf8).write(to: URL(fileURLWithPath: badPath))
-        #expect(throws: CryptoError.self) { try SecretsKeyFile.load(badPath) }
+        chmod(badPath, 0o600)
+        let bad = #expect(throws: CryptoError.self) { try SecretsKeyFile.load(badPath) }
+        #expect(bad?.description.contains("does not hold a 32-byte key") == true, "\(String(describing: bad))")
         #expect(throws: CryptoError.self) { try SecretsKeyFile.load(directory.appendingPathComponent("missing").path) }
     }
 }

@@ -285,6 +285,8 @@ import Glibc
         let fixture = try await Fixture { fixture in
             let other = fixture.directory.appendingPathComponent("other.key").path
             try? Data((0..<32).map { _ in UInt8.random(in: 0...255) }).write(to: URL(fileURLWithPath: other))
+            // A key file others may read is refused at start: this one is its owner's alone.
+            chmod(other, 0o600)
             return ["--secrets-key-file", other]
         }
         defer { fixture.stop() }
