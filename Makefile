@@ -6,7 +6,7 @@ DEB_PACKAGES := libssl-dev libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev
 DB ?= attestd.sqlite
 ARGS ?=
 
-.PHONY: all build release run test deps migrations venv fuzz fuzz-leaf fuzz-wire fuzz-assertion fuzz-eventstream fuzz-all bench clean
+.PHONY: all build release run test deps migrations venv fuzz fuzz-leaf fuzz-wire fuzz-assertion fuzz-receipt fuzz-eventstream fuzz-relay fuzz-all bench clean
 
 all: build
 
@@ -124,12 +124,25 @@ fuzz-eventstream: deps
 	swiftc -parse-as-library -emit-module -module-name AttestWire .build/fuzz/standins-eventstream/AttestWire.swift \
 	  -o .build/fuzz/standins-eventstream/AttestWire.swiftmodule
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name EventStreamFuzz -I .build/fuzz/standins-eventstream \
-	  $(addprefix Sources/CloudUpstreams/,CRC32.swift EventStream.swift JSONScan.swift BedrockStreamTranslator.swift) \
+	  $(addprefix Sources/CloudUpstreams/,CRC32.swift EventStream.swift JSONScan.swift CloudErrors.swift BedrockStreamTranslator.swift) \
 	  Sources/AttestWire/*.swift Fuzz/EventStreamFuzz/*.swift -o .build/fuzz/eventstream-fuzz
 	SWIFT_BACKTRACE=enable=no ./.build/fuzz/eventstream-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-eventstream fuzz-seeds-eventstream
 
+# libFuzzer over what the Messages relay reads and edits as bytes: the JSON member scan, each
+# cloud's request edit, the policy's scan of a request body, usage from a JSON reply and from an
+# SSE stream cut anywhere, and the token endpoints' answers. Sources/MessagesBody imports nothing;
+# from Sources/CloudUpstreams, the files that import nothing (RELAY_FUZZ_CLOUD_FILES: a token
+# endpoint's parser joins them). Seeded with fuzz-seeds-relay/.
+RELAY_FUZZ_CLOUD_FILES := JSONScan.swift GoogleTokenResponse.swift
+fuzz-relay: deps
+	mkdir -p .build/fuzz fuzz-corpus-relay
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name RelayFuzz \
+	  Sources/MessagesBody/*.swift $(addprefix Sources/CloudUpstreams/,$(RELAY_FUZZ_CLOUD_FILES)) \
+	  Fuzz/RelayFuzz/*.swift -o .build/fuzz/relay-fuzz
+	SWIFT_BACKTRACE=enable=no ./.build/fuzz/relay-fuzz -runs=$(RUNS) -max_len=4096 -rss_limit_mb=6144 fuzz-corpus-relay fuzz-seeds-relay
+
 # Every fuzzer for a bounded count (CI: about 200,000 inputs each, a few minutes in all).
-fuzz-all: fuzz fuzz-leaf fuzz-wire fuzz-assertion fuzz-receipt fuzz-eventstream
+fuzz-all: fuzz fuzz-leaf fuzz-wire fuzz-assertion fuzz-receipt fuzz-eventstream fuzz-relay
 
 bench: release
 	./.build/release/attest-sim bench verify --seconds 5

@@ -23,6 +23,11 @@ let package = Package(
         // dependencies, so it builds for iOS along with the client module.
         .target(name: "AttestWire"),
 
+        // The Messages API's JSON read and edited as bytes, no dependencies (fuzzed by `make
+        // fuzz-relay`): the member scan, the policy's fields, usage from replies and streams, the
+        // cloud body edit, and the values they produce (`PolicyInput`, `TokenUsage`).
+        .target(name: "MessagesBody"),
+
         // Verification core.
         .target(name: "CBOR"),
         .target(name: "AttestCrypto", dependencies: ["COpenSSL", "AttestWire"]),
@@ -34,7 +39,7 @@ let package = Package(
         // Service.
         // Services that run in the background and stop in order (listeners, flushes, jobs).
         .target(name: "Lifecycle"),
-        .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "Lifecycle", "CloudUpstreams"]),
+        .target(name: "TokenService", dependencies: ["AppAttest", "AttestCrypto", "AttestWire", "Lifecycle", "CloudUpstreams", "MessagesBody"]),
         .target(name: "StoreRecords", dependencies: ["TokenService", "AttestCrypto", "AppAttest", "AttestWire"]),
         .target(name: "SQLiteStore", dependencies: ["TokenService", "StoreRecords", "AttestCrypto", "AttestWire", "CSQLite", "Lifecycle"]),
         // `TokenStore` on PostgreSQL through libpq, for several attestd instances on one database.
@@ -62,7 +67,7 @@ let package = Package(
         .target(name: "ExchangeRoutes", dependencies: ["HTTPRouting", "TokenService", "AttestWire"]),
         .target(name: "TokenAuthentication", dependencies: ["HTTPRouting", "HTTPServer", "TokenService", "AttestWire"]),
         .target(name: "RelayRoutes", dependencies: ["HTTPRouting", "TokenAuthentication", "TokenService", "AttestWire", "AttestCrypto", "UpstreamClient",
-                                                    "EventLoops", "CloudUpstreams"]),
+                                                    "EventLoops", "CloudUpstreams", "MessagesBody"]),
         .target(name: "AdminRoutes", dependencies: ["HTTPRouting", "TokenAuthentication", "TokenService", "AttestWire", "AttestCrypto"]),
         // The operator's console at /console/ on the admin listener: server-rendered pages and
         // forms over the same AdminService as attestctl.
@@ -116,7 +121,7 @@ let package = Package(
         .testTarget(name: "AppAttestTests", dependencies: ["AppAttest", "TestAuthority", "AttestCrypto", "CBOR", "AttestWire"]),
         .testTarget(name: "TokenServiceTests", dependencies: ["TokenService", "SQLiteStore", "TestAuthority", "AttestCrypto", "AttestWire", "AppAttest", "CBOR",
                                                             "UpstreamStub"]),
-        .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "HTTPRouting", "RelayRoutes", "ExchangeRoutes", "AdminRoutes", "AttestDaemon", "Lifecycle", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
+        .testTarget(name: "ServiceTests", dependencies: ["ServiceRoutes", "HTTPRouting", "RelayRoutes", "MessagesBody", "ExchangeRoutes", "AdminRoutes", "AttestDaemon", "Lifecycle", "TokenService", "SQLiteStore", "HTTPServer", "TestAuthority", "AttestClient",
                                                          "SimulatedDevice", "AppAttest", "AttestWire", "HTTPClient", "UpstreamStub", "PostgresTestSupport",
                                                          "RawHTTP", "EventLoops", "WebDriver"]),
         .testTarget(name: "AttestClientTests", dependencies: ["AttestClient", "AttestWire"]),

@@ -45,8 +45,8 @@ enum UsagePage {
         // Requests per day.
         let requestsPerDay = dayNames.map { day in groups.filter { $0.day == day }.reduce(Int64(0)) { $0 + $1.counters.requests } }
         let requestRows: [[HTML]] = zip(dayNames, requestsPerDay).filter { $0.1 > 0 || hasRefusals(groups, $0.0) }.map { day, count in
-            let refused = groups.filter { $0.day == day }.reduce(Int64(0)) { $0 + $1.counters.refusals.values.reduce(0, +) }
-            let errors = groups.filter { $0.day == day }.reduce(Int64(0)) { $0 + $1.counters.errors.values.reduce(0, +) }
+            let refused = groups.filter { $0.day == day }.reduce(Int64(0)) { Int64.saturatingSum($0, $1.counters.refusals.values.reduce(0, Int64.saturatingSum)) }
+            let errors = groups.filter { $0.day == day }.reduce(Int64(0)) { Int64.saturatingSum($0, $1.counters.errors.values.reduce(0, Int64.saturatingSum)) }
             return [HTML.text(day), HTML.text(count), HTML.text(errors), HTML.text(refused)]
         }
         content += section("Requests per day", UsageChart.stackedBars(id: "chart-requests", title: "Requests per day", labels: dayNames,
@@ -64,13 +64,13 @@ enum UsagePage {
                                                 rows: profiles.map { group in
                                                     let c = group.counters
                                                     return [HTML.element("code", [], HTML.text(group.profile ?? "")), HTML.text(c.requests),
-                                                            HTML.text(tokens(c)), HTML.text(c.serverToolUse.values.reduce(0, +)),
-                                                            HTML.text(c.refusals.values.reduce(0, +))]
+                                                            HTML.text(tokens(c)), HTML.text(c.serverToolUse.values.reduce(0, Int64.saturatingSum)),
+                                                            HTML.text(c.refusals.values.reduce(0, Int64.saturatingSum))]
                                                 }, empty: "No request named a user profile in the last 30 days."))
 
         // Server tools, by the upstream's own counters.
         var serverTools: [String: Int64] = [:]
-        for group in groups { serverTools.merge(group.counters.serverToolUse, uniquingKeysWith: +) }
+        for group in groups { serverTools.merge(group.counters.serverToolUse, uniquingKeysWith: Int64.saturatingSum) }
         let toolCounts = serverTools.sorted { $0.key < $1.key }
         content += section("Server tool uses", UsageChart.bars(id: "chart-server-tools", title: "Server tool uses, last 30 days",
                                                                labels: toolCounts.map(\.key), values: toolCounts.map(\.value))
@@ -80,7 +80,7 @@ enum UsagePage {
 
         // Refusals by reason.
         var refusals: [String: Int64] = [:]
-        for group in groups { refusals.merge(group.counters.refusals, uniquingKeysWith: +) }
+        for group in groups { refusals.merge(group.counters.refusals, uniquingKeysWith: Int64.saturatingSum) }
         let reasons = refusals.sorted { $0.key < $1.key }
         content += section("Refusals by reason", UsageChart.bars(id: "chart-refusals", title: "Refusals by reason, last 30 days",
                                                                  labels: reasons.map(\.key), values: reasons.map(\.value))
@@ -94,7 +94,7 @@ enum UsagePage {
     static let topProfiles = 10
 
     /// Every token the relay counts against a budget.
-    static func tokens(_ c: UsageCounters) -> Int64 { c.inputTokens + c.outputTokens + c.cacheCreationInputTokens + c.cacheReadInputTokens }
+    static func tokens(_ c: UsageCounters) -> Int64 { c.totalTokens }
 
     /// The `keep` models with the most tokens stay by name; the rest are added up as `other`.
     static func foldModels(_ groups: [UsageGroup], keep: Int) -> [UsageGroup] {
@@ -133,7 +133,7 @@ enum UsagePage {
     static func budget(_ integration: Integration, _ rows: [UsageRow], now: Date) -> HTML {
         let used = rows.reduce(Int64(0)) { total, row in
             let c = row.counters
-            return total + c.inputTokens + c.outputTokens + c.cacheCreationInputTokens + c.cacheReadInputTokens
+            return Int64.saturatingSum(total, c.totalTokens)
         }
         let budget = Int64(integration.policy.monthlyTokenBudget)
         let month = ConsoleTime.html(monthStart(now))

@@ -1,4 +1,5 @@
 import Dispatch
+import MessagesBody
 import TokenService
 import UpstreamClient
 

@@ -322,10 +322,10 @@ public struct UsageBatch: Sendable {
 
     public mutating func merge(_ other: UsageBatch) {
         for (key, counters) in other.usage { usage[key, default: UsageCounters()] += counters }
-        monthTokens.merge(other.monthTokens, uniquingKeysWith: +)
-        deviceMinutes.merge(other.deviceMinutes, uniquingKeysWith: +)
-        profileMinutes.merge(other.profileMinutes, uniquingKeysWith: +)
-        profileMonthTokens.merge(other.profileMonthTokens, uniquingKeysWith: +)
+        monthTokens.merge(other.monthTokens, uniquingKeysWith: Int64.saturatingSum)
+        deviceMinutes.merge(other.deviceMinutes, uniquingKeysWith: Int64.saturatingSum)
+        profileMinutes.merge(other.profileMinutes, uniquingKeysWith: Int64.saturatingSum)
+        profileMonthTokens.merge(other.profileMonthTokens, uniquingKeysWith: Int64.saturatingSum)
     }
 }
 

@@ -3,6 +3,12 @@ import AttestWire
 import Foundation
 import Lifecycle
 import Synchronization
+// What the policy reads from a request and the usage the ledger records are read from the
+// Messages JSON by MessagesBody, which defines them; they are this module's API too.
+@_exported import enum MessagesBody.FallbacksInput
+@_exported import struct MessagesBody.PolicyInput
+@_exported import struct MessagesBody.ServerToolInput
+@_exported import struct MessagesBody.TokenUsage
 
 /// Why the policy refused a request before it went upstream.
 public enum PolicyRefusal: Error, Sendable, Equatable {
@@ -49,77 +55,9 @@ public enum PolicyRefusal: Error, Sendable, Equatable {
     }
 }
 
-/// A request's `fallbacks`, as far as the policy reads it.
-public enum FallbacksInput: Sendable, Equatable {
-    case none
-    /// `"default"`: the API picks the fallback.
-    case serverDefault
-    /// `[{"model": …}, …]`, the models in order.
-    case models([String])
-}
-
-/// A tool of the request that is not a client tool: a server tool, billed beyond its tokens.
-public struct ServerToolInput: Sendable, Equatable {
-    /// Its versioned `type` (`web_search_20260209`).
-    public var type: String
-    public var maxUses: Int?
-
-    public init(type: String, maxUses: Int? = nil) {
-        self.type = type
-        self.maxUses = maxUses
-    }
-
+extension ServerToolInput {
     /// The name on the policy's list (`web_search`), when the type is one of `IntegrationPolicy.serverToolNames`.
     public var name: String? { IntegrationPolicy.serverToolNames.first { type.utf8.starts(with: $0.utf8) } }
-}
-
-/// What the policy reads from a Messages request (a bounded scan of the body, and its headers).
-public struct PolicyInput: Sendable {
-    /// The top-level `model` string, as sent (nil when absent).
-    public var model: String?
-    /// The top-level `max_tokens` (nil when absent).
-    public var maxTokens: Int?
-    /// Why the body could not be read, when it could not.
-    public var problem: String?
-    /// What is wrong with a governed field (refused whatever the policy).
-    public var malformed: String?
-    public var fallbacks: FallbacksInput
-    public var serverTools: [ServerToolInput]
-    /// The `anthropic-beta` header values as sent; `betas` splits them, only when a policy asks
-    /// (Foundation's trimming cost 5% of a relayed request's CPU when done for every request).
-    public var betaHeaderValues: [String]
-    /// The betas named in the body's `anthropic_beta` array (Bedrock's way of naming them).
-    public var bodyBetas: [String] = []
-    /// Every `anthropic-beta` value, split at commas, spaces and tabs trimmed, empty ones dropped,
-    /// then every beta of the body's `anthropic_beta`: the policy checks them all.
-    public var betas: [String] {
-        var names: [String] = []
-        for value in betaHeaderValues {
-            for part in value.utf8.split(separator: UInt8(ascii: ",")) {
-                let trimmed = part.drop { $0 == 0x20 || $0 == 0x09 }.reversed().drop { $0 == 0x20 || $0 == 0x09 }.reversed()
-                if !trimmed.isEmpty { names.append(String(decoding: trimmed, as: UTF8.self)) }
-            }
-        }
-        names.append(contentsOf: bodyBetas)
-        return names
-    }
-    /// The `anthropic-user-profile-id`, when sent (valid: a bad one is in `malformed`).
-    public var profile: String?
-    /// The request spends tokens (`/v1/messages`; `count_tokens` does not), so the budget applies.
-    public var spendsTokens: Bool
-
-    public init(model: String? = nil, maxTokens: Int? = nil, problem: String? = nil, malformed: String? = nil, fallbacks: FallbacksInput = .none,
-                serverTools: [ServerToolInput] = [], betaHeaderValues: [String] = [], profile: String? = nil, spendsTokens: Bool = true) {
-        self.model = model
-        self.maxTokens = maxTokens
-        self.problem = problem
-        self.malformed = malformed
-        self.fallbacks = fallbacks
-        self.serverTools = serverTools
-        self.betaHeaderValues = betaHeaderValues
-        self.profile = profile
-        self.spendsTokens = spendsTokens
-    }
 }
 
 /// A relayed request the ledger admitted: where its usage goes when it ends.
@@ -136,35 +74,10 @@ public struct UsageTicket: Sendable {
     let profileLabel: String
 }
 
-/// Token counts from the upstream's own `usage`, and the model that served.
-public struct TokenUsage: Sendable, Equatable {
-    /// The most one reply may count of any kind: 2^40, far past any model's context, far below
-    /// where sums of many replies could overflow. A count an upstream sends above it is taken as
-    /// this (and the ledger's sums saturate), so no number from an upstream can trap the process.
-    public static let maxCount: Int64 = 1 << 40
-
-    /// A count as an upstream sent it, within 0...`maxCount`.
-    public static func bounded(_ count: Int) -> Int64 { Int64(Swift.min(Swift.max(0, count), Int(maxCount))) }
-
+extension TokenUsage {
     /// Every kind of token: what a token budget counts (cache writes and reads are input too).
     public var totalTokens: Int64 {
         Int64.saturatingSum(Int64.saturatingSum(inputTokens, outputTokens), Int64.saturatingSum(cacheCreationInputTokens, cacheReadInputTokens))
-    }
-
-    public var inputTokens: Int64 = 0
-    public var outputTokens: Int64 = 0
-    public var cacheCreationInputTokens: Int64 = 0
-    public var cacheReadInputTokens: Int64 = 0
-    /// `usage.server_tool_use`, by counter name.
-    public var serverToolUse: [String: Int64] = [:]
-
-    public init(inputTokens: Int64 = 0, outputTokens: Int64 = 0, cacheCreationInputTokens: Int64 = 0, cacheReadInputTokens: Int64 = 0,
-                serverToolUse: [String: Int64] = [:]) {
-        self.inputTokens = inputTokens
-        self.outputTokens = outputTokens
-        self.cacheCreationInputTokens = cacheCreationInputTokens
-        self.cacheReadInputTokens = cacheReadInputTokens
-        self.serverToolUse = serverToolUse
     }
 }
 

@@ -1,8 +1,10 @@
 import Foundation
+import MessagesBody
 import Testing
 import TokenService
 @testable import RelayRoutes
 @testable import CloudUpstreams
+import UpstreamStub
 import UpstreamClient
 import Synchronization
 
@@ -116,5 +118,74 @@ import Synchronization
             + "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9223372036854775807}}\n\n"
         Array(events.utf8).withUnsafeBytes { _ = stream.feed($0) }
         #expect(stream.usage.inputTokens == TokenUsage.maxCount && stream.usage.outputTokens == TokenUsage.maxCount)
+    }
+
+    /// Found by `make fuzz-relay` (fuzz-seeds-relay/reply-empty-counter-name): a server-tool counter
+    /// named "" was kept, to reach the ledger under an empty name.
+    @Test func aServerToolCounterNeedsAName() {
+        let reply = #"{"usage":{"input_tokens":3,"server_tool_use":{"":5,"web_search_requests":1,"Web":2}}}"#
+        #expect(UsageObject.ofReply(Array(reply.utf8))?.serverToolUse == ["web_search_requests": 1])
+    }
+}
+
+/// The Vertex access-token cache, driven by hand: each set of credentials has its own token and
+/// fetch, every waiter is answered by its own fetch, and a fetch has a deadline.
+@Suite struct VertexAccessTokenTests {
+    static func account(_ email: String) throws -> GoogleServiceAccount {
+        let json = try JSONSerialization.data(withJSONObject: [
+            "type": "service_account", "client_email": email, "private_key": try StubCertificates.rsaPrivateKeyPEM(),
+            "token_uri": "https://oauth2.googleapis.com/token", "private_key_id": "k1",
+        ])
+        return try GoogleServiceAccount(keyFile: Array(json))
+    }
+
+    static func deliver(_ delegate: any UpstreamDelegate, status: Int = 200, _ body: String) {
+        delegate.upstreamDidReceiveHead(status: status, headers: [("content-type", "application/json")])
+        _ = Array(body.utf8).withUnsafeBytes { delegate.upstreamDidReceive($0) }
+        delegate.upstreamDidFinish(nil)
+    }
+
+    @Test func anAccountChangeMidFetchGivesEachCredentialItsOwnTokenAndAnswersEveryWaiter() throws {
+        let tokens = VertexAccessTokens()
+        let (old, new) = (try Self.account("old@p.iam.gserviceaccount.com"), try Self.account("new@p.iam.gserviceaccount.com"))
+        let started = Mutex<[(request: UpstreamRequest, delegate: any UpstreamDelegate)]>([])
+        let start: @Sendable (UpstreamRequest, any UpstreamDelegate) -> Void = { request, delegate in started.withLock { $0.append((request, delegate)) } }
+        let answers = Mutex<[String]>([])
+        func ask(_ name: String, sealed: [UInt8], _ account: GoogleServiceAccount) {
+            tokens.token(workspace: 7, sealed: sealed, account: account, tokenURL: "https://t.example/token", start: start) { result in
+                answers.withLock { $0.append(name + ":" + ((try? result.get()) ?? "failed")) }
+            }
+        }
+        ask("old-1", sealed: [1], old)
+        ask("old-2", sealed: [1], old)     // waits on the same fetch
+        ask("new-1", sealed: [2], new)     // the account changed: a fetch of its own
+        #expect(started.withLock { $0.count } == 2)
+        #expect(started.withLock { $0.allSatisfy { $0.request.totalTimeout == VertexAccessTokens.fetchDeadline } })
+        let (first, second) = started.withLock { ($0[0].delegate, $0[1].delegate) }
+        Self.deliver(second, #"{"access_token":"tok-new","expires_in":3600}"#)
+        #expect(answers.withLock { $0 } == ["new-1:tok-new"])
+        // The old fetch ends later, with an expires_in that would overflow the clock's arithmetic.
+        Self.deliver(first, #"{"access_token":"tok-old","expires_in":999999999999999999}"#)
+        #expect(answers.withLock { Set($0) } == ["new-1:tok-new", "old-1:tok-old", "old-2:tok-old"])
+        // The new credentials' token is served from memory, never the old one.
+        ask("new-2", sealed: [2], new)
+        #expect(answers.withLock { $0.last } == "new-2:tok-new")
+        #expect(started.withLock { $0.count } == 2)
+    }
+
+    @Test func aFetchThatFailsOrTimesOutAnswersItsWaiters() throws {
+        let tokens = VertexAccessTokens()
+        let account = try Self.account("a@p.iam.gserviceaccount.com")
+        let started = Mutex<[any UpstreamDelegate]>([])
+        let answers = Mutex<[String]>([])
+        for _ in 0..<3 {
+            tokens.token(workspace: 1, sealed: [9], account: account, tokenURL: "https://t.example/token",
+                         start: { _, delegate in started.withLock { $0.append(delegate) } }) { result in
+                answers.withLock { $0.append((try? result.get()) ?? "failed") }
+            }
+        }
+        let delegate = try #require(started.withLock { $0.first })
+        delegate.upstreamDidFinish(UpstreamError(kind: .timeout, detail: "the total timeout expired"))
+        #expect(answers.withLock { $0 } == ["failed", "failed", "failed"])
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import MessagesBody
 import Testing
 import TokenService
 @testable import ServiceRoutes

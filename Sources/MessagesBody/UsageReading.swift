@@ -1,187 +1,13 @@
-import Foundation
-import HTTPRouting
-import HTTPServer
-import TokenService
-
-/// What the policy needs from a Messages request: `model`, `max_tokens`, `fallbacks` and `tools`,
-/// read with the bounded scan, and the betas and user profile from its headers. The body itself
-/// goes upstream byte for byte.
-public enum MessagesRequestFields {
-    static let policyMembers = JSONMemberScan.Names("model", "max_tokens", "fallbacks", "tools", "stream", "anthropic_beta")
-    /// Far more betas than a request names; past it the body's `anthropic_beta` is refused.
-    static let maxBodyBetas = 64
-    static let toolMembers = JSONMemberScan.Names("type", "max_uses")
-    /// The API takes at most three fallbacks; a longer list is refused before it is read further.
-    static let maxFallbacks = 3
-    /// Far more tools than any request carries; past it the request is refused, not scanned on.
-    static let maxTools = 1024
-    /// Typed tools the app runs itself (no charge beyond tokens); any other typed tool is a server tool.
-    static let clientToolPrefixes = ["bash_", "text_editor_", "computer_", "memory_"]
-    public static let profileHeader = "anthropic-user-profile-id"
-
-    /// The policy's input (from the body and the headers) and whether the request asks for a
-    /// stream, from one scan of the body.
-    public static func read(_ request: HTTPRequest, spendsTokens: Bool) -> (input: PolicyInput, streams: Bool) {
-        var (input, streams) = read(request.body, spendsTokens: spendsTokens)
-        var profiles = 0
-        for header in request.headers {
-            if header.name == "anthropic-beta" {
-                input.betaHeaderValues.append(header.value)
-            } else if header.name == profileHeader {
-                profiles += 1
-                input.profile = header.value
-            }
-        }
-        if profiles > 1 {
-            input.malformed = input.malformed ?? "\(profileHeader) appears more than once"
-            input.profile = nil
-        } else if let profile = input.profile, !IntegrationPolicy.isValidProfileID(profile) {
-            input.malformed = input.malformed ?? "\(profileHeader) must be uprof_ followed by letters, digits, _ or -, at most 128 bytes"
-            input.profile = nil
-        }
-        return (input, streams)
-    }
-
-    public static func policyInput(_ body: [UInt8], spendsTokens: Bool) -> PolicyInput {
-        read(body, spendsTokens: spendsTokens).input
-    }
-
-    /// A body that cannot be scanned counts as a stream, as in `asksForStream`.
-    static func read(_ body: [UInt8], spendsTokens: Bool) -> (input: PolicyInput, streams: Bool) {
-        var input = PolicyInput(spendsTokens: spendsTokens)
-        var streams = true
-        body.withUnsafeBytes { bytes in
-            do throws(JSONMemberScan.Failure) {
-                let found = try JSONMemberScan.members(of: policyMembers, in: bytes)
-                switch found[4].map({ streamValue(bytes, $0) }) {
-                case nil, .some(false?): streams = false
-                case .some(true?): streams = true
-                case .some(nil):
-                    streams = false
-                    input.malformed = "stream: must be true or false"
-                }
-                if let range = found[0] {
-                    if let model = JSONMemberScan.plainString(bytes, range) { input.model = model } else { input.problem = "model is not a plain string" }
-                }
-                if let range = found[1] {
-                    if let maxTokens = JSONMemberScan.integer(bytes, range) { input.maxTokens = maxTokens } else { input.problem = "max_tokens is not an integer" }
-                }
-                if let range = found[2] { readFallbacks(bytes, range, into: &input) }
-                if let range = found[3], input.malformed == nil { readTools(bytes, range, into: &input) }
-                if let range = found[5], input.malformed == nil { readBodyBetas(bytes, range, into: &input) }
-            } catch {
-                input.problem = switch error {
-                case .notAnObject: "the body is not a JSON object"
-                case .malformed(let at): "the body is not valid JSON (at byte \(at))"
-                case .duplicate(let name): "\(name) appears more than once"
-                case .escapedName: "a member name is written with escapes"
-                }
-            }
-        }
-        return (input, streams)
-    }
-
-    static func isNull(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Bool { bytes[range].elementsEqual("null".utf8) }
-
-    /// `stream`'s value: true or false for the JSON literals, nil for anything else (`null`, `0`,
-    /// `"false"`), which is refused rather than guessed at.
-    static func streamValue(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Bool? {
-        if bytes[range].elementsEqual("true".utf8) { return true }
-        if bytes[range].elementsEqual("false".utf8) { return false }
-        return nil
-    }
-
-    /// The body's `anthropic_beta` (how Bedrock's InvokeModel takes betas): an array of plain
-    /// strings, each checked by the policy like a header's beta, since a cloud reads it as one.
-    static func readBodyBetas(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>, into input: inout PolicyInput) {
-        if isNull(bytes, range) { return }
-        guard let elements = try? JSONMemberScan.elements(in: bytes, range, limit: maxBodyBetas) else {
-            input.malformed = bytes[range.lowerBound] == UInt8(ascii: "[") ? "anthropic_beta: at most \(maxBodyBetas) betas"
-                : "anthropic_beta: must be an array of strings"
-            return
-        }
-        for (index, element) in elements.enumerated() {
-            guard let beta = JSONMemberScan.plainString(bytes, element), !beta.isEmpty, beta.utf8.count <= 256,
-                  !beta.utf8.contains(where: { $0 == UInt8(ascii: ",") || $0 < 0x21 || $0 > 0x7e }) else {
-                input.malformed = "anthropic_beta[\(index)]: must be a beta's name (printable ASCII, no commas or spaces)"
-                return
-            }
-            input.bodyBetas.append(beta)
-        }
-    }
-
-    /// `"default"`, or an array of at most three objects each naming a `model`.
-    static func readFallbacks(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>, into input: inout PolicyInput) {
-        if isNull(bytes, range) { return }
-        if bytes[range.lowerBound] == UInt8(ascii: "\"") {
-            if JSONMemberScan.plainString(bytes, range) == "default" { input.fallbacks = .serverDefault } else {
-                input.malformed = "fallbacks: the only string it takes is \"default\""
-            }
-            return
-        }
-        guard let elements = try? JSONMemberScan.elements(in: bytes, range, limit: maxFallbacks) else {
-            input.malformed = bytes[range.lowerBound] == UInt8(ascii: "[") ? "fallbacks: at most \(maxFallbacks) models"
-                : "fallbacks: must be \"default\" or an array of objects naming a model"
-            return
-        }
-        var models: [String] = []
-        for (index, element) in elements.enumerated() {
-            guard let found = try? JSONMemberScan.members(of: UsageObject.model, in: bytes, within: element), let modelRange = found[0],
-                  let model = JSONMemberScan.plainString(bytes, modelRange) else {
-                input.malformed = "fallbacks[\(index)]: must be an object whose model is a plain string"
-                return
-            }
-            models.append(model)
-        }
-        if !models.isEmpty { input.fallbacks = .models(models) }
-    }
-
-    /// Every typed tool that is not one the app runs itself, with its `max_uses`.
-    static func readTools(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>, into input: inout PolicyInput) {
-        if isNull(bytes, range) { return }
-        guard let elements = try? JSONMemberScan.elements(in: bytes, range, limit: maxTools) else {
-            input.malformed = bytes[range.lowerBound] == UInt8(ascii: "[") ? "tools: more than \(maxTools)" : "tools: must be an array"
-            return
-        }
-        for (index, element) in elements.enumerated() {
-            guard let found = try? JSONMemberScan.members(of: toolMembers, in: bytes, within: element) else {
-                input.malformed = "tools[\(index)]: must be an object with each member once"
-                return
-            }
-            guard let typeRange = found[0] else { continue }  // a custom tool
-            guard let type = JSONMemberScan.plainString(bytes, typeRange) else {
-                input.malformed = "tools[\(index)].type: must be a plain string"
-                return
-            }
-            var maxUses: Int?
-            if let usesRange = found[1], !isNull(bytes, usesRange) {
-                guard let uses = JSONMemberScan.integer(bytes, usesRange), uses >= 0 else {
-                    input.malformed = "tools[\(index)].max_uses: must be a whole number"
-                    return
-                }
-                maxUses = uses
-            }
-            if type == "custom" || clientToolPrefixes.contains(where: { type.utf8.starts(with: $0.utf8) }) { continue }
-            input.serverTools.append(ServerToolInput(type: type, maxUses: maxUses))
-        }
-    }
-
-    static let streamMember = JSONMemberScan.Names("stream")
-
-    /// Whether the request asks for an SSE stream (`"stream": true`); true as well when the body
-    /// cannot be read, so such a request is treated as a stream; nil when `stream` is there with
-    /// any value but `true` or `false` (refused).
-    public static func asksForStream(_ body: [UInt8]) -> Bool? {
-        body.withUnsafeBytes { bytes in
-            guard let found = try? JSONMemberScan.members(of: streamMember, in: bytes) else { return true }
-            guard let range = found[0] else { return false }
-            return streamValue(bytes, range)
-        }
-    }
-}
+// No imports beyond the C library's memchr: the relay fuzzer (`make fuzz-relay`) compiles this
+// target's files alone.
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// The upstream's own `usage` object, as the ledger records it, and the model that served.
-enum UsageObject {
+public enum UsageObject {
     static let fields = JSONMemberScan.Names("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
                                              "server_tool_use")
     static let usage = JSONMemberScan.Names("usage")
@@ -200,22 +26,23 @@ enum UsageObject {
         return usage
     }
 
-    /// Every counter of `usage.server_tool_use` under its own name (a snake-case name, a count).
+    /// Every counter of `usage.server_tool_use` under its own name (a snake-case name of 1 to 64
+    /// bytes, a count); an empty name is no counter.
     static func serverToolUse(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> [String: Int64] {
         var counters: [String: Int64] = [:]
         for (name, value) in JSONMemberScan.allMembers(in: bytes, within: range, limit: serverToolCountersPerReply) ?? []
-        where name.utf8.count <= 64 && name.utf8.allSatisfy({ (0x61...0x7a).contains($0) || (0x30...0x39).contains($0) || $0 == 0x5f }) {
+        where (1...64).contains(name.utf8.count) && name.utf8.allSatisfy({ (0x61...0x7a).contains($0) || (0x30...0x39).contains($0) || $0 == 0x5f }) {
             if let count = JSONMemberScan.integer(bytes, value), count > 0 { counters[name] = TokenUsage.bounded(count) }
         }
         return counters
     }
 
     /// The top-level `usage` of a whole JSON reply.
-    static func ofReply(_ body: [UInt8]) -> TokenUsage? { servedReply(body).usage }
+    public static func ofReply(_ body: [UInt8]) -> TokenUsage? { servedReply(body).usage }
 
     /// A whole JSON reply's usage and the model that served: the last `fallback` block's
     /// `to.model`, else the reply's own `model`.
-    static func servedReply(_ body: [UInt8]) -> (usage: TokenUsage?, model: String?) {
+    public static func servedReply(_ body: [UInt8]) -> (usage: TokenUsage?, model: String?) {
         body.withUnsafeBytes { bytes in
             guard let found = try? JSONMemberScan.members(of: reply, in: bytes) else { return (nil, nil) }
             let usage = found[0].flatMap { read(bytes, $0) }
@@ -253,7 +80,7 @@ enum UsageObject {
     }
 
     /// The last `"usage": {…}` in the tail of a reply too large to hold (the API puts `usage` last).
-    static func ofTail(_ tail: [UInt8]) -> TokenUsage? {
+    public static func ofTail(_ tail: [UInt8]) -> TokenUsage? {
         let marker = Array(#""usage""#.utf8)
         guard tail.count > marker.count else { return nil }
         var start = tail.count - marker.count
@@ -279,21 +106,21 @@ enum UsageObject {
 /// back: input and cache counts from `message_start.message.usage`, output from the last
 /// `message_delta` (a running total, not an increment). Only the data of those events is kept
 /// (bounded); text deltas are skipped as they go by.
-struct StreamUsageReader {
-    static let maxEventBytes = 1 << 20
+public struct StreamUsageReader: Sendable {
+    public static let maxEventBytes = 1 << 20
     static let eventMembers = JSONMemberScan.Names("type", "message", "usage", "content_block")
     static let deltaUsage = JSONMemberScan.Names("output_tokens", "server_tool_use")
     static let startMessage = JSONMemberScan.Names("usage", "model")
 
-    private(set) var usage = TokenUsage()
+    public private(set) var usage = TokenUsage()
     /// The model that served: `message_start`'s, then the `to.model` of each `fallback` block.
-    private(set) var servingModel: String?
-    private(set) var sawStart = false
+    public private(set) var servingModel: String?
+    public private(set) var sawStart = false
     /// `message_stop` arrived: the stream is complete.
-    private(set) var sawStop = false
+    public private(set) var sawStop = false
     /// `content_block_delta` events seen: each carries at least one output token, so a stream cut
     /// before its closing `message_delta` is charged at least this many.
-    private(set) var deltaEvents: Int64 = 0
+    public private(set) var deltaEvents: Int64 = 0
 
     private var line: [UInt8] = []
     /// The current line is data of an event we don't need: skip to its end without keeping it.
@@ -302,12 +129,14 @@ struct StreamUsageReader {
     private var event: [UInt8]?
     private var data: [UInt8] = []
 
+    public init() {}
+
     private static let wanted: [[UInt8]] = ["message_start", "message_delta", "message_stop", "content_block_start"].map { Array($0.utf8) }
 
     /// Reads `chunk`; returns the offset just past the last event it completed (its blank line),
     /// or nil when it completed none: the relay forwards whole events only.
     @discardableResult
-    mutating func feed(_ chunk: UnsafeRawBufferPointer) -> Int? {
+    public mutating func feed(_ chunk: UnsafeRawBufferPointer) -> Int? {
         var offset = 0
         var boundary: Int?
         while offset < chunk.count {

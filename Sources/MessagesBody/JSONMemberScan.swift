@@ -1,5 +1,6 @@
+// No imports beyond the C library's memchr: the relay fuzzer (`make fuzz-relay`) compiles this
+// target's files alone.
 #if canImport(Glibc)
-import HTTPRouting
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
@@ -10,8 +11,8 @@ import Darwin
 /// skipped with `memchr`, so a 20 MB base64 image costs about what reading it once does. Used
 /// for the policy's `model` and `max_tokens` and for the upstream's `usage`; everything else in
 /// the body is left as it is.
-struct JSONMemberScan {
-    enum Failure: Error, Equatable {
+public struct JSONMemberScan {
+    public enum Failure: Error, Equatable {
         case notAnObject
         case malformed(at: Int)
         case duplicate(String)
@@ -22,22 +23,22 @@ struct JSONMemberScan {
 
     /// The member names a scan looks for, with their bytes: made once (a `static let` at the
     /// caller), since scans run on every relayed request and reply.
-    struct Names: Sendable {
-        let names: [String]
+    public struct Names: Sendable {
+        public let names: [String]
         let bytes: [[UInt8]]
-        init(_ names: String...) {
+        public init(_ names: String...) {
             self.names = names
             bytes = names.map { Array($0.utf8) }
         }
     }
 
     /// The value ranges of `names`, in their order (nil when absent).
-    static func members(of names: Names, in bytes: UnsafeRawBufferPointer) throws(Failure) -> [Range<Int>?] {
+    public static func members(of names: Names, in bytes: UnsafeRawBufferPointer) throws(Failure) -> [Range<Int>?] {
         try members(of: names, in: bytes, within: 0..<bytes.count)
     }
 
     /// The same for the object in `bytes[range]` (a nested value); ranges are into `bytes`.
-    static func members(of names: Names, in bytes: UnsafeRawBufferPointer, within range: Range<Int>) throws(Failure) -> [Range<Int>?] {
+    public static func members(of names: Names, in bytes: UnsafeRawBufferPointer, within range: Range<Int>) throws(Failure) -> [Range<Int>?] {
         guard range.lowerBound >= 0, range.upperBound <= bytes.count else { throw .notAnObject }
         var scanner = Scanner(bytes: UnsafeBufferPointer(rebasing: bytes.bindMemory(to: UInt8.self)[range]))
         let found = try scanner.members(names)
@@ -47,7 +48,7 @@ struct JSONMemberScan {
 
     /// The element ranges of the array at `bytes[range]`, at most `limit` of them (nil past it,
     /// or when the value is not an array).
-    static func elements(in bytes: UnsafeRawBufferPointer, _ range: Range<Int>, limit: Int) throws(Failure) -> [Range<Int>]? {
+    public static func elements(in bytes: UnsafeRawBufferPointer, _ range: Range<Int>, limit: Int) throws(Failure) -> [Range<Int>]? {
         guard range.lowerBound >= 0, range.upperBound <= bytes.count, range.count >= 2, bytes[range.lowerBound] == 0x5b else { return nil }
         var scanner = Scanner(bytes: UnsafeBufferPointer(rebasing: bytes.bindMemory(to: UInt8.self)[range]))
         scanner.index = 1
@@ -70,7 +71,7 @@ struct JSONMemberScan {
 
     /// Every member of the object at `bytes[range]` with a plain name, in order, at most `limit`
     /// of them (the rest are skipped); nil when it is not an object.
-    static func allMembers(in bytes: UnsafeRawBufferPointer, within range: Range<Int>, limit: Int) -> [(name: String, value: Range<Int>)]? {
+    public static func allMembers(in bytes: UnsafeRawBufferPointer, within range: Range<Int>, limit: Int) -> [(name: String, value: Range<Int>)]? {
         guard range.lowerBound >= 0, range.upperBound <= bytes.count else { return nil }
         var scanner = Scanner(bytes: UnsafeBufferPointer(rebasing: bytes.bindMemory(to: UInt8.self)[range]))
         var found: [(name: String, value: Range<Int>)] = []
@@ -87,7 +88,7 @@ struct JSONMemberScan {
     }
 
     /// An integer value (`-?[0-9]+`); nil for anything else. Saturates instead of overflowing.
-    static func integer(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Int? {
+    public static func integer(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Int? {
         var index = range.lowerBound
         let negative = index < range.upperBound && bytes[index] == UInt8(ascii: "-")
         if negative { index += 1 }
@@ -105,7 +106,7 @@ struct JSONMemberScan {
     }
 
     /// A string value without escapes, as text; nil for another kind of value or an escaped string.
-    static func plainString(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> String? {
+    public static func plainString(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> String? {
         guard range.count >= 2, bytes[range.lowerBound] == UInt8(ascii: "\""), bytes[range.upperBound - 1] == UInt8(ascii: "\"") else { return nil }
         let inner = bytes[(range.lowerBound + 1)..<(range.upperBound - 1)]
         guard !inner.contains(UInt8(ascii: "\\")) else { return nil }
