@@ -129,6 +129,11 @@ public final class Daemon: Sendable {
                 if isError { logger.error(event, values) } else { logger.info(event, values) }
             }))
         }
+        // The hosts cloud credentials may go to: read before the listeners open, then every 10 s
+        // (a pin an owner sets reaches every instance within that). A read that fails keeps the
+        // last list.
+        do { relay.setCloudEndpointPins(try store.cloudEndpointPins()) } catch { throw StartupError("cannot read the pinned cloud hosts: \(error)") }
+        services.append(PeriodicTask("cloud-endpoint-pins", every: 10) { relay.setCloudEndpointPins(try store.cloudEndpointPins()) })
         if let receipts = verifier.receiptVerifier {
             var refresh = ReceiptRefreshConfiguration()
             refresh.productionURL = options.appleDataProductionURL

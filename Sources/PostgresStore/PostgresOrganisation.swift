@@ -68,8 +68,8 @@ extension PostgresTokenStore {
 extension PostgresTokenStore {
     public func sealedSecrets() throws -> [SealedSecret] {
         try run { db in
-            try db.query("SELECT workspace_id, sealed_key FROM workspace_upstream_keys ORDER BY workspace_id").rows.map {
-                SealedSecret(owner: .upstream(workspaceID: try $0.int("workspace_id")), sealed: try $0.bytes("sealed_key"))
+            try db.query("SELECT workspace_id, \(StoreColumns.list(StoreColumns.sealedKey)) FROM workspace_upstream_keys ORDER BY workspace_id").rows.map {
+                SealedSecret(workspaceID: try $0.int("workspace_id"), upstream: try SealedUpstreamKey(row: $0))
             } + db.query("SELECT team_id, key_id, sealed_key FROM apple_keys ORDER BY team_id").rows.map {
                 SealedSecret(owner: .appleKey(teamID: try $0.text("team_id"), keyID: try $0.text("key_id")), sealed: try $0.bytes("sealed_key"))
             }
@@ -85,6 +85,28 @@ extension PostgresTokenStore {
             case .appleKey(let teamID, let keyID):
                 try db.query("UPDATE apple_keys SET sealed_key = $1 WHERE team_id = $2 AND key_id = $3 AND sealed_key = $4",
                              [.bytes(new), .text(teamID), .text(keyID), .bytes(old)]).affectedRows == 1
+            }
+        }
+    }
+}
+
+// MARK: The deployment's allowed cloud hosts
+
+extension PostgresTokenStore {
+    public func cloudEndpointPins() throws -> [String] {
+        try run { db in
+            try db.query("SELECT host FROM cloud_endpoint_pins ORDER BY host").rows.map { try $0.text("host") }
+        }
+    }
+
+    public func setCloudEndpointPins(_ hosts: [String], at time: Date, by actor: String) throws {
+        try run { db in
+            try db.transaction {
+                _ = try db.query("DELETE FROM cloud_endpoint_pins")
+                for host in hosts {
+                    _ = try db.query("INSERT INTO cloud_endpoint_pins (host, set_at, set_by) VALUES ($1, $2, $3)",
+                                     [.text(host), Self.seconds(time), .text(actor)])
+                }
             }
         }
     }

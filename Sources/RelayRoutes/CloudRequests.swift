@@ -2,53 +2,13 @@ import AttestWire
 import CloudUpstreams
 import Foundation
 import HTTPServer
+import MessagesBody
 import TokenService
 import UpstreamClient
 
-/// The Messages request as a cloud upstream takes it: the same JSON with a few top-level members
-/// taken out and a few put in, edited as bytes (the body may be a 30 MB image; nothing else in
-/// it is decoded or rewritten).
-enum CloudRequestBody {
-    /// `body` without the top-level members `removed`, with `added` (name, raw JSON value) first.
-    /// One walk over the members: each kept one is copied as it stands (its name, colon and
-    /// value) and the separators are written anew, so a removed member's comma is never shared
-    /// with another's, whatever the order, spacing or count. A removed name written with escapes,
-    /// or given twice, is refused: another parser would read it as the plain name.
-    static func edit(_ body: [UInt8], removing removed: JSONMemberScan.Names, adding added: [(String, String)]) throws -> [UInt8] {
-        try body.withUnsafeBytes { raw throws -> [UInt8] in
-            let bytes = raw.bindMemory(to: UInt8.self)
-            var scanner = JSONMemberScan.Scanner(bytes: bytes)
-            var kept: [Range<Int>] = []
-            var seen = [Bool](repeating: false, count: removed.bytes.count)
-            try scanner.eachMember { name, quote, value throws(JSONMemberScan.Failure) in
-                if name.contains(0x5c) { throw .escapedName(at: quote) }
-                if let slot = removed.bytes.firstIndex(where: { $0.elementsEqual(name) }) {
-                    guard !seen[slot] else { throw .duplicate(removed.names[slot]) }
-                    seen[slot] = true
-                } else {
-                    kept.append(quote..<value.upperBound)
-                }
-            }
-            scanner.skipWhitespace()
-            guard scanner.index == bytes.count else { throw JSONMemberScan.Failure.malformed(at: scanner.index) }
-            var out: [UInt8] = [UInt8(ascii: "{")]
-            out.reserveCapacity(body.count + 128)
-            var first = true
-            for (name, value) in added {
-                if !first { out.append(UInt8(ascii: ",")) }
-                first = false
-                out.append(contentsOf: "\"\(name)\":\(value)".utf8)
-            }
-            for range in kept {
-                if !first { out.append(UInt8(ascii: ",")) }
-                first = false
-                out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[range]))
-            }
-            out.append(UInt8(ascii: "}"))
-            return out
-        }
-    }
-
+/// The cloud body's pieces the relay writes: JSON string literals, the betas list, path segments.
+/// (The edit itself, `CloudRequestBody.edit`, is in MessagesBody, where it is fuzzed.)
+extension CloudRequestBody {
     /// A JSON string literal.
     static func quoted(_ text: String) -> String { JSONText.string(text) }
 
@@ -74,11 +34,9 @@ enum CloudRequestBody {
 enum CloudRoute {
     static let bedrockVersion = "bedrock-2023-05-31"
     static let vertexVersion = "vertex-2023-10-16"
-    /// What a cloud reads from the path or sets itself (`model`, `stream`), what this relay
-    /// writes (`anthropic_version`), and the body's betas, which are sent again as one checked
-    /// list with the header's.
-    static let removedForBedrock = JSONMemberScan.Names("model", "stream", "anthropic_version", "anthropic_beta")
-    static let removedForVertex = JSONMemberScan.Names("model", "anthropic_version", "anthropic_beta")
+    /// The members each cloud's body loses: `CloudRequestBody.removedForBedrock` and `removedForVertex`.
+    static var removedForBedrock: JSONMemberScan.Names { CloudRequestBody.removedForBedrock }
+    static var removedForVertex: JSONMemberScan.Names { CloudRequestBody.removedForVertex }
 
     /// The Bedrock request, signed with SigV4 for the service `bedrock`. `betas` are every beta
     /// the request named, in its headers and its body, after the policy checked them.
@@ -87,7 +45,7 @@ enum CloudRoute {
         var added = [("anthropic_version", CloudRequestBody.quoted(bedrockVersion))]
         if let betas = CloudRequestBody.betasArray(betas) { added.append(("anthropic_beta", betas)) }
         let body = try CloudRequestBody.edit(request.body, removing: removedForBedrock, adding: added)
-        let origin = settings.endpointURL ?? "https://bedrock-runtime.\(settings.region).amazonaws.com"
+        let origin = settings.origin(kind: .bedrock) ?? ""
         let path = "/model/\(CloudRequestBody.pathSegment(modelID))/" + (streams ? "invoke-with-response-stream" : "invoke")
         var headers: [(name: String, value: String)] = [
             ("host", authority(of: origin)),
@@ -108,7 +66,7 @@ enum CloudRoute {
     /// ones, checked) go in one `anthropic-beta` header.
     static func vertex(body: [UInt8], model: String, streams: Bool, settings: CloudUpstreamSettings,
                        betas: [String], accessToken: String) -> UpstreamRequest {
-        let origin = settings.endpointURL ?? "https://\(settings.region)-aiplatform.googleapis.com"
+        let origin = settings.origin(kind: .vertex) ?? ""
         let project = CloudRequestBody.pathSegment(settings.project ?? "")
         let region = CloudRequestBody.pathSegment(settings.region)
         let method = streams ? "streamRawPredict" : "rawPredict"

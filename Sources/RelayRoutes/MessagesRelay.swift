@@ -84,9 +84,21 @@ public final class MessagesRelay: Sendable {
         }
         do {
             // With the key the value names: during a rotation, the new key or the previous one.
-            return try secrets.open(sealed.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: grant.workspaceID))
+            // A cloud upstream's credentials open only with the settings they were sealed with.
+            return try secrets.open(sealed.sealed, associatedData: sealed.associatedData(workspaceID: grant.workspaceID))
         } catch {
-            throw .unopenable("workspace \(grant.workspaceName)'s upstream key does not open with this secrets key file: \(error)")
+            guard sealed.kind != .anthropic else {
+                throw .unopenable("workspace \(grant.workspaceName)'s upstream key does not open with this secrets key file: \(error)")
+            }
+            if (try? secrets.open(sealed.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: grant.workspaceID))) != nil {
+                throw .unopenable("workspace \(grant.workspaceName)'s \(sealed.kind.rawValue) credentials were sealed before their settings were "
+                                  + "bound to them, so nothing shows the settings are an owner's: check them (attestctl workspaces show "
+                                  + "\(grant.workspaceName)), then run attestctl workspaces bind-upstream-settings --actor EMAIL --workspace "
+                                  + "\(grant.workspaceName), or set the upstream again")
+            }
+            throw .unopenable("workspace \(grant.workspaceName)'s \(sealed.kind.rawValue) credentials do not open with their settings: the settings "
+                              + "(endpoint, token URL, region, project or models) were changed outside attestctl and the console, or the "
+                              + "secrets key file is not the one they were sealed with; nothing was sent")
         }
     }
 
@@ -95,18 +107,52 @@ public final class MessagesRelay: Sendable {
         case anthropic(key: String)
         case bedrock(AWSCredentials, CloudUpstreamSettings)
         case vertex(GoogleServiceAccount, CloudUpstreamSettings, sealed: [UInt8])
+
+        var settings: CloudUpstreamSettings? {
+            switch self {
+            case .anthropic: nil
+            case .bedrock(_, let settings), .vertex(_, let settings, _): settings
+            }
+        }
     }
 
     /// Opened cloud credentials, by workspace, with the sealed bytes they came from (a service
-    /// account's key is parsed once, not per request).
-    private let openedCloud = Mutex<[Int64: (sealed: [UInt8], target: Target)]>([:])
+    /// account's key is parsed once, not per request) and the pinned hosts they were checked against.
+    private let openedCloud = Mutex<[Int64: (sealed: [UInt8], pinsVersion: Int, target: Target)]>([:])
+    /// The hosts cloud credentials may go to (`attestctl cloud-endpoints allow`), as last read
+    /// from the database, and a count of their changes: a change checks every opened target again.
+    private let pins = Mutex<(version: Int, pins: CloudEndpointPins)>((0, CloudEndpointPins()))
+
+    /// The deployment's pinned cloud hosts, as attestd last read them.
+    func cloudEndpointPins() -> CloudEndpointPins { pins.withLock { $0.pins } }
+
+    /// Takes the pinned cloud hosts read from the database (at start, then every few seconds).
+    public func setCloudEndpointPins(_ hosts: [String]) {
+        pins.withLock { current in
+            guard current.pins.hosts != hosts else { return }
+            current = (current.version + 1, CloudEndpointPins(hosts))
+        }
+    }
     /// Vertex workspaces' access tokens.
     let vertexTokens = VertexAccessTokens()
 
     func target(for grant: TokenGrant) throws(KeyProblem) -> Target {
         guard let sealed = grant.upstreamKey, sealed.kind != .anthropic else { return .anthropic(key: try key(for: grant)) }
-        if let cached = openedCloud.withLock({ $0[grant.workspaceID] }), cached.sealed == sealed.sealed { return cached.target }
+        let pinsVersion = pins.withLock { $0.version }
+        // The settings are compared too: settings edited in the database beside unchanged
+        // credentials are opened again (and refused) at once, not after a restart.
+        if let cached = openedCloud.withLock({ $0[grant.workspaceID] }), cached.sealed == sealed.sealed, cached.pinsVersion == pinsVersion,
+           cached.target.settings == sealed.settings {
+            return cached.target
+        }
         guard let settings = sealed.settings else { throw .unopenable("workspace \(grant.workspaceName)'s \(sealed.kind.rawValue) upstream has no settings") }
+        // The rules an owner's settings met when set, again as they are read, and the hosts the
+        // deployment allows: a credential never goes where they would not have let it.
+        do {
+            try Validate.storedCloudSettings(settings, kind: sealed.kind, pins: cloudEndpointPins())
+        } catch {
+            throw .unopenable("workspace \(grant.workspaceName)'s \(sealed.kind.rawValue) settings are refused as read: \(error)")
+        }
         let opened = try open(sealed, of: grant)
         let target: Target
         switch sealed.kind {
@@ -118,13 +164,20 @@ public final class MessagesRelay: Sendable {
             }
             target = .bedrock(key, settings)
         case .vertex:
+            let account: GoogleServiceAccount
             do {
-                target = .vertex(try GoogleServiceAccount(keyFile: opened), settings, sealed: sealed.sealed)
+                account = try GoogleServiceAccount(keyFile: opened)
             } catch {
                 throw .unopenable("workspace \(grant.workspaceName)'s service account key does not load: \(error)")
             }
+            do {
+                try Validate.pinned(settings, kind: .vertex, pins: cloudEndpointPins(), accountTokenURI: account.tokenURI)
+            } catch {
+                throw .unopenable("workspace \(grant.workspaceName)'s vertex token endpoint is refused: \(error)")
+            }
+            target = .vertex(account, settings, sealed: sealed.sealed)
         }
-        openedCloud.withLock { $0[grant.workspaceID] = (sealed.sealed, target) }
+        openedCloud.withLock { $0[grant.workspaceID] = (sealed.sealed, pinsVersion, target) }
         return target
     }
 

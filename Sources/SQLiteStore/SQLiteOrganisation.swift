@@ -53,8 +53,8 @@ extension SQLiteTokenStore {
     public func sealedSecrets() throws -> [SealedSecret] {
         try read { db in
             var secrets: [SealedSecret] = []
-            try db.query("SELECT workspace_id, sealed_key FROM workspace_upstream_keys ORDER BY workspace_id") {
-                secrets.append(SealedSecret(owner: .upstream(workspaceID: try $0.int("workspace_id")), sealed: try $0.bytes("sealed_key")))
+            try db.query("SELECT workspace_id, \(StoreColumns.list(StoreColumns.sealedKey)) FROM workspace_upstream_keys ORDER BY workspace_id") {
+                secrets.append(SealedSecret(workspaceID: try $0.int("workspace_id"), upstream: try SealedUpstreamKey(row: $0)))
             }
             try db.query("SELECT team_id, key_id, sealed_key FROM apple_keys ORDER BY team_id") {
                 secrets.append(SealedSecret(owner: .appleKey(teamID: try $0.text("team_id"), keyID: try $0.text("key_id")), sealed: try $0.bytes("sealed_key")))
@@ -72,6 +72,30 @@ extension SQLiteTokenStore {
             case .appleKey(let teamID, let keyID):
                 try db.run("UPDATE apple_keys SET sealed_key = ? WHERE team_id = ? AND key_id = ? AND sealed_key = ?",
                            [.blob(new), .text(teamID), .text(keyID), .blob(old)]) == 1
+            }
+        }
+    }
+}
+
+// MARK: The deployment's allowed cloud hosts
+
+extension SQLiteTokenStore {
+    public func cloudEndpointPins() throws -> [String] {
+        try read { db in
+            var hosts: [String] = []
+            try db.query("SELECT host FROM cloud_endpoint_pins ORDER BY host") { hosts.append(try $0.text("host")) }
+            return hosts
+        }
+    }
+
+    public func setCloudEndpointPins(_ hosts: [String], at time: Date, by actor: String) throws {
+        try write { db in
+            try db.transaction {
+                _ = try db.run("DELETE FROM cloud_endpoint_pins")
+                for host in hosts {
+                    _ = try db.run("INSERT INTO cloud_endpoint_pins (host, set_at, set_by) VALUES (?, ?, ?)",
+                                   [.text(host), .real(time.timeIntervalSince1970), .text(actor)])
+                }
             }
         }
     }

@@ -85,7 +85,7 @@ public final class AdminService: Sendable {
                      credentials: [UInt8], last4: String, secrets: SecretBox, action: String, detail: String) throws {
         let workspace = try existingWorkspace(name)
         _ = try requireRole(actor, in: workspace, what) { $0 == .primaryOwner || $0 == .owner }
-        let sealed = try secrets.seal(credentials, associatedData: SealedUpstreamKey.associatedData(workspaceID: workspace.id))
+        let sealed = try secrets.seal(credentials, associatedData: SealedUpstreamKey.associatedData(workspaceID: workspace.id, kind: kind, settings: settings))
         try store.setUpstreamKey(workspaceID: workspace.id, SealedUpstreamKey(sealed: sealed, last4: last4, setAt: now(), setBy: actor,
                                                                              kind: kind, settings: settings))
         try audit(actor: actor, action, detail: "\(workspace.name): \(detail)")

@@ -50,7 +50,70 @@ public struct CloudUpstreamSettings: Sendable, Equatable, Codable {
     public static func decode(_ text: String) throws -> CloudUpstreamSettings {
         try JSONDecoder().decode(CloudUpstreamSettings.self, from: Data(text.utf8))
     }
+
+    /// Where a cloud's API is when no endpoint URL replaces it.
+    public func defaultOrigin(kind: UpstreamKind) -> String? {
+        switch kind {
+        case .anthropic: nil
+        case .bedrock: "https://bedrock-runtime.\(region).amazonaws.com"
+        case .vertex: "https://\(region)-aiplatform.googleapis.com"
+        }
+    }
+
+    /// The origin requests go to: the endpoint URL, else the cloud's own.
+    public func origin(kind: UpstreamKind) -> String? { endpointURL ?? defaultOrigin(kind: kind) }
+
+    /// Every setting that says where the credentials go and as what, in one unambiguous byte
+    /// string (each value length-prefixed, the models sorted): what a cloud upstream's credentials
+    /// are sealed with, so that settings changed anywhere but through attestctl or the console
+    /// (a database written by someone without the secrets key) no longer open them.
+    public func binding(kind: UpstreamKind) -> [UInt8] {
+        var out: [UInt8] = []
+        func field(_ name: String, _ value: String?) {
+            out += Array(name.utf8) + [UInt8(ascii: "=")]
+            guard let value else {
+                out += Array("-;".utf8)
+                return
+            }
+            out += Array("\(value.utf8.count):".utf8) + Array(value.utf8) + [UInt8(ascii: ";")]
+        }
+        field("kind", kind.rawValue)
+        field("region", region)
+        field("project", project)
+        field("endpoint_url", endpointURL)
+        field("token_url", tokenURL)
+        field("client_email", clientEmail)
+        field("models", String(models.count))
+        for (api, cloud) in models.sorted(by: { $0.key < $1.key }) {
+            field("from", api)
+            field("to", cloud)
+        }
+        return out
+    }
 }
 
 /// A Bedrock workspace's AWS credentials, as sealed (their JSON).
 public typealias AWSAccessKey = AWSCredentials
+
+/// The hosts a cloud upstream's credentials may be sent to, for the whole deployment
+/// (`attestctl cloud-endpoints allow`); empty: any host the URL rules allow. An entry is a host
+/// name or address, or `*.` and a domain for its subdomains.
+public struct CloudEndpointPins: Sendable, Equatable {
+    public let hosts: [String]
+
+    public init(_ hosts: [String] = []) { self.hosts = hosts }
+
+    public func allows(host: String) -> Bool {
+        let host = host.lowercased()
+        return hosts.isEmpty || hosts.contains { pin in
+            pin.hasPrefix("*.") ? host.hasSuffix(String(pin.dropFirst())) && host.count > pin.count - 1 : host == pin
+        }
+    }
+
+    /// The host of an absolute URL (`https://host[:port]/…`, `[v6]` without its brackets).
+    public static func host(ofURL url: String) -> String? {
+        guard let schemeEnd = url.range(of: "://") else { return nil }
+        let authority = url[schemeEnd.upperBound...].prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        return Validate.host(of: Substring(authority.lowercased())).map { String($0) }
+    }
+}

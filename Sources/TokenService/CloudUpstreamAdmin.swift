@@ -16,6 +16,7 @@ extension AdminService {
         let sessionToken = try Validate.given(sessionToken).map { try Validate.cloudSecret($0, what: "the session token", limit: 4096) }
         let endpoint = try Validate.given(endpointURL).map { try Validate.cloudURL($0, what: "the endpoint URL") }
         let settings = CloudUpstreamSettings(region: region, endpointURL: endpoint, models: try Validate.modelMappings(models))
+        try Validate.pinned(settings, kind: .bedrock, pins: CloudEndpointPins(try store.cloudEndpointPins()))
         let encoder = JSONEncoder()
         encoder.outputFormatting = .sortedKeys
         let credentials = try encoder.encode(AWSAccessKey(accessKeyID: accessKeyID, secretAccessKey: secretKey, sessionToken: sessionToken))
@@ -37,9 +38,61 @@ extension AdminService {
         let token = try Validate.given(tokenURL).map { try Validate.cloudURL($0, what: "the token URL", path: true) }
         let settings = CloudUpstreamSettings(region: region, project: project, endpointURL: endpoint, tokenURL: token,
                                              models: try Validate.modelMappings(models), clientEmail: account.clientEmail)
+        try Validate.pinned(settings, kind: .vertex, pins: CloudEndpointPins(try store.cloudEndpointPins()), accountTokenURI: account.tokenURI)
         try setUpstream(actor: actor, workspace: name, what: "set the upstream", kind: .vertex, settings: settings,
                         credentials: Array(serviceAccountJSON.utf8), last4: account.last4, secrets: secrets, action: "workspace.upstream_set",
                         detail: Self.describe(.vertex, settings) + "; key ending in \(account.last4)")
+    }
+
+    /// Seals a cloud upstream's credentials, sealed before settings were bound to them, again with
+    /// the settings the row holds now: an owner's word that those settings are theirs (the command
+    /// prints them first). Owners and the primary owner only; audited with the settings.
+    public func bindUpstreamSettings(actor: String, workspace name: String, secrets: SecretBox, keyring: SecretsKeyring? = nil) throws -> SealedUpstreamKey {
+        let workspace = try existingWorkspace(name)
+        _ = try requireRole(actor, in: workspace, "bind the upstream's settings") { $0 == .primaryOwner || $0 == .owner }
+        guard let row = try store.upstreamKey(workspaceID: workspace.id), row.kind != .anthropic, let settings = row.settings else {
+            throw AdminError("workspace \(workspace.name) has no cloud upstream: only a Bedrock or Vertex AI upstream has settings to bind")
+        }
+        try Validate.storedCloudSettings(settings, kind: row.kind, pins: CloudEndpointPins(try store.cloudEndpointPins()))
+        let bound = row.associatedData(workspaceID: workspace.id)
+        let opener = keyring ?? SecretsKeyring(current: secrets)
+        if (try? opener.open(row.sealed, associatedData: bound)) != nil {
+            throw AdminError("workspace \(workspace.name)'s credentials are already sealed with these settings")
+        }
+        let credentials: [UInt8]
+        do {
+            credentials = try opener.open(row.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: workspace.id))
+        } catch {
+            throw AdminError("workspace \(workspace.name)'s credentials open neither with their settings nor without them: "
+                             + "set the upstream again (attestctl workspaces set-upstream-\(row.kind.rawValue))")
+        }
+        let sealed = try secrets.seal(credentials, associatedData: bound)
+        let fresh = SealedUpstreamKey(sealed: sealed, last4: row.last4, setAt: row.setAt, setBy: row.setBy, kind: row.kind, settings: settings)
+        guard try store.replaceSealedSecret(.upstream(workspaceID: workspace.id), old: row.sealed, new: sealed) else {
+            throw AdminError("workspace \(workspace.name)'s upstream changed meanwhile: look at it again")
+        }
+        try audit(actor: actor, "workspace.upstream_settings_bound", detail: "\(workspace.name): " + Self.describe(row.kind, settings))
+        return fresh
+    }
+
+    /// The hosts cloud credentials may be sent to, for the whole deployment (empty: any).
+    public func cloudEndpointPins() throws -> CloudEndpointPins { CloudEndpointPins(try store.cloudEndpointPins()) }
+
+    /// Replaces the hosts cloud credentials may be sent to (empty: any). Owners and the primary
+    /// owner of the default workspace only: it is the deployment's. Returns the workspaces whose
+    /// upstream the new list refuses (their requests then get 503 until an owner changes them).
+    public func setCloudEndpointPins(actor: String, hosts: [String]) throws -> [String] {
+        let actor = try Validate.email(actor)
+        _ = try requireRole(actor, in: try defaultWorkspace(), "pin the deployment's cloud hosts") { $0 == .primaryOwner || $0 == .owner }
+        let pins = CloudEndpointPins(try hosts.map(Validate.cloudEndpointPin).reduce(into: [String]()) { if !$0.contains($1) { $0.append($1) } })
+        var refused: [String] = []
+        for value in try store.sealedSecrets() {
+            guard case .upstream(let id) = value.owner, value.upstreamKind != .anthropic, let settings = value.upstreamSettings else { continue }
+            if (try? Validate.pinned(settings, kind: value.upstreamKind, pins: pins)) == nil { refused.append("workspace #\(id)") }
+        }
+        try store.setCloudEndpointPins(pins.hosts, at: now(), by: actor)
+        try audit(actor: actor, "deployment.cloud_endpoints_pinned", detail: pins.hosts.isEmpty ? "any host" : pins.hosts.joined(separator: ", "))
+        return refused
     }
 
     /// A cloud upstream in one line, for the audit trail: no credentials in it.
@@ -193,11 +246,64 @@ extension Validate {
         return octets[0] == "127"
     }
 
+    /// A settings row as read back: the rules an owner's settings met when set, again, and the
+    /// deployment's pinned hosts. A database edited by someone without the secrets key could
+    /// hold anything here.
+    public static func storedCloudSettings(_ settings: CloudUpstreamSettings, kind: UpstreamKind, pins: CloudEndpointPins) throws {
+        guard try cloudRegion(settings.region) == settings.region else { throw AdminError("the region is not in its stored form") }
+        if kind == .vertex || settings.project != nil {
+            guard let project = settings.project, try cloudProject(project) == project else { throw AdminError("the project is missing or not in its stored form") }
+        }
+        if let endpoint = settings.endpointURL, try cloudURL(endpoint, what: "the endpoint URL") != endpoint {
+            throw AdminError("the endpoint URL is not in its stored form")
+        }
+        if let token = settings.tokenURL, try cloudURL(token, what: "the token URL", path: true) != token {
+            throw AdminError("the token URL is not in its stored form")
+        }
+        _ = try modelMappings(settings.models.map { "\($0.key)=\($0.value)" })
+        try pinned(settings, kind: kind, pins: pins)
+    }
+
+    /// Refuses settings that would send credentials to a host the deployment does not allow: the
+    /// endpoint (or the cloud's own), the token URL, and the service account's `token_uri`.
+    public static func pinned(_ settings: CloudUpstreamSettings, kind: UpstreamKind, pins: CloudEndpointPins, accountTokenURI: String? = nil) throws {
+        guard !pins.hosts.isEmpty else { return }
+        var urls = [settings.origin(kind: kind)].compactMap { $0 }
+        // Vertex's token endpoint: the settings' own, else the service account's (checked when the
+        // account is at hand: the relay opens it after these checks).
+        if kind == .vertex, let token = settings.tokenURL ?? accountTokenURI { urls.append(token) }
+        for url in urls {
+            guard let host = CloudEndpointPins.host(ofURL: url), pins.allows(host: host) else {
+                throw AdminError("\(url) is on a host this deployment does not allow cloud credentials to go to (allowed: "
+                                 + pins.hosts.joined(separator: ", ") + "; an owner changes them with attestctl cloud-endpoints allow)")
+            }
+        }
+    }
+
+    /// An entry of the deployment's cloud hosts: a host name (lowercase letters, digits, '.', '-'),
+    /// an IP address, or `*.` and a domain of at least two labels.
+    public static func cloudEndpointPin(_ text: String) throws -> String {
+        let entry = text.trimmingCharacters(in: .whitespaces).lowercased()
+        let domain = entry.hasPrefix("*.") ? String(entry.dropFirst(2)) : entry
+        let labels = domain.split(separator: ".", omittingEmptySubsequences: false)
+        let isName = matches(domain, 1...253, { isLowerOrDigit($0) || $0 == 0x2e || $0 == 0x2d })
+            && labels.allSatisfy { label in
+                guard let first = label.utf8.first, let last = label.utf8.last else { return false }
+                return isLowerOrDigit(first) && isLowerOrDigit(last) && label.utf8.count <= 63
+            }
+        let isAddress = !entry.hasPrefix("*.") && host(of: Substring(entry.contains(":") ? "[\(entry)]" : entry)) != nil && entry.contains(where: { $0 == ":" || $0.isNumber })
+        guard isName || isAddress, !entry.hasPrefix("*.") || domain.contains(".") else {
+            throw AdminError("cloud host '\(entry.prefix(80))' must be a host name such as bedrock-runtime.us-east-1.amazonaws.com, "
+                             + "an address, or *. and a domain such as *.googleapis.com")
+        }
+        return entry
+    }
+
     /// A Google service-account key file as Google Cloud gives it: a JSON object of type
     /// `service_account` with `client_email`, a PEM `private_key` and an https `token_uri`.
     /// Returns the account and the last 4 characters shown for it (of the key's ID, else of the
     /// account). Errors never quote the file.
-    public static func serviceAccount(_ json: String) throws -> (clientEmail: String, last4: String) {
+    public static func serviceAccount(_ json: String) throws -> (clientEmail: String, last4: String, tokenURI: String) {
         guard json.utf8.count <= maxServiceAccountBytes else { throw AdminError("the service account key file must be at most 16 KiB") }
         guard let object = (try? JSONSerialization.jsonObject(with: Data(json.utf8))) as? [String: Any] else {
             throw AdminError("the service account key file is not a JSON object: give the key file Google Cloud made, as it is")
@@ -224,6 +330,6 @@ extension Validate {
             throw AdminError("the service account key file does not load: \(error)")
         }
         let keyID = (object["private_key_id"] as? String).flatMap { $0.isEmpty ? nil : $0 }
-        return (email, String((keyID ?? email).suffix(4)))
+        return (email, String((keyID ?? email).suffix(4)), tokenURI)
     }
 }

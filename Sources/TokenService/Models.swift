@@ -258,9 +258,24 @@ public struct SealedUpstreamKey: Sendable, Equatable {
         self.settings = settings
     }
 
-    /// The associated data a workspace's key is sealed with: a copy in another workspace's row does not open.
+    /// The associated data a workspace's Anthropic API key is sealed with: a copy in another
+    /// workspace's row does not open. (Where it is sent is this service's own `--upstream-url`.)
     public static func associatedData(workspaceID: Int64) -> [UInt8] {
         Array("attestd/upstream-key/v1/workspace/\(workspaceID)".utf8)
+    }
+
+    /// The associated data a workspace's upstream credentials are sealed with: the workspace, and
+    /// for a cloud upstream its kind and every setting that says where they are sent (endpoint
+    /// and token URLs, region, project, models). A row whose settings were edited in the
+    /// database, or a copy in another workspace's row, does not open.
+    public static func associatedData(workspaceID: Int64, kind: UpstreamKind, settings: CloudUpstreamSettings?) -> [UInt8] {
+        guard kind != .anthropic, let settings else { return associatedData(workspaceID: workspaceID) }
+        return Array("attestd/upstream-key/v2/workspace/\(workspaceID)/".utf8) + settings.binding(kind: kind)
+    }
+
+    /// What this row's credentials were sealed with (when its settings are the ones it was sealed with).
+    public func associatedData(workspaceID: Int64) -> [UInt8] {
+        Self.associatedData(workspaceID: workspaceID, kind: kind, settings: settings)
     }
 }
 

@@ -34,14 +34,20 @@ extension AdminService {
                     report.alreadyCurrent += 1
                     break
                 }
-                let plaintext: [UInt8]
-                do {
-                    plaintext = try keyring.open(value.sealed, associatedData: value.associatedData)
-                } catch {
-                    report.unopenable.append((value.owner, "\(error)"))
+                var opened: (plaintext: [UInt8], associatedData: [UInt8])?
+                var failure: (any Error)?
+                for associatedData in value.associatedDataCandidates where opened == nil {
+                    do {
+                        opened = (try keyring.open(value.sealed, associatedData: associatedData), associatedData)
+                    } catch {
+                        failure = failure ?? error
+                    }
+                }
+                guard let (plaintext, associatedData) = opened else {
+                    report.unopenable.append((value.owner, failure.map { "\($0)" } ?? "it opens with neither key"))
                     break
                 }
-                let fresh = try keyring.current.seal(plaintext, associatedData: value.associatedData)
+                let fresh = try keyring.current.seal(plaintext, associatedData: associatedData)
                 if try store.replaceSealedSecret(value.owner, old: value.sealed, new: fresh) {
                     report.resealed.append(value.owner)
                     resealed(value.owner)

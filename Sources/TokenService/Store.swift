@@ -163,7 +163,14 @@ public typealias DeviceExchangeStore = ExchangeStore & IntegrationStore & StoreH
 
 /// What the operators' service reads and changes (attestctl, the console).
 public typealias AdministrationStore = OrganisationStore & IntegrationStore & DeviceInventoryStore & UsageStore & AuditStore
-    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore & SecretsKeyReadStore
+    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore & SecretsKeyReadStore & CloudEndpointPinStore
+
+/// The hosts a cloud upstream's credentials may go to, for the whole deployment (none: any).
+public protocol CloudEndpointPinStore: AnyObject, Sendable {
+    func cloudEndpointPins() throws -> [String]
+    /// Replaces the list (empty: any host).
+    func setCloudEndpointPins(_ hosts: [String], at time: Date, by actor: String) throws
+}
 
 /// What each attestd last read from its secrets key files (a row per host and key file, written
 /// by the instance, read by `attestctl secrets status` and `finish-rotation`): key IDs as
@@ -202,18 +209,36 @@ public struct SealedSecret: Sendable, Equatable {
     }
     public let owner: Owner
     public let sealed: [UInt8]
+    /// A cloud upstream's kind and settings, which its credentials are sealed with.
+    public let upstreamKind: UpstreamKind
+    public let upstreamSettings: CloudUpstreamSettings?
 
-    public init(owner: Owner, sealed: [UInt8]) {
+    public init(owner: Owner, sealed: [UInt8], upstreamKind: UpstreamKind = .anthropic, upstreamSettings: CloudUpstreamSettings? = nil) {
         self.owner = owner
         self.sealed = sealed
+        self.upstreamKind = upstreamKind
+        self.upstreamSettings = upstreamSettings
+    }
+
+    /// A workspace's upstream row as a sealed value.
+    public init(workspaceID: Int64, upstream: SealedUpstreamKey) {
+        self.init(owner: .upstream(workspaceID: workspaceID), sealed: upstream.sealed, upstreamKind: upstream.kind, upstreamSettings: upstream.settings)
     }
 
     /// What the value was sealed to: it opens only with the same.
     public var associatedData: [UInt8] {
         switch owner {
-        case .upstream(let id): SealedUpstreamKey.associatedData(workspaceID: id)
+        case .upstream(let id): SealedUpstreamKey.associatedData(workspaceID: id, kind: upstreamKind, settings: upstreamSettings)
         case .appleKey(let team, let key): SealedAppleKey.associatedData(teamID: team, keyID: key)
         }
+    }
+
+    /// What it may have been sealed to, `associatedData` first: a cloud upstream sealed before its
+    /// settings were bound was sealed to its workspace alone. A rotation re-seals a value to what
+    /// it opened with, and never binds settings nobody looked at.
+    public var associatedDataCandidates: [[UInt8]] {
+        guard case .upstream(let id) = owner, upstreamKind != .anthropic else { return [associatedData] }
+        return [associatedData, SealedUpstreamKey.associatedData(workspaceID: id)]
     }
 }
 

@@ -33,7 +33,17 @@ enum AdminCommands {
              the workspace's requests go to Amazon Bedrock or Google Vertex AI instead of the Anthropic API (set-upstream-key
              switches back); --model maps each model devices may name to the cloud's ID (1 to 64; any other is refused);
              --endpoint-url and --token-url: https://host[:port] (http:// only to a loopback address). The credentials
-             are sealed like an upstream key; show prints the kind, region or project, models and key_last4, never them
+             are sealed like an upstream key; show prints the kind, region or project, models and key_last4, never them.
+             The credentials are sealed together with these settings: settings changed in the database alone no longer
+             open them (the relay answers 503 and logs the workspace)
+           attestctl workspaces bind-upstream-settings --actor EMAIL --workspace NAME
+             seals a cloud upstream set before settings were bound (attestd refuses it until then) with the settings it
+             holds now: check them first with workspaces show
+           attestctl cloud-endpoints show [--json]
+           attestctl cloud-endpoints allow --actor EMAIL (--cloud-endpoint-allow HOST [--cloud-endpoint-allow HOST]… | --any)
+             the only hosts cloud credentials may be sent to, for the whole deployment (owners of the default workspace):
+             endpoint and token URLs and the clouds' own hosts; *.DOMAIN allows its subdomains; --any removes the pin.
+             Checked when an upstream is set and by every attestd (within 10 s) before it sends credentials
            attestctl apple-keys set --actor EMAIL [--workspace NAME] --team-id TEAMID --key-id KEYID --key-file AuthKey_KEYID.p8
              the team's App Attest data-service key (DeviceCheck enabled), with which attestd asks Apple for each
              device's fraud-risk metric; owners and above, audited, sealed under the secrets key like upstream keys
@@ -105,6 +115,9 @@ enum AdminCommands {
             case ("workspaces", "set-upstream-key"): try setUpstreamKey(Array(argv.dropFirst()))
             case ("workspaces", "set-upstream-bedrock"): try setUpstreamBedrock(Array(argv.dropFirst()))
             case ("workspaces", "set-upstream-vertex"): try setUpstreamVertex(Array(argv.dropFirst()))
+            case ("workspaces", "bind-upstream-settings"): try bindUpstreamSettings(Array(argv.dropFirst()))
+            case ("cloud-endpoints", "show"): try showCloudEndpoints(Array(argv.dropFirst()))
+            case ("cloud-endpoints", "allow"): try allowCloudEndpoints(Array(argv.dropFirst()))
             case ("apple-keys", "set"): try setAppleKey(Array(argv.dropFirst()))
             case ("apple-keys", "list"): try listAppleKeys(Array(argv.dropFirst()))
             case ("integrations", "create"): try createIntegration(Array(argv.dropFirst()))
@@ -310,6 +323,46 @@ enum AdminCommands {
                                       endpointURL: try arguments.value("endpoint-url"), tokenURL: try arguments.value("token-url"),
                                       models: arguments.all("model"), secrets: try secretBox(arguments))
         try printUpstreamSet(service, workspace)
+    }
+
+    static func bindUpstreamSettings(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "workspace"])
+        let actor = try Validate.email(try arguments.required("actor"))
+        let workspace = try arguments.required("workspace")
+        let (service, _) = try open(arguments)
+        let keyring = try? SecretsKeyring.load(try secretsKeyPath(arguments))
+        let bound = try service.bindUpstreamSettings(actor: actor, workspace: workspace, secrets: try secretBox(arguments), keyring: keyring)
+        guard let settings = bound.settings else { return }
+        print("sealed the \(bound.kind.rawValue) credentials of \(workspace) with these settings: \(AdminService.describe(bound.kind, settings))")
+    }
+
+    static func showCloudEndpoints(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: [], flags: ["json"])
+        let (service, _) = try open(arguments)
+        let pins = try service.cloudEndpointPins()
+        if arguments.has("json") {
+            printJSON(["hosts": pins.hosts, "any": pins.hosts.isEmpty])
+        } else {
+            print(pins.hosts.isEmpty ? "cloud credentials may go to any host the URL rules allow (no pin)"
+                  : "cloud credentials may go only to: " + pins.hosts.joined(separator: ", "))
+        }
+    }
+
+    static func allowCloudEndpoints(_ argv: [String]) throws {
+        let arguments = try parse(argv, options: ["actor", "cloud-endpoint-allow"], flags: ["any"])
+        let actor = try Validate.email(try arguments.required("actor"))
+        let hosts = arguments.all("cloud-endpoint-allow")
+        guard hosts.isEmpty == arguments.has("any") else {
+            throw UsageError("give either --cloud-endpoint-allow HOST (repeatable) or --any")
+        }
+        let (service, _) = try open(arguments)
+        let refused = try service.setCloudEndpointPins(actor: actor, hosts: hosts)
+        let pins = try service.cloudEndpointPins()
+        print(pins.hosts.isEmpty ? "removed the pin: cloud credentials may go to any host the URL rules allow"
+              : "cloud credentials may go only to: " + pins.hosts.joined(separator: ", "))
+        if !refused.isEmpty {
+            SecretsCommands.printError("these upstreams are on other hosts and are refused until an owner sets them again: " + refused.joined(separator: ", "))
+        }
     }
 
     static func printUpstreamSet(_ service: AdminService, _ workspace: String) throws {

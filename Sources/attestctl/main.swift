@@ -30,7 +30,7 @@ runTool("attestctl") {
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
     case "secrets": return try SecretsCommands.run(rest)
-    case "init", "migrate", "backup", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage": return try AdminCommands.run(argv[0], rest)
+    case "init", "migrate", "backup", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage", "cloud-endpoints": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     default: throw UsageError(usage)
     }

@@ -330,7 +330,9 @@ import Glibc
         #expect(reply.status == 200)
         let text = String(decoding: reply.body, as: UTF8.self)
         #expect(text.hasPrefix("event: message_start\n"))
-        #expect(text.hasSuffix("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\",\"message\":\"Too many tokens, please wait before trying again.\"}}\n\n"))
+        // The type, in this service's words; Bedrock's own go to the log.
+        #expect(text.hasSuffix("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\",\"message\":\"Bedrock is limiting this workspace's requests; retry later\"}}\n\n"))
+        #expect(await fixture.server.waitForLog(containing: "Too many tokens, please wait before trying again."))
     }
 
     /// What the Bedrock stub sends after two good chunks when its model ID names it.

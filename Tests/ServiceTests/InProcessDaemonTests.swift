@@ -51,7 +51,7 @@ import UpstreamStub
 
         // The order: listeners first, then the workers and the relay, the writes last.
         let order = daemon.lifecycle.filter { $0.kind == .stopped }.map(\.service)
-        #expect(order == ["public-listener", "admin-listener", "exchange-workers", "upstream-relay", "secrets-key-reads", "purge", "usage-ledger",
+        #expect(order == ["public-listener", "admin-listener", "exchange-workers", "upstream-relay", "cloud-endpoint-pins", "secrets-key-reads", "purge", "usage-ledger",
                           "audit-log", "storage-watch", "event-loops"], "\(order)")
         let started = daemon.lifecycle.filter { $0.kind == .started }.map(\.service)
         #expect(started == order.reversed())

@@ -70,7 +70,14 @@ import TokenService
         #expect(key.settings == CloudUpstreamSettings(region: "us-east-1", endpointURL: "https://bedrock.example.test:8443", models: [
             "claude-sonnet-4-5": "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-sonnet-4-5-v1:0",
             "claude-haiku-4-5": "anthropic.claude-haiku-4-5-20251001-v1:0"]))
-        let opened = try secrets.open(key.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: 1))
+        let opened = try secrets.open(key.sealed, associatedData: key.associatedData(workspaceID: 1))
+        // Sealed with the settings: the workspace alone, or any other settings, do not open it.
+        #expect(throws: (any Error).self) { try secrets.open(key.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: 1)) }
+        var moved = try #require(key.settings)
+        moved.endpointURL = "https://attacker.example"
+        #expect(throws: (any Error).self) {
+            try secrets.open(key.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: 1, kind: .bedrock, settings: moved))
+        }
         let credentials = try JSONDecoder().decode(AWSAccessKey.self, from: Data(opened))
         #expect(credentials == AWSAccessKey(accessKeyID: "AKIAIOSFODNN7EXAMPLE", secretAccessKey: Self.secretKey,
                                             sessionToken: "FwoGZXIvYXdzEJr//////////wEaDEXAMPLETOKEN"))
@@ -89,7 +96,7 @@ import TokenService
         #expect(key.settings == CloudUpstreamSettings(region: "us-east5", project: "my-project-123", endpointURL: "http://127.0.0.1:9443",
                                                       tokenURL: "http://localhost:9444", models: ["claude-sonnet-4-5": "claude-sonnet-4-5@20250929"],
                                                       clientEmail: "relay@my-project-123.iam.gserviceaccount.com"))
-        #expect(try secrets.open(key.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: 1)) == Array(account.utf8))
+        #expect(try secrets.open(key.sealed, associatedData: key.associatedData(workspaceID: 1)) == Array(account.utf8))
         let detail = try #require(try store.auditEvents(limit: 10).first?.detail)
         #expect(detail.contains("vertex") && detail.contains("my-project-123") && detail.contains("relay@my-project-123.iam.gserviceaccount.com"))
         #expect(!detail.contains("PRIVATE KEY"))
@@ -170,5 +177,85 @@ import TokenService
         #expect(try refusal { try bedrock(models: (0...64).map { "m\($0)=c\($0)" }) }.contains("at most 64"))
         try bedrock(models: (1...64).map { "m\($0)=c\($0)" })
         #expect(try store.upstreamKey(workspaceID: 1)?.settings?.models.count == 64)
+    }
+
+    /// Every setting that says where credentials go is bound; the encoding is unambiguous.
+    @Test func theBindingChangesWithEverySettingThatSaysWhereCredentialsGo() {
+        let base = CloudUpstreamSettings(region: "us-east5", project: "my-project-123", endpointURL: "https://a.example", tokenURL: "https://t.example/token",
+                                         models: ["m": "c", "n": "d"], clientEmail: "x@example.com")
+        var variants: [CloudUpstreamSettings] = []
+        for change in 0..<7 {
+            var v = base
+            switch change {
+            case 0: v.region = "us-east4"
+            case 1: v.project = "my-project-124"
+            case 2: v.endpointURL = nil
+            case 3: v.tokenURL = "https://t.example/token2"
+            case 4: v.models["m"] = "c2"
+            case 5: v.models = ["m=c": "", "n": "d"]
+            default: v.clientEmail = "y@example.com"
+            }
+            variants.append(v)
+        }
+        let bindings = Set(([base] + variants).map { $0.binding(kind: .vertex) } + [base.binding(kind: .bedrock)])
+        #expect(bindings.count == variants.count + 2)
+        #expect(base.binding(kind: .vertex) == CloudUpstreamSettings(region: "us-east5", project: "my-project-123", endpointURL: "https://a.example",
+                                                                      tokenURL: "https://t.example/token", models: ["n": "d", "m": "c"],
+                                                                      clientEmail: "x@example.com").binding(kind: .vertex))
+    }
+
+    /// A cloud upstream sealed before settings were bound (the workspace alone) is refused by the
+    /// relay until an owner binds it; a rotation re-seals it as it was, and one bound since with
+    /// its settings.
+    @Test func aLegacyRowIsBoundByAnOwnerAndRotationsKeepEachRowsBinding() throws {
+        try bedrock(endpointURL: "https://bedrock.example.test")
+        let current = try #require(try store.upstreamKey(workspaceID: 1))
+        let credentials = try secrets.open(current.sealed, associatedData: current.associatedData(workspaceID: 1))
+        let legacy = SealedUpstreamKey(sealed: try secrets.seal(credentials, associatedData: SealedUpstreamKey.associatedData(workspaceID: 1)),
+                                       last4: current.last4, setAt: current.setAt, setBy: current.setBy, kind: .bedrock, settings: current.settings)
+        try store.setUpstreamKey(workspaceID: 1, legacy)
+        // A rotation re-seals it to the workspace alone, as it was: no settings are bound unseen.
+        let next = try SecretBox(key: secureRandomBytes(SecretBox.keyLength))
+        let keyring = SecretsKeyring(current: next, previous: secrets)
+        let report = try admin.resealSecrets(actor: "boss@example.com", keyring: keyring)
+        #expect(report.unopenable.isEmpty && report.resealed == [.upstream(workspaceID: 1)])
+        let rotated = try #require(try store.upstreamKey(workspaceID: 1))
+        #expect(try next.open(rotated.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: 1)) == credentials)
+        // An admin may not bind; an owner may, once.
+        #expect(throws: AdminError.self) { _ = try admin.bindUpstreamSettings(actor: "a@example.com", workspace: "default", secrets: next, keyring: keyring) }
+        let bound = try admin.bindUpstreamSettings(actor: "o@example.com", workspace: "default", secrets: next, keyring: keyring)
+        let stored = try #require(try store.upstreamKey(workspaceID: 1))
+        #expect(try next.open(stored.sealed, associatedData: stored.associatedData(workspaceID: 1)) == credentials)
+        #expect(bound.settings == current.settings)
+        #expect(throws: AdminError.self) { _ = try admin.bindUpstreamSettings(actor: "o@example.com", workspace: "default", secrets: next, keyring: keyring) }
+        #expect(try store.auditEvents(limit: 1).first?.action == "workspace.upstream_settings_bound")
+        // A rotation of a bound row keeps it bound.
+        let third = try SecretBox(key: secureRandomBytes(SecretBox.keyLength))
+        _ = try admin.resealSecrets(actor: "boss@example.com", keyring: SecretsKeyring(current: third, previous: next))
+        let again = try #require(try store.upstreamKey(workspaceID: 1))
+        #expect(try third.open(again.sealed, associatedData: again.associatedData(workspaceID: 1)) == credentials)
+    }
+
+    /// The deployment's pinned hosts, when set and for what is already set.
+    @Test func pinnedHostsRefuseOtherHostsWhenSet() throws {
+        #expect(throws: AdminError.self) { _ = try admin.setCloudEndpointPins(actor: "a@example.com", hosts: ["x.example"]) }
+        for bad in ["", "*.com", "a b", "https://x.example", "x..example", "*.", "-"] {
+            #expect(throws: AdminError.self, "\(bad)") { _ = try admin.setCloudEndpointPins(actor: "o@example.com", hosts: [bad]) }
+        }
+        try bedrock(endpointURL: "https://bedrock.example.test")
+        let refused = try admin.setCloudEndpointPins(actor: "o@example.com", hosts: ["*.amazonaws.com", "127.0.0.1", "::1"])
+        #expect(refused == ["workspace #1"])
+        #expect(try admin.cloudEndpointPins().hosts == ["*.amazonaws.com", "127.0.0.1", "::1"])
+        #expect(try refusal { try bedrock(endpointURL: "https://bedrock.example.test") }.contains("does not allow cloud credentials"))
+        try bedrock()   // bedrock-runtime.us-east-1.amazonaws.com
+        try bedrock(endpointURL: "http://127.0.0.1:8443")
+        #expect(try refusal { try vertex() }.contains("us-east5-aiplatform.googleapis.com"))
+        _ = try admin.setCloudEndpointPins(actor: "o@example.com", hosts: ["*.googleapis.com"])
+        try vertex()
+        #expect(try refusal { try vertex(account: try Self.serviceAccount(["token_uri": "https://tokens.example.org/token"])) }.contains("tokens.example.org"))
+        _ = try admin.setCloudEndpointPins(actor: "o@example.com", hosts: [])
+        try bedrock(endpointURL: "https://bedrock.example.test")
+        #expect(CloudEndpointPins(["*.example.com"]).allows(host: "a.example.com") && !CloudEndpointPins(["*.example.com"]).allows(host: "example.com")
+                && !CloudEndpointPins(["*.example.com"]).allows(host: "aexample.com"))
     }
 }
