@@ -133,7 +133,12 @@ public final class Daemon: Sendable {
         // (a pin an owner sets reaches every instance within that). A read that fails keeps the
         // last list.
         do { relay.setCloudEndpointPins(try store.cloudEndpointPins()) } catch { throw StartupError("cannot read the pinned cloud hosts: \(error)") }
-        services.append(PeriodicTask("cloud-endpoint-pins", every: 10) { relay.setCloudEndpointPins(try store.cloudEndpointPins()) })
+        services.append(PeriodicTask("cloud-endpoint-pins", every: 10) {
+            // A database that is away for a while keeps the list last read; the next look reads it again.
+            do { relay.setCloudEndpointPins(try store.cloudEndpointPins()) } catch {
+                logger.error("cloud_endpoint_pins_unreadable", [("error", String(describing: error))])
+            }
+        })
         if let receipts = verifier.receiptVerifier {
             var refresh = ReceiptRefreshConfiguration()
             refresh.productionURL = options.appleDataProductionURL
