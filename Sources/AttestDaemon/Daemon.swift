@@ -268,6 +268,11 @@ public final class Daemon: Sendable {
     /// The relay's upstream, its default key and the secrets key that opens the workspaces' own keys.
     static func relayConfiguration(_ options: ServeOptions, _ logger: Logger) throws -> RelayConfiguration {
         var upstream = UpstreamConfiguration(baseURL: options.upstreamURL)
+        if !options.upstreamConnectTo.isEmpty {
+            upstream.connectTo = options.upstreamConnectTo
+            logger.warning("upstream_connect_to", [("entries", options.upstreamConnectTo.joined(separator: " ")),
+                                                   ("note", "tests only: upstream requests for these hosts go to loopback stubs")])
+        }
         if let caFile = options.upstreamCAFile {
             guard FileManager.default.isReadableFile(atPath: caFile) else { throw StartupError("--upstream-ca-file: cannot read \(caFile)") }
             upstream.caFile = caFile

@@ -7,6 +7,7 @@ import HTTPServer
 import ReceiptRefresh
 import Stores
 import TokenService
+import UpstreamClient
 
 /// attestd: the App Attest token service. `attestd serve [options]`.
 public let serveUsage = """
@@ -17,6 +18,7 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--registration-limit-per-address PER_HOUR]
                      [--introspection-key-file FILE] [--threads N] [--exchange-threads N] [--synchronous full|normal]
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
+                     [--upstream-connect-to HOST:PORT:ADDRESS:PORT]…
                      [--max-connections N] [--max-connections-per-ip N] [--ipv6-prefix-length N] [--no-migrate] [--shutdown-grace SECONDS]
                      [--head-deadline SECONDS] [--min-body-rate BYTES_PER_SECOND] [--write-timeout SECONDS]
                      [--trusted-proxy CIDR]… [--trusted-proxy-header x-forwarded-for|forwarded] [--admin-listen HOST:PORT] [--usage-flush-interval SECONDS] [--no-usage-ledger]
@@ -35,6 +37,10 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
           --secrets-key-file (the same file on every instance). --upstream-key-file: the key for
           workspaces without one (whitespace around it trimmed). With neither, /v1/messages answers 503.
 --upstream-ca-file: extra trusted roots for the upstream (a local TLS upstream in tests); system roots otherwise.
+--upstream-connect-to HOST:PORT:ADDRESS:PORT (repeatable; tests only): every upstream request for HOST:PORT
+          (the Anthropic API, a cloud's API or token endpoint) connects to ADDRESS:PORT instead, a loopback
+          address (127.0.0.1, [::1]), while Host, SNI and the certificate check keep HOST: a stub standing in
+          for bedrock-runtime.us-east-1.amazonaws.com:443 must present a certificate for that name.
 --shutdown-grace (default 10): on SIGTERM/SIGINT stop accepting, end idle and slow connections, let
           requests in flight finish, end open streams with an SSE overloaded_error event, exit by then.
 --head-deadline (default 10): a request head must arrive whole within it, however slowly it trickles.
@@ -143,6 +149,8 @@ public struct ServeOptions: Sendable {
     public var upstreamURL = "https://api.anthropic.com"
     public var upstreamCAFile: String?
     public var upstreamKeyFile: String?
+    /// `--upstream-connect-to` entries (tests only), each checked: `HOST:PORT:ADDRESS:PORT` with a loopback ADDRESS.
+    public var upstreamConnectTo: [String] = []
     public var secretsKeyFile: String?
     public var shutdownGrace = 10.0
     /// The internal listener for /metrics, /v1/oauth/introspect and /v1/authz/check (nil: none,
@@ -213,6 +221,7 @@ public struct ServeOptions: Sendable {
                 upstreamURL = text.hasSuffix("/") ? String(text.dropLast()) : text
             case "--upstream-ca-file": upstreamCAFile = try value()
             case "--upstream-key-file": upstreamKeyFile = try value()
+            case "--upstream-connect-to": upstreamConnectTo.append(try Self.connectTo(try value()))
             case "--secrets-key-file": secretsKeyFile = try value()
             case "--no-migrate": migrate = false
             case "--trusted-proxy-header":
@@ -258,6 +267,22 @@ public struct ServeOptions: Sendable {
 }
 
 extension ServeOptions {
+    /// One `--upstream-connect-to` value, checked: the shape curl takes, and a loopback address to
+    /// connect to (the option exists for tests, whose stubs listen there).
+    static func connectTo(_ text: String) throws -> String {
+        guard let parts = ConnectToEntry.parse(text) else {
+            throw StartupError("--upstream-connect-to takes HOST:PORT:ADDRESS:PORT, e.g. "
+                               + "bedrock-runtime.us-east-1.amazonaws.com:443:127.0.0.1:8443, got \(text.prefix(200))")
+        }
+        let address = parts.address
+        let octets = address.split(separator: ".", omittingEmptySubsequences: false)
+        let loopbackV4 = octets.count == 4 && octets.first == "127" && octets.allSatisfy { UInt8($0) != nil }
+        guard loopbackV4 || address == "[::1]" else {
+            throw StartupError("--upstream-connect-to is for tests: its ADDRESS must be a loopback address (127.0.0.0/8 or [::1]), got \(address.prefix(100))")
+        }
+        return text
+    }
+
     public static func hostPort(_ text: String, option: String) throws -> (String, UInt16) {
         guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]) else {
             throw StartupError("\(option) takes HOST:PORT, e.g. 127.0.0.1:8080, got \(text)")

@@ -250,6 +250,9 @@ final class TransferState {
             // opening a second one.
             set(attest_curl_easy_setopt_long(easy, CURLOPT_PIPEWAIT, 1))
         }
+        if let connectTo = settings.connectTo {
+            set(attest_curl_easy_setopt_slist(easy, CURLOPT_CONNECT_TO, connectTo.list))
+        }
         if let bundle = settings.caBundle {
             set(bundle.withUnsafeBytes { attest_curl_easy_setopt_blob_copy(easy, CURLOPT_CAINFO_BLOB, $0.baseAddress, $0.count) })
         }

@@ -20,19 +20,26 @@ public struct UpstreamConfiguration: Sendable {
     /// burst's connections in the next lull and reopens them in the next burst (2% of relayed
     /// requests opened a connection at 64 concurrent clients).
     public var maxIdleConnections: Int
+    /// libcurl's CURLOPT_CONNECT_TO for every transfer: each entry `HOST:PORT:ADDRESS:PORT` sends
+    /// a request for `HOST:PORT` to `ADDRESS:PORT` instead, while `Host`, SNI and the certificate
+    /// check keep the name `HOST`. For tests (a stub on loopback standing in for a cloud's real
+    /// host); empty in production. `[v6]` addresses are written with their brackets.
+    public var connectTo: [String]
 
     public init(baseURL: String = "https://api.anthropic.com",
                 caFile: String? = nil,
                 connectTimeout: Duration = .seconds(10),
                 idleTimeout: Duration = .seconds(600),
                 allowHTTP2: Bool = true,
-                maxIdleConnections: Int = 256) {
+                maxIdleConnections: Int = 256,
+                connectTo: [String] = []) {
         self.baseURL = baseURL
         self.caFile = caFile
         self.connectTimeout = connectTimeout
         self.idleTimeout = idleTimeout
         self.allowHTTP2 = allowHTTP2
         self.maxIdleConnections = maxIdleConnections
+        self.connectTo = connectTo
     }
 }
 

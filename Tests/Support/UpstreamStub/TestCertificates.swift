@@ -1,7 +1,8 @@
 import Foundation
 
-/// A throwaway CA and a server certificate for 127.0.0.1 and localhost, made with the
-/// `openssl` command line tool in a temporary directory (no private key is committed).
+/// A throwaway CA and a server certificate for 127.0.0.1 and localhost (and any DNS names asked
+/// for, such as a cloud's real host names), made with the `openssl` command line tool in a
+/// temporary directory (no private key is committed).
 public struct StubCertificates: Sendable {
     public let directory: String
     /// The CA certificate to trust (PEM).
@@ -14,13 +15,31 @@ public struct StubCertificates: Sendable {
         .init(certificateChainPath: certificatePath, privateKeyPath: keyPath)
     }
 
-    /// Generates the pair; throws with openssl's output when it fails.
-    public static func generate() throws -> StubCertificates {
+    /// The hosts the Bedrock and Vertex AI stubs stand in for when attestd reaches a cloud by its
+    /// real name (`attestd serve --upstream-connect-to`): a certificate for these lets TLS check
+    /// the real name while the connection goes to a stub on 127.0.0.1.
+    public static let cloudHostNames = [
+        "bedrock-runtime.us-east-1.amazonaws.com", "bedrock-runtime.eu-west-1.amazonaws.com",
+        "aiplatform.googleapis.com", "us-east5-aiplatform.googleapis.com", "europe-west1-aiplatform.googleapis.com",
+        "aiplatform.us.rep.googleapis.com", "aiplatform.eu.rep.googleapis.com", "oauth2.googleapis.com",
+    ]
+
+    /// Generates the pair; throws with openssl's output when it fails. The certificate names
+    /// 127.0.0.1 and localhost, and each of `dnsNames` (a host name, or `*.` and a domain).
+    public static func generate(dnsNames: [String] = []) throws -> StubCertificates {
+        for name in dnsNames {
+            let label = name.hasPrefix("*.") ? name.dropFirst(2) : Substring(name)
+            guard !label.isEmpty, label.utf8.allSatisfy({ $0 == 0x2E || $0 == 0x2D || (0x30...0x39).contains($0)
+                    || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0) }) else {
+                throw StubError("not a DNS name for a certificate: \(name)")
+            }
+        }
         let directory = FileManager.default.temporaryDirectory
             .appendingPathComponent("upstream-stub-tls-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         func path(_ name: String) -> String { directory + "/" + name }
-        try "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        let altNames = (["IP:127.0.0.1", "DNS:localhost"] + dnsNames.map { "DNS:" + $0 }).joined(separator: ",")
+        try "subjectAltName=\(altNames)\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
             .write(toFile: path("server.ext"), atomically: true, encoding: .utf8)
         try run(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
                  "-keyout", path("ca.key"), "-out", path("ca.pem"), "-days", "2", "-subj", "/CN=Upstream stub test CA",

@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
-"""Amazon Bedrock's InvokeModel and InvokeModelWithResponseStream, over TLS, for tests.
+"""Amazon Bedrock Runtime's Claude routes, over TLS, for tests.
 
-The stub checks each request's SigV4 signature itself (the signature is recomputed with
-botocore, not with the code under test), turns the Bedrock body into a Messages API request
-for the Anthropic stub, and turns the answer back into what Bedrock sends: the JSON unchanged,
-or each SSE event's data in an AWS event-stream `chunk` frame.
+InvokeModel and InvokeModelWithResponseStream (`POST /model/{id}/invoke` and
+`/invoke-with-response-stream`), CountTokens (`POST /model/{id}/count-tokens`) and the Messages
+API (`POST /anthropic/v1/messages`). The stub checks each request's SigV4 signature itself (the
+signature is recomputed with botocore, not with the code under test), refuses what Bedrock is
+documented and reported to refuse (the tables below; `--lenient` turns that off), turns the
+request into a Messages API request for the Anthropic stub, and turns the answer back into what
+Bedrock sends: the JSON unchanged, or each SSE event's data in an AWS event-stream `chunk` frame,
+`message_stop` carrying the usage and `amazon-bedrock-invocationMetrics`.
 
     bedrock_stub.py --cert server.pem --key server.key \\
         --anthropic-url http://127.0.0.1:PORT --anthropic-key KEY \\
         --region us-east-1 --access-key-id AKID --secret-key-file secret.txt \\
-        [--session-token-file token.txt] [--log requests.jsonl] [--port N]
+        [--session-token-file token.txt] [--log requests.jsonl] [--port N] [--lenient] [--check-host]
 
-It prints `PORT <n>` once listening. Model ids containing these words script the answer:
-`throttle`, `unavailable`, `not-ready`, `denied` (refused without forwarding; `denied` names
-the IAM principal and account, as AWS does), and on the streaming route
-`midstream-exception`, `bad-prelude-crc`, `bad-message-crc`, `truncated-frame`,
-`oversized-frame`, `headers-past-frame`.
+It prints `PORT <n>` once listening. `--check-host` refuses a request whose Host is not
+`bedrock-runtime.{region}.amazonaws.com` (for clients that reach the stub by that name). Model
+ids containing these words script the answer: `throttle`, `unavailable`, `not-ready`, `denied`
+(refused without forwarding; `denied` names the IAM principal and account, as AWS does), and on
+the streaming route `midstream-exception`, `bad-prelude-crc`, `bad-message-crc`,
+`truncated-frame`, `oversized-frame`, `headers-past-frame`.
 """
 
 import argparse
@@ -44,8 +49,73 @@ except ImportError:
 
 SERVICE = "bedrock"
 BEDROCK_VERSION = "bedrock-2023-05-31"
+MESSAGES_VERSION = "2023-06-01"
 ERROR_SUFFIX = ":http://internal.amazon.com/coral/com.amazon.bedrock/"
-ROUTE = re.compile(r"^/model/([^/?]+)/(invoke|invoke-with-response-stream)$")
+ROUTE = re.compile(r"^/model/([^/?]+)/(invoke|invoke-with-response-stream|count-tokens)$")
+MESSAGES_ROUTE = "/anthropic/v1/messages"
+
+
+# MARK: What Bedrock refuses (docs/relay.md has this table with the same sources)
+
+# The betas Bedrock's Claude models take, in an InvokeModel body's `anthropic_beta` or the
+# Messages API's `anthropic-beta` header; any other is 400 ValidationException "invalid beta
+# flag" (claude-code#49648, #56595; TOKENICODE#59). The union of two public lists: litellm#19877
+# ("per AWS docs") and litellm's anthropic_beta_headers_config.json, block "bedrock" (non-null
+# values). Bedrock varies by model (claude-code#49370: Opus 4.7 took only interleaved thinking);
+# the stub keeps one list.
+ACCEPTED_BETAS = {
+    "computer-use-2024-10-22",            # litellm#19877; AWS request and response page's example
+    "computer-use-2025-01-24",            # litellm#19877, litellm config
+    "computer-use-2025-11-24",            # litellm config
+    "token-efficient-tools-2025-02-19",   # litellm#19877
+    "interleaved-thinking-2025-05-14",    # litellm#19877; claude-code#49370
+    "output-128k-2025-02-19",             # litellm#19877
+    "dev-full-thinking-2025-05-14",       # litellm#19877
+    "context-1m-2025-08-07",              # litellm#19877, litellm config
+    "context-management-2025-06-27",      # litellm#19877, litellm config
+    "effort-2025-11-24",                  # litellm#19877, litellm config; coder/coder#25356
+    "tool-search-tool-2025-10-19",        # litellm#19877, litellm config; vercel/ai#13900
+    "tool-examples-2025-10-29",           # litellm#19877
+    "fine-grained-tool-streaming-2025-05-14",  # litellm config
+    "compact-2026-01-12",                 # litellm config
+    "dangerous-tool-use-2026-09-03",      # litellm config
+    "thinking-binding-controls-2026-08-01",    # litellm config
+    "thinking-display-updates-2026-08-18",     # litellm config
+    "mid-conversation-output-config-2026-07-01",   # litellm config
+    "mid-conversation-tool-changes-2026-07-01",    # litellm config
+}
+
+# Top-level members an InvokeModel body may hold: AWS's "Anthropic Claude Messages API: request
+# and response" page (anthropic_version, anthropic_beta, max_tokens, system, messages,
+# temperature, top_p, top_k, tools, tool_choice, stop_sequences), extended thinking (`thinking`)
+# and context editing (`context_management`, with its beta). Any other is 400 "NAME: Extra inputs
+# are not permitted": `cache_control` (inspect_ai#3851), `guardrails`, `reasoning`, `extra_body`
+# (litellm#13825, #13609, #15637). `model` and `stream` get Bedrock's older "extraneous key" text.
+INVOKE_MEMBERS = {"anthropic_version", "anthropic_beta", "max_tokens", "system", "messages", "temperature", "top_p", "top_k",
+                  "tools", "tool_choice", "stop_sequences", "thinking", "context_management"}
+# The Messages API takes the model and `stream` in the body and betas in the header.
+MESSAGES_MEMBERS = {"model", "stream", "max_tokens", "system", "messages", "temperature", "top_p", "top_k",
+                    "tools", "tool_choice", "stop_sequences", "thinking", "context_management"}
+
+
+def _opus_4_5_output_config(body, betas):
+    """Opus 4.5 takes output_config.effort only with its beta, and only low, medium or high (coder/coder#25356)."""
+    if "effort-2025-11-24" not in betas:
+        return "output_config: Extra inputs are not permitted"
+    effort = (body.get("output_config") or {}).get("effort") if isinstance(body.get("output_config"), dict) else None
+    if effort is not None and effort not in ("low", "medium", "high"):
+        return "output_config.effort: Input should be 'low', 'medium' or 'high'"
+    return None
+
+
+# The models that take `output_config` (effort, structured output format); for any other model
+# it is 400 "output_config: Extra inputs are not permitted" (claude-code-action#1005 and
+# claude-code#51377: output_config.effort; hindsight#3300: output_config.format on Haiku 4.5).
+OUTPUT_CONFIG_MODELS = [
+    (re.compile(r"claude-opus-4-5"), _opus_4_5_output_config),   # coder/coder#25356
+    (re.compile(r"claude-(opus|sonnet)-4-6"), None),              # claude-code-action#1005 (switching to 4.6 works)
+    (re.compile(r"claude-opus-4-[7-9]|claude-(opus|sonnet|haiku)-5"), None),  # coder/coder#25356 (adaptive-only Opus 4.7+)
+]
 AMZ_DATE = re.compile(r"^\d{8}T\d{6}Z$")
 HOST = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
 MAX_SKEW_SECONDS = 15 * 60
@@ -268,6 +338,7 @@ class BedrockApp(common.App):
         self.access_key_id = args.access_key_id
         self.secret = read_secret(args.secret_key_file)
         self.session_token = read_secret(args.session_token_file) if args.session_token_file else None
+        self.host = f"bedrock-runtime.{self.region}.amazonaws.com"
 
 
 def error_type_for(status):
@@ -316,42 +387,83 @@ class BedrockHandler(common.StubHandler):
         """A refusal in the model's name: the ErrorType carries the coral suffix, as Bedrock's do."""
         return common.HTTPFailure(status, message, kind=error_type + ERROR_SUFFIX, headers=headers)
 
+    def validation(self, message, reason=None):
+        return common.HTTPFailure(400, message, kind="ValidationException", reason=reason)
+
     def route(self, record):
         raw_path = self.path.split("?", 1)[0]
+        if self.app.check_host:
+            host = common.host_of(self)
+            record["host"] = host
+            if host != self.app.host:
+                # Only a client that resolved another name could get here: AWS has no such operation on it.
+                raise common.HTTPFailure(404, None, kind="UnknownOperationException", close=True,
+                                         reason=f"Host {host!r} is not {self.app.host!r}, the host this stub stands in for")
+        if self.command == "POST" and raw_path == MESSAGES_ROUTE:
+            return self.messages_api(record)
         match = ROUTE.match(raw_path)
         if self.command != "POST" or not match:
-            raise common.HTTPFailure(404, None, kind="UnknownOperationException",
+            raise common.HTTPFailure(404, None, kind="UnknownOperationException", close=True,
                                      reason=f"no route for {self.command} {raw_path}")
         raw_model, operation = match.groups()
-        streaming = operation == "invoke-with-response-stream"
         model_id = unquote(raw_model)
-        record.update(model=model_id, model_id_raw=raw_model, stream=streaming, operation=operation)
-
+        record.update(model=model_id, model_id_raw=raw_model, operation=operation)
         body = self.read_body(self.app.max_body)
         verify_sigv4(self, self.app, body, record)
         record["verified"] = True
+        if operation == "count-tokens":
+            return self.count_tokens(record, model_id, body)
+        streaming = operation == "invoke-with-response-stream"
+        record["stream"] = streaming
+        parsed, betas = self.invoke_body(body, model_id, record)
+        self.scripted_refusal(model_id, record)
 
+        forward = {"model": model_id}
+        forward.update((k, v) for k, v in parsed.items() if k not in ("anthropic_version", "anthropic_beta"))
+        if streaming:
+            forward["stream"] = True
+        self.forward(record, model_id, forward, betas, streaming)
+
+    # MARK: The request
+
+    def invoke_body(self, body, model_id, record):
+        """An InvokeModel body checked as Bedrock checks it: (the object, its betas)."""
         try:
             parsed = json.loads(body)
         except ValueError as error:
-            raise common.HTTPFailure(400, f"Malformed input request: {error}, please reformat your input and try again.",
-                                     kind="ValidationException")
+            raise self.validation(f"Malformed input request: {error}, please reformat your input and try again.")
         record["body"] = parsed
         if not isinstance(parsed, dict):
-            raise common.HTTPFailure(400, "Malformed input request: expected type: JSONObject, please reformat your input and try again.",
-                                     kind="ValidationException")
+            raise self.validation("Malformed input request: expected type: JSONObject, please reformat your input and try again.")
         if parsed.get("anthropic_version") != BEDROCK_VERSION:
-            raise common.HTTPFailure(400, f"Malformed input request: #/anthropic_version: must be {BEDROCK_VERSION!r}, "
-                                     "please reformat your input and try again.", kind="ValidationException")
+            raise self.validation(f"Malformed input request: #/anthropic_version: must be {BEDROCK_VERSION!r}, "
+                                  "please reformat your input and try again.")
         extraneous = [key for key in ("model", "stream") if key in parsed]
         if extraneous:
-            raise common.HTTPFailure(400, f"Malformed input request: #: extraneous key [{extraneous[0]}] is not permitted, "
-                                     "please reformat your input and try again.", kind="ValidationException")
+            raise self.validation(f"Malformed input request: #: extraneous key [{extraneous[0]}] is not permitted, "
+                                  "please reformat your input and try again.")
         betas = parsed.get("anthropic_beta")
         if betas is not None and not (isinstance(betas, list) and all(isinstance(b, str) for b in betas)):
-            raise common.HTTPFailure(400, "Malformed input request: #/anthropic_beta: expected type: JSONArray of strings, "
-                                     "please reformat your input and try again.", kind="ValidationException")
+            raise self.validation("Malformed input request: #/anthropic_beta: expected type: JSONArray of strings, "
+                                  "please reformat your input and try again.")
+        self.strict_checks(parsed, INVOKE_MEMBERS, model_id, betas or [], record)
+        return parsed, betas or []
 
+    def strict_checks(self, parsed, members, model_id, betas, record):
+        """Betas outside the accepted list, then top-level members Bedrock does not take."""
+        if not self.app.strict:
+            return
+        bad = common.refused_betas(betas, ACCEPTED_BETAS)
+        if bad:
+            record["refused"] = "beta"
+            raise self.validation("invalid beta flag", reason=f"betas not accepted by Bedrock: {bad}")
+        try:
+            common.check_members(parsed, members, model_id, OUTPUT_CONFIG_MODELS, betas)
+        except common.Refusal as refusal:
+            record["refused"] = refusal.kind
+            raise self.validation(refusal.message)
+
+    def scripted_refusal(self, model_id, record):
         if "throttle" in model_id:
             record["behaviour"] = "throttle"
             raise self.model_failure(429, "ThrottlingException", "Too many requests, please wait before trying again.",
@@ -369,27 +481,127 @@ class BedrockHandler(common.StubHandler):
             raise self.model_failure(429, "ModelNotReadyException",
                                      "Model is not ready to serve inference requests. The SDK will automatically retry the operation.")
 
-        forward = {"model": model_id}
-        forward.update((k, v) for k, v in parsed.items() if k not in ("anthropic_version", "anthropic_beta"))
-        if streaming:
-            forward["stream"] = True
+    def forward(self, record, model_id, forward, betas, streaming):
         upstream_body = json.dumps(forward, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         upstream_headers = self.app.upstream.headers(",".join(betas) if betas else None)
-
         with common.Exchange(self, self.app.upstream, upstream_body, upstream_headers) as exchange:
             status = exchange.response.status
             record["upstream_status"] = status
             if status != 200:
-                data = self.read_upstream_error(exchange)
-                mapped, error_type = error_type_for(status)
-                headers = []
-                if status == 429 and exchange.response.getheader("retry-after"):
-                    headers.append(("retry-after", exchange.response.getheader("retry-after")))
-                raise self.model_failure(mapped, error_type, upstream_message(data), headers=headers)
+                raise self.mapped_failure(exchange, status)
             if streaming:
                 self.relay_stream(exchange, model_id, record)
             else:
                 self.relay_whole(exchange, record)
+
+    def mapped_failure(self, exchange, status):
+        """The Anthropic stub's error as Bedrock's exception."""
+        data = self.read_upstream_error(exchange)
+        mapped, error_type = error_type_for(status)
+        headers = []
+        if status == 429 and exchange.response.getheader("retry-after"):
+            headers.append(("retry-after", exchange.response.getheader("retry-after")))
+        return self.model_failure(mapped, error_type, upstream_message(data), headers=headers)
+
+    # MARK: CountTokens
+
+    def count_tokens(self, record, model_id, body):
+        """`POST /model/{id}/count-tokens` with `{"input": {"invokeModel": {"body": BASE64}}}`, the
+        body an InvokeModel body (botocore's bedrock-runtime model; anthropic-sdk-python#1650):
+        answers `{"inputTokens": N}`."""
+        record["operation"] = "count-tokens"
+        try:
+            outer = json.loads(body)
+        except ValueError as error:
+            raise self.validation(f"Malformed input request: {error}")
+        record["body"] = outer
+        shape = outer.get("input") if isinstance(outer, dict) else None
+        if not isinstance(shape, dict) or set(shape) != {"invokeModel"} or not isinstance(shape["invokeModel"], dict) \
+                or set(shape["invokeModel"]) != {"body"} or not isinstance(shape["invokeModel"]["body"], str):
+            raise self.validation("1 validation error detected: Value at 'input' failed to satisfy constraint: "
+                                  "this stub takes {\"input\": {\"invokeModel\": {\"body\": BASE64}}} only")
+        try:
+            inner = base64.b64decode(shape["invokeModel"]["body"], validate=True)
+        except (ValueError, TypeError):
+            raise self.validation("Value at 'input.invokeModel.body' is not base64")
+        parsed, betas = self.invoke_body(inner, model_id, record)
+        record["body"] = parsed
+        if "max_tokens" not in parsed:  # the body must be one InvokeModel would take (anthropic-sdk-python#1043)
+            raise self.validation("Malformed input request: #: required key [max_tokens] not found, please reformat your input and try again.")
+        self.scripted_refusal(model_id, record)
+        forward = {"model": model_id}
+        forward.update((k, v) for k, v in parsed.items() if k not in ("anthropic_version", "anthropic_beta", "max_tokens"))
+        upstream_body = json.dumps(forward, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        headers = self.app.upstream.headers(",".join(betas) if betas else None)
+        with common.Exchange(self, self.app.upstream, upstream_body, headers, path=self.app.upstream.count_path) as exchange:
+            status = exchange.response.status
+            record["upstream_status"] = status
+            if status != 200:
+                raise self.mapped_failure(exchange, status)
+            try:
+                tokens = int(json.loads(exchange.read_all())["input_tokens"])
+            except (ValueError, KeyError, TypeError, common.UpstreamBroken) as error:
+                raise self.model_failure(500, "InternalServerException", f"The model's count was unreadable: {error}")
+        self.send_whole(200, {"inputTokens": tokens}, [("x-amzn-RequestId", common.request_id())])
+
+    # MARK: The Messages API
+
+    def messages_api(self, record):
+        """`POST /anthropic/v1/messages`: the Messages API body with Bedrock's model ID in `model`,
+        betas in `anthropic-beta`, signed with SigV4 for `bedrock` (AWS's "Inference using Anthropic
+        Messages API" page); the answer is the API's own, JSON or SSE."""
+        record["operation"] = "messages"
+        body = self.read_body(self.app.max_body)
+        verify_sigv4(self, self.app, body, record)
+        record["verified"] = True
+        versions = self.headers.get_all("anthropic-version") or []
+        if versions != [MESSAGES_VERSION]:
+            raise self.validation(f"anthropic-version: header is required and must be {MESSAGES_VERSION!r}",
+                                  reason=f"anthropic-version headers {versions}")
+        try:
+            parsed = json.loads(body)
+        except ValueError as error:
+            raise self.validation(f"There was an error parsing the body of your request: {error}")
+        record["body"] = parsed
+        if not isinstance(parsed, dict):
+            raise self.validation("The request body must be a JSON object")
+        model_id = parsed.get("model")
+        if not isinstance(model_id, str) or not model_id:
+            raise self.validation("model: Field required")
+        stream = parsed.get("stream", False)
+        if not isinstance(stream, bool):
+            raise self.validation("stream: Input should be a valid boolean")
+        record.update(model=model_id, stream=stream)
+        betas = common.split_betas(self.headers.get_all("anthropic-beta") or [])
+        self.strict_checks(parsed, MESSAGES_MEMBERS, model_id, betas, record)
+        self.scripted_refusal(model_id, record)
+        upstream_body = json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        headers = self.app.upstream.headers(",".join(betas) if betas else None)
+        with common.Exchange(self, self.app.upstream, upstream_body, headers) as exchange:
+            response = exchange.response
+            record["upstream_status"] = response.status
+            content_type = response.getheader("content-type") or "application/json"
+            answer_headers = [("x-amzn-RequestId", common.request_id())]
+            if response.getheader("retry-after"):
+                answer_headers.append(("retry-after", response.getheader("retry-after")))
+            if not content_type.startswith("text/event-stream"):
+                try:
+                    data = exchange.read_all()
+                except common.UpstreamBroken as error:
+                    raise self.model_failure(500, "InternalServerException", "The model's answer ended early.") from error
+                return self.send_whole(response.status, data, answer_headers, content_type=content_type)
+            self.start_chunked(response.status, answer_headers, content_type=content_type)
+            try:
+                for piece in exchange.chunks():
+                    self.send_chunk(piece)
+            except common.UpstreamBroken as error:
+                record["reason"] = f"the Anthropic stub's stream broke: {error}"
+                record["upstream_broken"] = True
+                self.abort()
+                return
+            self.end_chunked()
+
+    # MARK: Answers
 
     def read_upstream_error(self, exchange):
         try:
@@ -421,6 +633,7 @@ class BedrockHandler(common.StubHandler):
                                  ("X-Amzn-Bedrock-Content-Type", "application/json")],
                            content_type="application/vnd.amazon.eventstream")
         reader = common.SSEReader()
+        metrics = StreamMetrics() if self.app.strict else None
         sent = 0
         record["frames"] = 0
         # `first-…`: the malformed frame is the stream's very first; otherwise two good ones go first.
@@ -438,6 +651,10 @@ class BedrockHandler(common.StubHandler):
                 for _name, data in reader.feed(piece):
                     if behaviour in MALFORMED and sent == good_before:
                         return finish_early(malformed_frame(behaviour, data, sent))
+                    if metrics is not None:
+                        data = metrics.see(data)
+                        if metrics.stopped:
+                            record["invocation_metrics"] = metrics.invocation
                     self.send_chunk(chunk_frame(data, sent))
                     sent += 1
                     record["frames"] = sent
@@ -454,6 +671,54 @@ class BedrockHandler(common.StubHandler):
         if behaviour == "midstream-exception":
             return finish_early(exception_frame("throttlingException", "Too many tokens, please wait before trying again."))
         self.end_chunked()
+
+
+class StreamMetrics:
+    """Bedrock's last chunk: `message_stop` carries the stream's usage, cache counts included, and
+    `amazon-bedrock-invocationMetrics` (litellm#34373, #24845, #36878). The counts come from the
+    events before it (`message_start`'s usage, `message_delta`'s output tokens); `inputTokenCount`
+    leaves cache reads and writes out, as the usage's `input_tokens` does (litellm#36878)."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.first_byte = None
+        self.usage = {}
+        self.stopped = False
+        self.invocation = None
+
+    def see(self, data):
+        """The event's data as Bedrock sends it."""
+        if self.first_byte is None:
+            self.first_byte = time.monotonic()
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return data
+        if not isinstance(event, dict):
+            return data
+        kind = event.get("type")
+        if kind == "message_start":
+            usage = (event.get("message") or {}).get("usage") or {}
+            self.usage.update((k, v) for k, v in usage.items() if isinstance(v, int))
+        elif kind == "message_delta":
+            usage = event.get("usage") or {}
+            self.usage.update((k, v) for k, v in usage.items() if isinstance(v, int))
+        elif kind == "message_stop":
+            self.stopped = True
+            now = time.monotonic()
+            usage = {"input_tokens": self.usage.get("input_tokens", 0),
+                     "cache_creation_input_tokens": self.usage.get("cache_creation_input_tokens", 0),
+                     "cache_read_input_tokens": self.usage.get("cache_read_input_tokens", 0),
+                     "output_tokens": self.usage.get("output_tokens", 0)}
+            self.invocation = {"inputTokenCount": usage["input_tokens"], "outputTokenCount": usage["output_tokens"],
+                               "invocationLatency": int((now - self.started) * 1000),
+                               "firstByteLatency": int(((self.first_byte or now) - self.started) * 1000),
+                               "cacheReadInputTokenCount": usage["cache_read_input_tokens"],
+                               "cacheWriteInputTokenCount": usage["cache_creation_input_tokens"]}
+            event["usage"] = usage
+            event["amazon-bedrock-invocationMetrics"] = self.invocation
+            return json.dumps(event, separators=(",", ":")).encode("utf-8")
+        return data
 
 
 def main():

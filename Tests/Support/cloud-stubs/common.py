@@ -3,7 +3,8 @@
 A threaded HTTPS server on 127.0.0.1 (HTTP/1.1, keep-alive), request bodies read with a size
 limit, answers with Content-Length or chunked, the forward to the Anthropic Messages API stub
 (plain HTTP) that is cut the moment the client leaves, an SSE reader, the JSON-lines request log,
-and the `PORT <n>` announcement on stdout.
+the `PORT <n>` announcement on stdout, and the strict checks both clouds make of a Messages body
+(top-level members, `cache_control`, betas, `output_config`), each stub with its own tables.
 """
 
 import http.client
@@ -56,6 +57,13 @@ def add_common_arguments(parser):
     parser.add_argument("--log", help="append one JSON object per handled request to this file")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
     parser.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest request body accepted (413 above)")
+    parser.add_argument("--lenient", action="store_true",
+                        help="accept any top-level member, beta and output_config, and leave Bedrock's message_stop as the "
+                             "Anthropic stub sent it (by default the stub refuses and answers as its cloud is documented and "
+                             "reported to; see docs/relay.md)")
+    parser.add_argument("--check-host", action="store_true",
+                        help="refuse a request whose Host is not the cloud's real host for --region, as its front end would "
+                             "(for clients that reach the stub by the real name, e.g. attestd --upstream-connect-to)")
 
 
 class RequestLog:
@@ -197,6 +205,7 @@ class Upstream:
         self.host = parts.hostname
         self.port = parts.port or 80
         self.path = parts.path.rstrip("/") + "/v1/messages"
+        self.count_path = self.path + "/count_tokens"
         self.api_key = api_key
 
     def headers(self, beta=None):
@@ -219,11 +228,12 @@ class Exchange:
     was cut short.
     """
 
-    def __init__(self, handler, upstream, body, headers):
+    def __init__(self, handler, upstream, body, headers, path=None):
         self.handler = handler
         self.upstream = upstream
         self.body = body
         self.headers = headers
+        self.path = path or upstream.path
         self.conn = None
         self.response = None
         self.watch = None
@@ -247,7 +257,7 @@ class Exchange:
                               kind="upstream") from error
         self.watch = ClientWatch(self.handler.connection, self._cut)
         try:
-            self.conn.request("POST", self.upstream.path, body=self.body, headers=self.headers)
+            self.conn.request("POST", self.path, body=self.body, headers=self.headers)
             self.response = self.conn.getresponse()
         except (OSError, http.client.HTTPException) as error:
             self.__exit__(None, None, None)
@@ -337,6 +347,68 @@ class SSEReader:
     def pending(self):
         """Bytes or fields of an event not yet closed by its blank line."""
         return bool(self._buffer or self._data or self._name)
+
+
+# MARK: Strict checks of a Messages body (each stub has its own tables)
+
+
+class Refusal(Exception):
+    """A body or header the cloud refuses: `message` in the cloud's words, `kind` the rule (for the log)."""
+
+    def __init__(self, message, kind):
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+
+
+def split_betas(values):
+    """Betas from `anthropic-beta` header values (comma-separated, the header possibly repeated)."""
+    return [b.strip() for value in values for b in value.split(",") if b.strip()]
+
+
+def check_members(body, known, model, output_config_models, betas):
+    """Refuses a top-level member the cloud does not take: `cache_control` (automatic caching),
+    any name not in `known`, and `output_config` unless `output_config_models` allows it for
+    `model` (a list of (regex, condition, source); a condition is a function of (body, betas)
+    returning None or why it is refused)."""
+    for name in body:
+        if name == "output_config":
+            rule = next((r for r in output_config_models if r[0].search(model or "")), None)
+            if rule is None:
+                raise Refusal("output_config: Extra inputs are not permitted", "output_config")
+            why = rule[1](body, betas) if rule[1] else None
+            if why:
+                raise Refusal(why, "output_config")
+        elif name not in known:
+            raise Refusal(f"{name}: Extra inputs are not permitted", "cache_control" if name == "cache_control" else "member")
+
+
+def refused_betas(betas, accepted):
+    """The betas not in `accepted`, each once, in order."""
+    out = []
+    for beta in betas:
+        if beta not in accepted and beta not in out:
+            out.append(beta)
+    return out
+
+
+def host_of(handler):
+    """The request's single Host, lower case, without a default `:443`; None when absent or repeated."""
+    values = handler.headers.get_all("Host") or []
+    if len(values) != 1:
+        return None
+    host = values[0].strip().lower()
+    return host[:-4] if host.endswith(":443") else host
+
+
+def google_html_404(path):
+    """What Google's front end answers for a host or path it does not serve: an HTML page, not JSON
+    (reported for `global-aiplatform.googleapis.com` in tensorzero#4306 and promptfoo#6569)."""
+    code = path.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return ("<!DOCTYPE html>\n<html lang=en>\n  <meta charset=utf-8>\n"
+            "  <title>Error 404 (Not Found)!!1</title>\n"
+            "  <p><b>404.</b> <ins>That\u2019s an error.</ins>\n"
+            f"  <p>The requested URL <code>{code}</code> was not found on this server.  <ins>That\u2019s all we know.</ins>\n")
 
 
 # MARK: The request handler
@@ -512,6 +584,8 @@ class App:
         self.log = RequestLog(args.log)
         self.upstream = Upstream(args.anthropic_url, args.anthropic_key)
         self.max_body = args.max_body
+        self.strict = not args.lenient
+        self.check_host = args.check_host
 
 
 def request_id():

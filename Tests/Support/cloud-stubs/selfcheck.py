@@ -152,8 +152,12 @@ STREAM_EVENTS = [
 
 
 def stream_pieces(model):
-    """The chunks the fake sends: one event each, one split in two, and a comment line."""
+    """The chunks the fake sends: one event each, one split in two, and a comment line. A model
+    whose name holds `cache` reports 5 tokens written to the cache and 7 read from it."""
     events = [(n, d.replace('"model":"M"', '"model":' + json.dumps(model))) for n, d in STREAM_EVENTS]
+    if "cache" in model:
+        events[0] = (events[0][0], events[0][1].replace('"input_tokens":12,', '"input_tokens":12,"cache_creation_input_tokens":5,'
+                                                                            '"cache_read_input_tokens":7,'))
     pieces = [sse(*events[0]), b": a comment the stubs skip\n\n"]
     second = sse(*events[1])
     pieces += [second[:17], second[17:]]
@@ -202,6 +206,7 @@ class Fake:
 
             def error(self, status, kind, message, extra=()):
                 body = json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+                self.record["sent"] = body  # before the client can see it
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("request-id", "req_fake")
@@ -233,13 +238,14 @@ class Fake:
                 for name, value in self.headers.items():
                     headers.setdefault(name.lower(), []).append(value)
                 record = {"path": self.path, "headers": headers, "raw": raw, "sent": b"", "client_left": False}
+                self.record = record
                 try:
                     record["body"] = json.loads(raw)
                 except ValueError:
                     record["body"] = None
                 with fake.lock:
                     fake.requests.append(record)
-                if self.path != "/v1/messages":
+                if self.path not in ("/v1/messages", "/v1/messages/count_tokens"):
                     record["sent"] = self.error(404, "not_found_error", "no such path")
                     return
                 if headers.get("authorization"):
@@ -259,6 +265,15 @@ class Fake:
                              404: "not_found_error", 429: "rate_limit_error", 529: "overloaded_error"}
                     extra = [("retry-after", "3")] if status == 429 else []
                     record["sent"] = self.error(status, kinds.get(status, "api_error"), f"fake says {status}", extra)
+                    return
+                if self.path == "/v1/messages/count_tokens":
+                    data = json.dumps({"input_tokens": 42}).encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    record["sent"] = data
                     return
                 if not body.get("stream"):
                     data = whole_body(model)
@@ -443,16 +458,22 @@ class Bedrock:
         self.ctx, self.stub, self.token = ctx, stub, token
 
     def request(self, model_raw, body, *, stream=False, sign_path=None, send_body=None, conn=None,
-                extra_unsigned=None, **signing):
+                extra_unsigned=None, path=None, host=None, signed_headers=None, **signing):
+        """Signs and sends; `path` replaces the InvokeModel one, `host` is the Host signed and sent
+        (default 127.0.0.1:PORT), `signed_headers` more headers to sign."""
         operation = "invoke-with-response-stream" if stream else "invoke"
-        path = f"/model/{model_raw}/{operation}"
+        path = path or f"/model/{model_raw}/{operation}"
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = AWSRequest(method="POST", url=f"https://127.0.0.1:{self.stub.port}{sign_path or path}", data=data,
+        authority = host or f"127.0.0.1:{self.stub.port}"
+        request = AWSRequest(method="POST", url=f"https://{authority}{sign_path or path}", data=data,
                              headers={"Content-Type": "application/json",
-                                      "Accept": "application/vnd.amazon.eventstream" if stream else "application/json"})
+                                      "Accept": "application/vnd.amazon.eventstream" if stream else "application/json",
+                                      **(signed_headers or {})})
         signing.setdefault("token", self.token)
         sign(request, **signing)
         headers = dict(request.headers.items())
+        if host:
+            headers["Host"] = host
         headers.update(extra_unsigned or {})
         return https(self.ctx, self.stub.port, "POST", path, send_body if send_body is not None else data, headers, conn)
 
@@ -544,7 +565,8 @@ def bedrock_checks(ctx, fake, stub, plain_stub):
 
     # invoke
     n = fake.count()
-    status, headers, data = br.request(model_raw, bedrock_body(anthropic_beta=["beta-one", "beta-two"], temperature=0.5))
+    status, headers, data = br.request(model_raw, bedrock_body(anthropic_beta=["context-1m-2025-08-07", "interleaved-thinking-2025-05-14"],
+                                                               temperature=0.5))
     equal(status, 200, "invoke: 200")
     seen = fake.since(n)
     if check(len(seen) == 1, "invoke: forwarded once", seen):
@@ -553,7 +575,7 @@ def bedrock_checks(ctx, fake, stub, plain_stub):
         equal(up["path"], "/v1/messages", "invoke: upstream path")
         equal(up["body"], {"model": "anthropic.claude-x-v1:0", "max_tokens": 64, "temperature": 0.5,
                            "messages": [{"role": "user", "content": "Bonjour"}]}, "invoke: upstream body")
-        equal(up["headers"].get("anthropic-beta"), ["beta-one,beta-two"], "invoke: anthropic-beta header")
+        equal(up["headers"].get("anthropic-beta"), ["context-1m-2025-08-07,interleaved-thinking-2025-05-14"], "invoke: anthropic-beta header")
         equal(up["headers"].get("anthropic-version"), ["2023-06-01"], "invoke: anthropic-version header")
         equal(up["headers"].get("x-api-key"), [FAKE_KEY], "invoke: x-api-key")
         check("authorization" not in up["headers"] and "x-amz-security-token" not in up["headers"],
@@ -591,8 +613,19 @@ def bedrock_checks(ctx, fake, stub, plain_stub):
     _, expected = stream_pieces("anthropic.claude-x-v1:0")
     try:
         frames = decode_frames(data)
-        equal([chunk_bytes(f) for f in frames], expected, "stream: one chunk per SSE event, data bytes exact (ping included)")
-    except (FrameError, AssertionError, ValueError) as error:
+        chunks = [chunk_bytes(f) for f in frames]
+        equal(chunks[:-1], expected[:-1], "stream: one chunk per SSE event, data bytes exact (ping included)")
+        stop = json.loads(chunks[-1])
+        equal((stop["type"], stop["usage"]), ("message_stop", {"input_tokens": 12, "cache_creation_input_tokens": 0,
+                                                                "cache_read_input_tokens": 0, "output_tokens": 3}),
+              "stream: message_stop carries the usage")
+        metrics = stop.get("amazon-bedrock-invocationMetrics") or {}
+        equal({k: metrics.get(k) for k in ("inputTokenCount", "outputTokenCount", "cacheReadInputTokenCount", "cacheWriteInputTokenCount")},
+              {"inputTokenCount": 12, "outputTokenCount": 3, "cacheReadInputTokenCount": 0, "cacheWriteInputTokenCount": 0},
+              "stream: message_stop carries amazon-bedrock-invocationMetrics")
+        check(all(type(metrics.get(k)) is int and metrics[k] >= 0 for k in ("invocationLatency", "firstByteLatency")),
+              "stream: invocation and first-byte latency in ms", metrics)
+    except (FrameError, AssertionError, ValueError, KeyError, IndexError) as error:
         check(False, "stream: frames decode", repr(error))
     seen = fake.since(n)
     if check(len(seen) == 1, "stream: forwarded once"):
@@ -821,7 +854,7 @@ def vertex_checks(ctx, fake, stub, short_stub, key):
 
     # rawPredict
     n = fake.count()
-    headers = dict(auth, **{"anthropic-beta": "beta-one"})
+    headers = dict(auth, **{"anthropic-beta": "context-1m-2025-08-07"})
     status, response_headers, data = https(ctx, port, "POST", vertex_path("claude-sonnet-4%4020250514"),
                                            json.dumps(vertex_body(top_k=3)).encode(), headers)
     equal(status, 200, "rawPredict: 200")
@@ -830,9 +863,11 @@ def vertex_checks(ctx, fake, stub, short_stub, key):
         equal(data, seen[0]["sent"], "rawPredict: the Anthropic JSON bytes unchanged")
         equal(seen[0]["body"], {"model": "claude-sonnet-4@20250514", "max_tokens": 64, "top_k": 3,
                                 "messages": [{"role": "user", "content": "Bonjour"}]}, "rawPredict: upstream body")
-        equal(seen[0]["headers"].get("anthropic-beta"), ["beta-one"], "rawPredict: anthropic-beta passed through")
+        equal(seen[0]["headers"].get("anthropic-beta"), ["context-1m-2025-08-07"], "rawPredict: anthropic-beta passed through")
         check("authorization" not in seen[0]["headers"], "rawPredict: the bearer token stays here")
     equal(response_headers.get("content-type"), "application/json", "rawPredict: content-type")
+    check((response_headers.get("request-id") or "").startswith("req_vrtx_"), "rawPredict: a req_vrtx_ request-id",
+          response_headers.get("request-id"))
 
     # streamRawPredict (stream: true in the body is allowed)
     n = fake.count()
@@ -926,6 +961,244 @@ def vertex_checks(ctx, fake, stub, short_stub, key):
     equal(grant(ctx, short, make_jwt(key, claims_for(port)))[0], 400, "another stub's audience refused")
 
 
+# MARK: Strict Bedrock
+
+
+def bedrock_strict_checks(ctx, fake, stub, lenient_stub):
+    br = Bedrock(ctx, stub)
+    model_raw = "anthropic.claude-x-v1%3A0"
+
+    def refused(body, message, name, model=model_raw):
+        status, headers, data = br.request(model, body)
+        equal((status, headers.get("x-amzn-ErrorType"), json.loads(data).get("message")), (400, "ValidationException", message), name)
+        check(len(headers.get("x-amzn-RequestId", "")) == 36, f"{name}: x-amzn-RequestId")
+
+    n = fake.count()
+    refused(bedrock_body(cache_control={"type": "ephemeral"}), "cache_control: Extra inputs are not permitted", "top-level cache_control: 400")
+    refused(bedrock_body(service_tier="auto"), "service_tier: Extra inputs are not permitted", "unknown member: 400")
+    refused(bedrock_body(metadata={"user_id": "u"}), "metadata: Extra inputs are not permitted", "metadata (not in AWS's list): 400")
+    refused(bedrock_body(anthropic_beta=["context-1m-2025-08-07", "mcp-servers-2025-12-04"]), "invalid beta flag", "unknown beta: 400")
+    refused(bedrock_body(anthropic_beta=["prompt-caching-scope-2026-01-05"]), "invalid beta flag", "prompt-caching-scope beta: 400")
+    refused(bedrock_body(output_config={"effort": "low"}), "output_config: Extra inputs are not permitted", "output_config, other model: 400")
+    refused(bedrock_body(output_config={"effort": "low"}), "output_config: Extra inputs are not permitted",
+            "output_config, Haiku 4.5: 400", model="us.anthropic.claude-haiku-4-5-20251001-v1%3A0")
+    refused(bedrock_body(output_config={"effort": "low"}), "output_config: Extra inputs are not permitted",
+            "output_config, Opus 4.5 without its beta: 400", model="anthropic.claude-opus-4-5-20251101-v1%3A0")
+    refused(bedrock_body(output_config={"effort": "max"}, anthropic_beta=["effort-2025-11-24"]),
+            "output_config.effort: Input should be 'low', 'medium' or 'high'", "output_config, Opus 4.5 effort max: 400",
+            model="anthropic.claude-opus-4-5-20251101-v1%3A0")
+    equal(fake.count(), n, "strict refusals are not forwarded")
+    log = [r for r in stub.log() if r.get("refused")]
+    check({r["refused"] for r in log} >= {"cache_control", "member", "beta", "output_config"}, "log: each refusal names its rule",
+          sorted({r["refused"] for r in log}))
+
+    n = fake.count()
+    for model in ("global.anthropic.claude-opus-4-6-v1", "anthropic.claude-sonnet-4-6", "us.anthropic.claude-opus-4-7"):
+        body = bedrock_body(output_config={"effort": "high"}, thinking={"type": "adaptive"}, context_management={"edits": []},
+                            anthropic_beta=["context-management-2025-06-27"])
+        equal(br.request(model, body)[0], 200, f"output_config on {model}: 200")
+    equal(br.request("anthropic.claude-opus-4-5-20251101-v1%3A0", bedrock_body(output_config={"effort": "medium"},
+                                                                              anthropic_beta=["effort-2025-11-24"]))[0], 200,
+          "output_config on Opus 4.5 with its beta: 200")
+    seen = fake.since(n)
+    equal([r["body"].get("output_config") for r in seen], [{"effort": "high"}] * 3 + [{"effort": "medium"}], "output_config forwarded")
+
+    lenient = Bedrock(ctx, lenient_stub, token=None)
+    n = fake.count()
+    status = lenient.request(model_raw, bedrock_body(cache_control={"type": "ephemeral"}, output_config={"effort": "low"},
+                                                     anthropic_beta=["beta-one"]))[0]
+    equal(status, 200, "--lenient: cache_control, output_config and any beta: 200")
+    status, _, data = lenient.request("stub-cache", bedrock_body(), stream=True)
+    equal(json.loads(chunk_bytes(decode_frames(data)[-1])), {"type": "message_stop"}, "--lenient: message_stop as the model sent it")
+
+    # Cache counts move onto message_stop beside the invocation metrics.
+    status, _, data = br.request("anthropic.claude-cache-v1", bedrock_body(), stream=True)
+    stop = json.loads(chunk_bytes(decode_frames(data)[-1]))
+    equal((stop["usage"]["cache_creation_input_tokens"], stop["usage"]["cache_read_input_tokens"],
+           stop["amazon-bedrock-invocationMetrics"]["cacheWriteInputTokenCount"],
+           stop["amazon-bedrock-invocationMetrics"]["cacheReadInputTokenCount"],
+           stop["amazon-bedrock-invocationMetrics"]["inputTokenCount"]), (5, 7, 5, 7, 12),
+          "stream: cache counts on message_stop and in the invocation metrics, inputTokenCount without them")
+
+
+def bedrock_messages_api_checks(ctx, fake, stub):
+    br = Bedrock(ctx, stub)
+    path = "/anthropic/v1/messages"
+    version = {"anthropic-version": "2023-06-01"}
+    body = {"model": "global.anthropic.claude-opus-4-7", "max_tokens": 64, "messages": [{"role": "user", "content": "Bonjour"}]}
+
+    n = fake.count()
+    status, headers, data = br.request("", body, path=path, signed_headers=dict(version, **{"anthropic-beta": "context-1m-2025-08-07"}))
+    equal(status, 200, "Messages API: 200")
+    seen = fake.since(n)
+    if check(len(seen) == 1, "Messages API: forwarded once"):
+        equal(data, seen[0]["sent"], "Messages API: the API's JSON bytes unchanged")
+        equal(seen[0]["body"], body, "Messages API: the body as it came, model included")
+        equal(seen[0]["headers"].get("anthropic-beta"), ["context-1m-2025-08-07"], "Messages API: betas from the header")
+    check(len(headers.get("x-amzn-RequestId", "")) == 36, "Messages API: x-amzn-RequestId")
+
+    n = fake.count()
+    status, headers, data = br.request("", dict(body, stream=True), path=path, signed_headers=version)
+    equal((status, headers.get("content-type")), (200, "text/event-stream; charset=utf-8"), "Messages API stream: SSE")
+    equal(data, fake.since(n)[0]["sent"] if fake.since(n) else None, "Messages API stream: the API's SSE bytes unchanged")
+
+    def refused(name, message, **changes):
+        args = dict(path=path, signed_headers=version)
+        args.update(changes)
+        request_body = args.pop("request_body", body)
+        status, headers, data = br.request("", request_body, **args)
+        equal((status, headers.get("x-amzn-ErrorType"), json.loads(data).get("message")), (400, "ValidationException", message), name)
+
+    n = fake.count()
+    refused("Messages API without anthropic-version: 400", "anthropic-version: header is required and must be '2023-06-01'",
+            signed_headers={})
+    refused("Messages API without model: 400", "model: Field required", request_body={"max_tokens": 5, "messages": []})
+    refused("Messages API: anthropic_version in the body: 400", "anthropic_version: Extra inputs are not permitted",
+            request_body=dict(body, anthropic_version="bedrock-2023-05-31"))
+    refused("Messages API: anthropic_beta in the body: 400", "anthropic_beta: Extra inputs are not permitted",
+            request_body=dict(body, anthropic_beta=["context-1m-2025-08-07"]))
+    refused("Messages API: top-level cache_control: 400", "cache_control: Extra inputs are not permitted",
+            request_body=dict(body, cache_control={"type": "ephemeral"}))
+    refused("Messages API: unknown beta: 400", "invalid beta flag", signed_headers=dict(version, **{"anthropic-beta": "files-api-2025-04-14"}))
+    status, headers, _ = br.request("", body, path=path, signed_headers=version, service="bedrock-mantle")
+    equal((status, headers.get("x-amzn-ErrorType")), (403, "InvalidSignatureException"), "Messages API signed for bedrock-mantle: 403")
+    equal(fake.count(), n, "Messages API refusals are not forwarded")
+    status, headers, _ = br.request("", body, path=path + "/count_tokens", signed_headers=version)
+    equal((status, headers.get("x-amzn-ErrorType")), (404, "UnknownOperationException"), "/anthropic/v1/messages/count_tokens: 404")
+
+
+def bedrock_count_tokens_checks(ctx, fake, stub):
+    br = Bedrock(ctx, stub)
+
+    def wrapped(inner):
+        return {"input": {"invokeModel": {"body": base64.b64encode(json.dumps(inner).encode()).decode()}}}
+
+    n = fake.count()
+    status, headers, data = br.request("", wrapped(bedrock_body(anthropic_beta=["context-1m-2025-08-07"])),
+                                       path="/model/anthropic.claude-x-v1%3A0/count-tokens")
+    equal((status, json.loads(data)), (200, {"inputTokens": 42}), "CountTokens: 200 {inputTokens}")
+    seen = fake.since(n)
+    if check(len(seen) == 1, "CountTokens: forwarded once"):
+        equal(seen[0]["path"], "/v1/messages/count_tokens", "CountTokens: to count_tokens")
+        equal(seen[0]["body"], {"model": "anthropic.claude-x-v1:0", "messages": [{"role": "user", "content": "Bonjour"}]},
+              "CountTokens: the body without anthropic_version, betas and max_tokens")
+        equal(seen[0]["headers"].get("anthropic-beta"), ["context-1m-2025-08-07"], "CountTokens: betas as the header")
+    n = fake.count()
+    for name, outer in [("converse input", {"input": {"converse": {"messages": []}}}),
+                        ("body not base64", {"input": {"invokeModel": {"body": "%%%"}}}),
+                        ("no max_tokens", wrapped({k: v for k, v in bedrock_body().items() if k != "max_tokens"})),
+                        ("top-level cache_control", wrapped(bedrock_body(cache_control={"type": "ephemeral"})))]:
+        status, headers, _ = br.request("", outer, path="/model/anthropic.claude-x-v1%3A0/count-tokens")
+        equal((status, headers.get("x-amzn-ErrorType")), (400, "ValidationException"), f"CountTokens, {name}: 400")
+    equal(fake.count(), n, "CountTokens refusals are not forwarded")
+
+
+def bedrock_host_checks(ctx, fake, stub):
+    br = Bedrock(ctx, stub, token=None)
+    real = "bedrock-runtime.us-east-1.amazonaws.com"
+    equal(br.request("anthropic.claude-x-v1%3A0", bedrock_body(), host=real)[0], 200, "--check-host: the real host: 200")
+    n = fake.count()
+    for host in (f"127.0.0.1:{stub.port}", "bedrock-runtime.us-west-2.amazonaws.com", "bedrock-mantle.us-east-1.api.aws"):
+        status, headers, _ = br.request("anthropic.claude-x-v1%3A0", bedrock_body(), host=host)
+        equal((status, headers.get("x-amzn-ErrorType")), (404, "UnknownOperationException"), f"--check-host: Host {host}: 404")
+    equal(fake.count(), n, "--check-host: nothing forwarded for another host")
+
+
+# MARK: Strict Vertex AI
+
+
+def vertex_token(ctx, stub, key):
+    status, answer = grant(ctx, stub.port, make_jwt(key, claims_for(stub.port)))
+    return {"Authorization": f"Bearer {answer['access_token']}", "Content-Type": "application/json"}
+
+
+def vertex_strict_checks(ctx, fake, stub, lenient_stub, key):
+    auth = vertex_token(ctx, stub, key)
+
+    def refused(body, message, name, model="claude-sonnet-4-5@20250929", headers=None):
+        status, response_headers, data = https(ctx, stub.port, "POST", vertex_path(model), json.dumps(body).encode(), dict(auth, **(headers or {})))
+        answer = json.loads(data)
+        equal((status, answer.get("type"), answer.get("error", {}).get("type"), answer.get("error", {}).get("message")),
+              (400, "error", "invalid_request_error", message), name)
+        check(answer.get("request_id", "").startswith("req_vrtx_") and response_headers.get("request-id") == answer.get("request_id"),
+              f"{name}: a req_vrtx_ request id", answer.get("request_id"))
+
+    n = fake.count()
+    refused(vertex_body(cache_control={"type": "ephemeral"}), "cache_control: Extra inputs are not permitted", "vertex top-level cache_control: 400")
+    refused(vertex_body(instructions="x"), "instructions: Extra inputs are not permitted", "vertex unknown member: 400")
+    refused(vertex_body(anthropic_beta=["context-1m-2025-08-07"]), "anthropic_beta: Extra inputs are not permitted", "vertex betas in the body: 400")
+    refused(vertex_body(output_config={"format": {"type": "json_schema", "schema": {}}}), "output_config: Extra inputs are not permitted",
+            "vertex output_config on Sonnet 4.5: 400")
+    refused(vertex_body(output_config={"effort": "low"}), "output_config: Extra inputs are not permitted",
+            "vertex output_config on Haiku 4.5: 400", model="claude-haiku-4-5@20251001")
+    refused(vertex_body(), "Unexpected value(s) `effort-2025-11-24`, `prompt-caching-scope-2026-01-05` for the `anthropic-beta` header. "
+            "Please consult our documentation at docs.anthropic.com or try again without the header.", "vertex unknown betas: 400",
+            headers={"anthropic-beta": "context-1m-2025-08-07,effort-2025-11-24", "Anthropic-Beta": "prompt-caching-scope-2026-01-05"})
+    equal(fake.count(), n, "vertex strict refusals are not forwarded")
+
+    n = fake.count()
+    for model in ("claude-opus-4-6@default", "claude-sonnet-4-6@default", "claude-opus-4-7@default"):
+        status = https(ctx, stub.port, "POST", vertex_path(model), json.dumps(vertex_body(output_config={"effort": "high"},
+                                                                                           metadata={"user_id": "u"})).encode(), auth)[0]
+        equal(status, 200, f"vertex output_config on {model}: 200")
+    equal([r["body"].get("output_config") for r in fake.since(n)], [{"effort": "high"}] * 3, "vertex output_config forwarded")
+
+    lenient_auth = vertex_token(ctx, lenient_stub, key)
+    status = https(ctx, lenient_stub.port, "POST", vertex_path("claude-x"),
+                   json.dumps(vertex_body(cache_control={"type": "ephemeral"}, output_config={"effort": "low"})).encode(),
+                   dict(lenient_auth, **{"anthropic-beta": "beta-one"}))[0]
+    equal(status, 200, "vertex --lenient: cache_control, output_config and any beta: 200")
+
+    # count-tokens:rawPredict keeps the model in the body.
+    n = fake.count()
+    count_path = vertex_path("count-tokens")
+    body = {"anthropic_version": "vertex-2023-10-16", "model": "claude-sonnet-4-5@20250929", "messages": [{"role": "user", "content": "Hi"}]}
+    status, headers, data = https(ctx, stub.port, "POST", count_path, json.dumps(body).encode(), dict(auth, **{"anthropic-beta": "context-1m-2025-08-07"}))
+    equal((status, json.loads(data)), (200, {"input_tokens": 42}), "vertex count-tokens: 200 {input_tokens}")
+    seen = fake.since(n)
+    if check(len(seen) == 1, "vertex count-tokens: forwarded once"):
+        equal((seen[0]["path"], seen[0]["body"]), ("/v1/messages/count_tokens", {k: v for k, v in body.items() if k != "anthropic_version"}),
+              "vertex count-tokens: to count_tokens, model kept")
+    n = fake.count()
+    status, _, data = https(ctx, stub.port, "POST", count_path, json.dumps({k: v for k, v in body.items() if k != "model"}).encode(), auth)
+    equal((status, json.loads(data)["error"]["message"]), (400, "model: Field required"), "vertex count-tokens without model: 400")
+    status, _, _ = https(ctx, stub.port, "POST", count_path, json.dumps(dict(body, max_tokens=5)).encode(), auth)
+    equal(status, 400, "vertex count-tokens with max_tokens: 400")
+    status, _, _ = https(ctx, stub.port, "POST", count_path, json.dumps(body).encode(), dict(auth, **{"anthropic-beta": "effort-2025-11-24"}))
+    equal(status, 400, "vertex count-tokens with an unknown beta: 400")
+    status, _, _ = https(ctx, stub.port, "POST", vertex_path("count-tokens", "streamRawPredict"), json.dumps(body).encode(), auth)
+    equal(status, 404, "vertex count-tokens:streamRawPredict: 404")
+    equal(fake.count(), n, "vertex count-tokens refusals are not forwarded")
+
+
+def vertex_host_checks(ctx, fake, stubs, key):
+    """`stubs`: region -> a stub started with that --region and --check-host."""
+    for region, host in [("global", "aiplatform.googleapis.com"), ("us", "aiplatform.us.rep.googleapis.com"),
+                         ("eu", "aiplatform.eu.rep.googleapis.com"), ("us-east5", "us-east5-aiplatform.googleapis.com")]:
+        stub = stubs[region]
+        form = urlencode({"grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer",
+                          "assertion": make_jwt(key, claims_for(stub.port, aud="https://oauth2.googleapis.com/token"))}).encode()
+        status, _, data = https(ctx, stub.port, "POST", "/token", form, {"Content-Type": "application/x-www-form-urlencoded",
+                                                                           "Host": "oauth2.googleapis.com"})
+        equal(status, 200, f"{region}: a grant on oauth2.googleapis.com for its token URL: 200")
+        auth = {"Authorization": f"Bearer {json.loads(data).get('access_token', '')}", "Content-Type": "application/json"}
+        path = vertex_path("claude-x", region=region)
+        status = https(ctx, stub.port, "POST", path, json.dumps(vertex_body()).encode(), dict(auth, Host=host))[0]
+        equal(status, 200, f"{region}: rawPredict on {host}: 200")
+        wrong = ["global-aiplatform.googleapis.com" if region == "global" else f"{region}-aiplatform.googleapis.com",
+                 "oauth2.googleapis.com", f"127.0.0.1:{stub.port}"]
+        if region in ("us", "eu"):
+            wrong[0] = f"{region}-aiplatform.googleapis.com"
+        n = fake.count()
+        for other in wrong if region != "us-east5" else ["aiplatform.googleapis.com", "oauth2.googleapis.com"]:
+            status, headers, data = https(ctx, stub.port, "POST", path, json.dumps(vertex_body()).encode(), dict(auth, Host=other))
+            equal((status, headers.get("content-type")), (404, "text/html; charset=UTF-8"), f"{region}: rawPredict on {other}: Google's HTML 404")
+            check(b"<title>Error 404 (Not Found)!!1</title>" in data and path.encode() in data, f"{region}: the 404 page names the path")
+        equal(fake.count(), n, f"{region}: nothing forwarded for another host")
+        status, _, _ = https(ctx, stub.port, "POST", "/token", form, {"Content-Type": "application/x-www-form-urlencoded", "Host": host})
+        equal(status, 404, f"{region}: /token on the API host: 404")
+
+
 # MARK: Main
 
 
@@ -958,8 +1231,29 @@ def main():
                             directory)
         stubs.append(vertex_short)
 
+        bedrock_lenient = Stub("bedrock-lenient", "bedrock_stub.py", tls + aws + ["--lenient"], directory)
+        stubs.append(bedrock_lenient)
+        bedrock_host = Stub("bedrock-host", "bedrock_stub.py", tls + aws + ["--check-host"], directory)
+        stubs.append(bedrock_host)
+        vertex_lenient = Stub("vertex-lenient", "vertex_stub.py", tls + gcp + ["--public-key-file", os.path.join(directory, "sa-public.pem"),
+                                                                                "--client-email", CLIENT_EMAIL, "--lenient"], directory)
+        stubs.append(vertex_lenient)
+        vertex_hosts = {}
+        for region in ("global", "us", "eu", "us-east5"):
+            vertex_hosts[region] = Stub(f"vertex-{region}", "vertex_stub.py",
+                                        tls + ["--project", PROJECT, "--region", region, "--public-key-file",
+                                               os.path.join(directory, "sa-public.pem"), "--client-email", CLIENT_EMAIL, "--check-host"],
+                                        directory)
+            stubs.append(vertex_hosts[region])
+
         section("Bedrock", bedrock_checks, ctx, fake, bedrock, bedrock_plain)
+        section("Bedrock, strict", bedrock_strict_checks, ctx, fake, bedrock, bedrock_lenient)
+        section("Bedrock, Messages API", bedrock_messages_api_checks, ctx, fake, bedrock)
+        section("Bedrock, CountTokens", bedrock_count_tokens_checks, ctx, fake, bedrock)
+        section("Bedrock, --check-host", bedrock_host_checks, ctx, fake, bedrock_host)
         section("Vertex AI", vertex_checks, ctx, fake, vertex, vertex_short, key)
+        section("Vertex AI, strict and count-tokens", vertex_strict_checks, ctx, fake, vertex, vertex_lenient, key)
+        section("Vertex AI, --check-host", vertex_host_checks, ctx, fake, vertex_hosts, key)
 
         print("- SIGTERM")
         for stub in stubs:

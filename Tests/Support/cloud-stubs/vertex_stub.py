@@ -3,18 +3,24 @@
 
 `POST /token` takes a service account's signed JWT (the jwt-bearer grant) and checks it itself
 (RS256 with the account's public key, its issuer, scope, audience and times); the access tokens
-it grants are the only ones `rawPredict` and `streamRawPredict` accept. Those turn the Vertex
-body into a Messages API request for the Anthropic stub and relay its answer unchanged.
+it grants are the only ones `rawPredict`, `streamRawPredict` and `count-tokens:rawPredict`
+accept. Those refuse what Vertex AI is documented and reported to refuse (the tables below;
+`--lenient` turns that off), turn the Vertex body into a Messages API request for the Anthropic
+stub and relay its answer unchanged, with a `request-id` of Vertex's `req_vrtx_` kind.
 
     vertex_stub.py --cert server.pem --key server.key \\
         --anthropic-url http://127.0.0.1:PORT --anthropic-key KEY \\
         --project P --region R --client-email SA@P.iam.gserviceaccount.com \\
         (--public-key-file sa-public.pem | --service-account-file sa.json) \\
-        [--token-lifetime SECONDS] [--log requests.jsonl] [--port N]
+        [--token-lifetime SECONDS] [--log requests.jsonl] [--port N] [--lenient] [--check-host]
 
-It prints `PORT <n>` once listening. For tests: `POST /_stub/token-endpoint?fail=1` makes
-`/token` answer 500 until `?fail=0`; `GET /_stub/stats` counts grants, requests and cancellations.
-A model whose name contains `throttle` is refused with 429 without forwarding.
+It prints `PORT <n>` once listening. `--check-host` answers Google's HTML 404 to a request whose
+Host is neither the region's API host (`global`: aiplatform.googleapis.com; `us`, `eu`:
+aiplatform.{us,eu}.rep.googleapis.com; any other R: R-aiplatform.googleapis.com) nor, for
+`/token`, oauth2.googleapis.com (whose token URL it then also takes as the JWT's audience). For
+tests: `POST /_stub/token-endpoint?fail=1` makes `/token` answer 500 until `?fail=0`;
+`GET /_stub/stats` counts grants, requests and cancellations. A model whose name contains
+`throttle` is refused with 429 and one containing `denied` with 403, without forwarding.
 """
 
 import argparse
@@ -46,6 +52,47 @@ MAX_TOKEN_LIFETIME = 3600
 CLOCK_LEEWAY = 60
 PREDICT = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/publishers/anthropic/models/([^/:]+?)"
                      r"(?::|%3[Aa])(rawPredict|streamRawPredict)$")
+TOKEN_HOST = "oauth2.googleapis.com"
+TOKEN_URL = f"https://{TOKEN_HOST}/token"
+
+
+def api_host(region):
+    """The API's host for a location, as the SDK builds it (anthropic-sdk-python lib/vertex/_client.py)."""
+    return {"global": "aiplatform.googleapis.com", "us": "aiplatform.us.rep.googleapis.com",
+            "eu": "aiplatform.eu.rep.googleapis.com"}.get(region, f"{region}-aiplatform.googleapis.com")
+
+
+# MARK: What Vertex AI refuses (docs/relay.md has this table with the same sources)
+
+# The betas Claude on Vertex takes in `anthropic-beta`; any other is 400 invalid_request_error
+# "Unexpected value(s) `…` for the `anthropic-beta` header" (claude-agent-sdk-typescript#307,
+# sub2api#3358, new-api#2975: effort-2025-11-24, prompt-caching-scope-2026-01-05,
+# structured-outputs-2025-12-15, advisor-tool-2026-03-01, redact-thinking-2026-02-12, …). The
+# list is litellm's anthropic_beta_headers_config.json, block "vertex_ai" (non-null values).
+# Vertex rolls betas out per model (anthropic-sdk-typescript#1089: Haiku lags); the stub keeps
+# one list, and takes web-search and tool-search, which #307 saw refused on one model.
+ACCEPTED_BETAS = {
+    "computer-use-2025-01-24", "computer-use-2025-11-24", "context-1m-2025-08-07", "context-management-2025-06-27",
+    "interleaved-thinking-2025-05-14", "tool-search-tool-2025-10-19", "web-search-2025-03-05",
+    "compact-2026-01-12", "compact-2026-09-04", "dangerous-tool-use-2026-09-03", "per-turn-control-2026-07-01",
+    "thinking-binding-controls-2026-08-01", "thinking-display-updates-2026-08-18",
+}
+
+# Top-level members a rawPredict body may hold: the Messages API's (without `model`, which is in
+# the URL) and `anthropic_version`. Any other is 400 "NAME: Extra inputs are not permitted":
+# `cache_control` (inspect_ai#3851), `instructions` (opencode#4282); betas go in the header only.
+PREDICT_MEMBERS = {"anthropic_version", "max_tokens", "messages", "stream", "system", "temperature", "top_p", "top_k",
+                   "stop_sequences", "tools", "tool_choice", "thinking", "context_management", "metadata"}
+# count-tokens:rawPredict keeps `model` in the body (anthropic-sdk-python lib/vertex/_client.py).
+COUNT_MEMBERS = {"anthropic_version", "model", "messages", "system", "tools", "tool_choice", "thinking", "context_management"}
+
+# The models that take `output_config`; for any other it is 400 "output_config: Extra inputs are
+# not permitted" (Sonnet 4.5: OpenHands/software-agent-sdk#1630, litellm#21407; Haiku 4.5:
+# anthropic-sdk-csharp#132; claude-code#37746).
+OUTPUT_CONFIG_MODELS = [
+    (re.compile(r"claude-(opus|sonnet)-4-6"), None),   # langfuse#17390 (effort on Vertex)
+    (re.compile(r"claude-opus-4-[7-9]|claude-(opus|sonnet|haiku)-5"), None),  # claude-code#52811 (Opus 4.7 asks for output_config.effort)
+]
 BASE64URL = re.compile(r"^[A-Za-z0-9_-]*$")
 GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
                  413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 501: "UNIMPLEMENTED",
@@ -116,6 +163,7 @@ class VertexApp(common.App):
         super().__init__(args)
         self.project = args.project
         self.region = args.region
+        self.api_host = api_host(args.region)
         self.lifetime = args.token_lifetime
         client_email = args.client_email
         if args.service_account_file:
@@ -139,7 +187,8 @@ class VertexApp(common.App):
         self.token_endpoint_fails = False
 
     def audiences(self):
-        return [f"https://127.0.0.1:{self.port}/token", f"https://localhost:{self.port}/token"]
+        own = [f"https://127.0.0.1:{self.port}/token", f"https://localhost:{self.port}/token"]
+        return own + [TOKEN_URL] if self.check_host else own
 
     def grant(self):
         token = "ya29.stub-" + secrets.token_urlsafe(24)
@@ -164,6 +213,13 @@ class VertexHandler(common.StubHandler):
     def send_failure(self, failure):
         kind = failure.kind or ""
         headers = list(failure.headers)
+        if kind == "html":  # Google's front end: a host or path it does not serve
+            return self.send_whole(404, common.google_html_404(failure.message), headers, content_type="text/html; charset=UTF-8")
+        if kind == "anthropic":  # Claude's own refusal, relayed by Vertex in the API's shape
+            request_id = "req_vrtx_" + secrets.token_hex(12)
+            body = {"type": "error", "error": {"type": "invalid_request_error", "message": failure.message},
+                    "request_id": request_id}
+            return self.send_whole(failure.status, body, headers + [("request-id", request_id)])
         if kind.startswith("oauth:"):
             body = {"error": kind[len("oauth:"):], "error_description": failure.message}
             if kind == "oauth:internal_failure":
@@ -179,6 +235,13 @@ class VertexHandler(common.StubHandler):
 
     def route(self, record):
         path, _, query = self.path.partition("?")
+        host = common.host_of(self)
+        if self.app.check_host and not path.startswith("/_stub/"):
+            record["host"] = host
+            served = {TOKEN_HOST: ("/token",), self.app.api_host: ("/v1/",)}.get(host)
+            if served is None or not path.startswith(served):
+                raise common.HTTPFailure(404, path, kind="html", close=True,
+                                         reason=f"Host {host!r} does not serve {path} (API host {self.app.api_host!r}, token host {TOKEN_HOST!r})")
         if path == "/token":
             return self.token(record)
         if path == "/_stub/token-endpoint" and self.command == "POST":
@@ -194,8 +257,11 @@ class VertexHandler(common.StubHandler):
                                          "cancelled": log.get("cancelled"), "token_requests": log.get("token_requests")})
         match = PREDICT.match(path)
         if self.command != "POST" or not match:
-            raise common.HTTPFailure(404, f"The requested URL {path} was not found on this server.",
-                                     reason=f"no route for {self.command} {path}")
+            raise common.HTTPFailure(404, path, kind="html", close=True, reason=f"no route for {self.command} {path}")
+        if unquote(match.group(3)) == "count-tokens":
+            if match.group(4) != "rawPredict":
+                raise common.HTTPFailure(404, path, kind="html", close=True, reason=f"count-tokens takes rawPredict, not {match.group(4)}")
+            return self.count_tokens(record, match.group(1), match.group(2))
         return self.predict(record, *match.groups())
 
     # MARK: OAuth
@@ -234,13 +300,8 @@ class VertexHandler(common.StubHandler):
 
     # MARK: Claude on Vertex
 
-    def predict(self, record, raw_project, raw_region, raw_model, method):
-        self.app.log.count("requests")
-        streaming = method == "streamRawPredict"
-        model = unquote(raw_model)
-        record.update(model=model, stream=streaming, method_name=method)
-        body = self.read_body(self.app.max_body)
-
+    def authorize(self, record, raw_project, raw_region):
+        """Google's front end: the access token, the project, the location."""
         values = self.headers.get_all("Authorization") or []
         scheme, _, token = (values[0] if len(values) == 1 else "").partition(" ")
         state = self.app.token_state(token.strip()) if scheme.lower() == "bearer" else "missing"
@@ -254,6 +315,32 @@ class VertexHandler(common.StubHandler):
         if unquote(raw_region) != self.app.region:
             raise common.HTTPFailure(404, f"Publisher model in location `{unquote(raw_region)}` was not found.")
 
+    def strict_checks(self, parsed, members, model, record):
+        """Claude's own refusals on Vertex: betas outside the accepted list, then top-level members."""
+        betas = common.split_betas(self.headers.get_all("anthropic-beta") or [])
+        if not self.app.strict:
+            return betas
+        bad = common.refused_betas(betas, ACCEPTED_BETAS)
+        if bad:
+            record["refused"] = "beta"
+            raise common.HTTPFailure(400, "Unexpected value(s) " + ", ".join(f"`{b}`" for b in bad) + " for the `anthropic-beta` "
+                                     "header. Please consult our documentation at docs.anthropic.com or try again without the header.",
+                                     kind="anthropic")
+        try:
+            common.check_members(parsed, members, model, OUTPUT_CONFIG_MODELS, betas)
+        except common.Refusal as refusal:
+            record["refused"] = refusal.kind
+            raise common.HTTPFailure(400, refusal.message, kind="anthropic")
+        return betas
+
+    def predict(self, record, raw_project, raw_region, raw_model, method):
+        self.app.log.count("requests")
+        streaming = method == "streamRawPredict"
+        model = unquote(raw_model)
+        record.update(model=model, stream=streaming, method_name=method)
+        body = self.read_body(self.app.max_body)
+        self.authorize(record, raw_project, raw_region)
+
         try:
             parsed = json.loads(body)
         except ValueError as error:
@@ -265,6 +352,7 @@ class VertexHandler(common.StubHandler):
             raise common.HTTPFailure(400, f"anthropic_version: must be {VERTEX_VERSION!r}")
         if "model" in parsed:
             raise common.HTTPFailure(400, "model: the model is named in the URL, not in the body")
+        betas = self.strict_checks(parsed, PREDICT_MEMBERS, model, record)
         if "denied" in model:
             record["behaviour"] = "denied"
             raise common.HTTPFailure(403, f"Permission 'aiplatform.endpoints.predict' denied on resource "
@@ -279,13 +367,14 @@ class VertexHandler(common.StubHandler):
         if streaming:
             forward["stream"] = True
         upstream_body = json.dumps(forward, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        betas = self.headers.get_all("anthropic-beta") or []
         upstream_headers = self.app.upstream.headers(",".join(betas) if betas else None)
 
         with common.Exchange(self, self.app.upstream, upstream_body, upstream_headers) as exchange:
             response = exchange.response
             record["upstream_status"] = response.status
-            headers = [("retry-after", response.getheader("retry-after"))] if response.getheader("retry-after") else []
+            headers = [("request-id", "req_vrtx_" + secrets.token_hex(12))]
+            if response.getheader("retry-after"):
+                headers.append(("retry-after", response.getheader("retry-after")))
             content_type = response.getheader("content-type") or "application/json"
             if not content_type.startswith("text/event-stream"):
                 try:
@@ -303,6 +392,45 @@ class VertexHandler(common.StubHandler):
                 self.abort()
                 return
             self.end_chunked()
+
+    def count_tokens(self, record, raw_project, raw_region):
+        """`…/publishers/anthropic/models/count-tokens:rawPredict`: the Messages API's count_tokens
+        body with `model` in it (anthropic-sdk-python lib/vertex/_client.py rewrites
+        /v1/messages/count_tokens to this path and keeps the body); the answer is the API's own."""
+        self.app.log.count("requests")
+        record.update(method_name="count-tokens:rawPredict", operation="count-tokens")
+        body = self.read_body(self.app.max_body)
+        self.authorize(record, raw_project, raw_region)
+        try:
+            parsed = json.loads(body)
+        except ValueError as error:
+            raise common.HTTPFailure(400, f"Invalid JSON payload received. {error}")
+        record["body"] = parsed
+        if not isinstance(parsed, dict):
+            raise common.HTTPFailure(400, "Invalid JSON payload received. The body must be an object.")
+        model = parsed.get("model")
+        if not isinstance(model, str) or not model:
+            raise common.HTTPFailure(400, "model: Field required", kind="anthropic")
+        record["model"] = model
+        if parsed.get("anthropic_version", VERTEX_VERSION) != VERTEX_VERSION:
+            raise common.HTTPFailure(400, f"anthropic_version: must be {VERTEX_VERSION!r}")
+        betas = self.strict_checks(parsed, COUNT_MEMBERS, model, record)
+        if "throttle" in model:
+            record["behaviour"] = "throttle"
+            raise common.HTTPFailure(429, "Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model "
+                                     f"with base model: {model}. Please submit a quota increase request.")
+        forward = {k: v for k, v in parsed.items() if k != "anthropic_version"}
+        upstream_body = json.dumps(forward, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        headers = self.app.upstream.headers(",".join(betas) if betas else None)
+        with common.Exchange(self, self.app.upstream, upstream_body, headers, path=self.app.upstream.count_path) as exchange:
+            response = exchange.response
+            record["upstream_status"] = response.status
+            try:
+                data = exchange.read_all()
+            except common.UpstreamBroken as error:
+                raise common.HTTPFailure(500, "Internal error encountered.", reason=f"upstream answer cut short: {error}")
+            self.send_whole(response.status, data, [("request-id", "req_vrtx_" + secrets.token_hex(12))],
+                            content_type=response.getheader("content-type") or "application/json")
 
 
 def main():
