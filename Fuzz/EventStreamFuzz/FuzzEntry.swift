@@ -36,6 +36,28 @@ public func fuzzEventStream(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt 
     let wholeSSE = translate(&wholeTranslator, [bytes])
     let splitSSE = translate(&splitTranslator, pieces)
     guard wholeSSE == splitSSE else { fatalError("translator whole: \(wholeSSE), in two pieces at \(cut): \(splitSSE)") }
+    // How it ended (an exception before any event is answered with its own status) does not
+    // depend on the split either.
+    guard wholeTranslator.endedBy == splitTranslator.endedBy, wholeTranslator.eventsTranslated == splitTranslator.eventsTranslated else {
+        fatalError("translator ended otherwise in two pieces at \(cut)")
+    }
+    if let answer = wholeTranslator.endedBy, !(400...599).contains(answer.status) { fatalError("an exception answered \(answer.status)") }
+
+    // A model's words reach the device without an ARN or an account ID in them.
+    let cleaned = Array(CloudErrorAnswer.withoutAccountNames(String(decoding: bytes, as: UTF8.self)).utf8)
+    var digits = 0, afterDash = false
+    for byte in cleaned {
+        if (0x30...0x39).contains(byte) {
+            digits += 1
+            afterDash = false
+        } else if byte == UInt8(ascii: "-"), digits > 0, !afterDash {
+            afterDash = true
+        } else {
+            digits = 0
+            afterDash = false
+        }
+        if digits >= 12 { fatalError("an account ID left in a model's words") }
+    }
 
     // Error bodies: any type and body give a JSON object back.
     let header = String(decoding: bytes.prefix(40), as: UTF8.self)

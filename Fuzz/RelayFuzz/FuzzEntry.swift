@@ -1,7 +1,7 @@
 // libFuzzer entry point for what the Messages relay reads and edits as bytes (`make fuzz-relay`):
 // the JSON member scan, each cloud's request edit, the policy's scan of a request body, usage from
-// a JSON reply (whole, or its tail) and from an SSE stream cut anywhere, and the token endpoints'
-// answers. Built by swiftc with -sanitize=fuzzer,address straight from Sources/MessagesBody and
+// a JSON reply (whole, or its tail) and from an SSE stream cut anywhere (Bedrock's invocation
+// metrics included), a context overflow's wording, and the token endpoints' answers. Built by swiftc with -sanitize=fuzzer,address straight from Sources/MessagesBody and
 // the import-free files of Sources/CloudUpstreams, so it fuzzes the shipped code.
 //
 // The input's first byte picks the reader by its low three bits, so a seed that starts with a
@@ -20,7 +20,10 @@ public func fuzzRelay(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
     case 0: memberScan(input, reference(input))
     case 1: cloudEdit(input, reference(input) as? [String: Any], bedrock: selector & 8 == 0, betas: selector & 16 != 0)
     case 2: requestBody(input, reference(input) as? [String: Any], spendsTokens: selector & 8 == 0)
-    case 3: replyUsage(input, reference(input) as? [String: Any])
+    case 3:
+        let object = reference(input) as? [String: Any]
+        replyUsage(input, object)
+        errorWording(input, object)
     case 4: streamUsage(input, seed: selector)
     case 5: streamUsage(oneEvent(input), seed: selector)
     case 6: tokenReplies(input, reference(input) as? [String: Any])
@@ -32,6 +35,7 @@ public func fuzzRelay(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
         cloudEdit(input, object, bedrock: false, betas: false)
         requestBody(input, object, spendsTokens: true)
         replyUsage(input, object)
+        errorWording(input, object)
         streamUsage(input, seed: selector)
         tokenReplies(input, object)
     }
@@ -272,6 +276,17 @@ func replyUsage(_ input: [UInt8], _ object: [String: Any]?) {
         if referenceInteger(usageObject[name]) != count { fail("\(name) read as \(count), Foundation \(String(describing: usageObject[name]))", input) }
     }
     if served.model != nil, object["content"] == nil, served.model != object["model"] as? String { fail("model \(served.model!)", input) }
+}
+
+/// The context-overflow wording of an error body: the clause added inside the message, nothing
+/// else changed, JSON in and JSON out.
+func errorWording(_ input: [UInt8], _ object: [String: Any]?) {
+    guard let worded = ErrorWording.contextOverflowWorded(input) else { return }
+    let clause = Array(ErrorWording.contextClause.utf8)
+    guard worded.count == input.count + clause.count, let at = (0...input.count).first(where: { worded[$0..<($0 + clause.count)].elementsEqual(clause) }),
+          Array(worded[..<at]) + Array(worded[(at + clause.count)...]) == input else { fail("the wording changed more than the message", input) }
+    if object != nil, referenceObject(worded) == nil { fail("a worded error body that is not JSON", input) }
+    guard ErrorWording.contextOverflowWorded(worded) == nil else { fail("worded twice", input) }
 }
 
 // MARK: - Usage from an SSE stream

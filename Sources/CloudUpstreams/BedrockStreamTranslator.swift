@@ -24,9 +24,17 @@ public struct BedrockStreamTranslator: Sendable {
     public private(set) var isFinished = false
     /// A chunk that could not be read: thrown again by every later call.
     private var chunkFailure: BedrockStreamError?
+    /// The exception or error frame that ended the stream, as the device is told it (the status
+    /// it would have had as Bedrock's reply) and in Bedrock's words for the log (`detail`).
+    public private(set) var endedBy: CloudErrorAnswer?
+    /// Chunk events translated so far.
+    public private(set) var eventsTranslated = 0
     /// The exception or error frame that ended the stream, in Bedrock's words: for the log only
-    /// (the device's error event has a message of this service's own).
-    public private(set) var cloudError: String?
+    /// (the device's error event has a message of this service's own, or a model's own words).
+    public var cloudError: String? { endedBy?.detail }
+    /// The stream ended with an exception before any event: nothing of it need reach the device
+    /// as a stream, so it can be answered as the exception's own status and error body.
+    public var endedBeforeAnyEvent: Bool { endedBy != nil && eventsTranslated == 0 }
 
     public init(maxMessageBytes: Int = 1 << 20) {
         decoder = EventStreamDecoder(maxMessageBytes: maxMessageBytes)
@@ -50,6 +58,7 @@ public struct BedrockStreamTranslator: Sendable {
                 guard message.stringHeader(":event-type") == "chunk" else { return true }
                 do throws(BedrockStreamError) {
                     try appendChunk(message.payload, to: &out)
+                    eventsTranslated += 1
                     return true
                 } catch {
                     failure = error
@@ -57,18 +66,18 @@ public struct BedrockStreamTranslator: Sendable {
                 }
             case "exception":
                 let exception = message.stringHeader(":exception-type") ?? "unknownException"
-                let type = anthropicType(forStreamException: exception)
-                let answer = CloudErrorAnswer.generic(status: 500, type: type, service: "Bedrock", cloudMessage: bedrockMessage(message.payload),
-                                                      exception: exception)
-                cloudError = answer.detail
+                let answer = bedrockAnswer(exception: exception, status: nil, cloudMessage: bedrockMessage(message.payload))
+                endedBy = answer
                 appendErrorEvent(type: answer.type, message: answer.message, to: &out)
                 finished = true
                 return false
             case "error":
                 // The event-stream protocol's own error frame: code and message in headers.
                 let code = message.stringHeader(":error-code") ?? "unknown"
-                cloudError = code + ": " + (message.stringHeader(":error-message") ?? "")
-                appendErrorEvent(type: "api_error", message: "Bedrock ended the stream with an error", to: &out)
+                let answer = CloudErrorAnswer(status: 502, type: "api_error", message: "Bedrock ended the stream with an error",
+                                              detail: code + ": " + (message.stringHeader(":error-message") ?? ""))
+                endedBy = answer
+                appendErrorEvent(type: answer.type, message: answer.message, to: &out)
                 finished = true
                 return false
             default:
@@ -153,14 +162,32 @@ func anthropicErrorBody(type: String, message: String) -> [UInt8] {
     return body
 }
 
-/// Bedrock's in-stream exception names (lowerCamelCase there) to the Messages API's error types.
-private func anthropicType(forStreamException exception: String) -> String {
-    switch exception.lowercased() {
-    case "throttlingexception": "rate_limit_error"
-    case "serviceunavailableexception", "modelnotreadyexception": "overloaded_error"
-    case "validationexception": "invalid_request_error"
-    default: "api_error"
+/// A Bedrock exception, by name in any case (lowerCamelCase in a stream, UpperCamelCase in a
+/// reply's `x-amzn-ErrorType`), as the status and Messages API error type the device gets, after
+/// botocore's model of bedrock-runtime: quota and throttling are 429 `rate_limit_error` (the
+/// published client falls back to the on-device model); a model's own failure (424 there) is a
+/// 502 with the model's words; expired, unrecognised or badly signed credentials are the
+/// operator's problem (made 503 by `CloudErrorAnswer.generic`, never a 401 that would make the
+/// device attest again). `status` is the HTTP status of a reply (nil in a stream).
+func bedrockAnswer(exception: String?, status: Int?, cloudMessage: String?) -> CloudErrorAnswer {
+    let (mappedStatus, type): (Int, String)
+    switch exception?.lowercased() {
+    case "throttlingexception", "servicequotaexceededexception": (mappedStatus, type) = (429, "rate_limit_error")
+    case "validationexception": (mappedStatus, type) = (400, "invalid_request_error")
+    case "accessdeniedexception", "unrecognizedclientexception", "expiredtokenexception", "invalidsignatureexception",
+         "incompletesignatureexception", "missingauthenticationtokenexception", "invalidclienttokenid":
+        (mappedStatus, type) = (403, "permission_error")
+    case "resourcenotfoundexception": (mappedStatus, type) = (404, "not_found_error")
+    case "modelnotreadyexception": (mappedStatus, type) = (529, "overloaded_error")
+    case "serviceunavailableexception": (mappedStatus, type) = (503, "overloaded_error")
+    case "modeltimeoutexception": (mappedStatus, type) = (504, "api_error")
+    case "internalserverexception": (mappedStatus, type) = (500, "api_error")
+    case "modelerrorexception", "modelstreamerrorexception":
+        return CloudErrorAnswer.modelFailure(service: "Bedrock", cloudMessage: cloudMessage, exception: exception)
+    default: (mappedStatus, type) = status == 401 || status == 403 ? (403, "permission_error") : (502, "api_error")
     }
+    return CloudErrorAnswer.generic(status: mappedStatus, type: type, service: "Bedrock",
+                                    cloudMessage: cloudMessage ?? status.map { "Bedrock answered HTTP \($0)" }, exception: exception)
 }
 
 /// The `message` (or `Message`) string of a Bedrock error payload, made valid UTF-8.
@@ -171,27 +198,12 @@ private func bedrockMessage(_ payload: [UInt8]) -> String? {
 
 /// An error response from Bedrock (a non-2xx InvokeModel or InvokeModelWithResponseStream) as the
 /// Messages API would have answered: status and `{"type":"error","error":{…}}` body, with a
-/// message of this service's own (the cloud's goes in `detail`, for the log). The error type comes
-/// from `x-amzn-ErrorType` (whose value may carry a `:` and a namespace after the name), else
-/// from the body's `__type` or `code`. Expired, unrecognised or badly signed credentials are the
-/// operator's problem: 503, never a 401 that would make the device attest again.
+/// message of this service's own (the cloud's goes in `detail`, for the log), or a model's own
+/// words for a model's failure. The error type comes from `x-amzn-ErrorType` (whose value may
+/// carry a `:` and a namespace after the name), else from the body's `__type` or `code`; the
+/// mapping is `bedrockAnswer`'s.
 public func bedrockError(status: Int, errorTypeHeader: String?, body: [UInt8]) -> CloudErrorAnswer {
-    let errorType = bedrockErrorType(header: errorTypeHeader, body: body)
-    let (mappedStatus, anthropic): (Int, String) = switch errorType {
-    case "ThrottlingException", "ServiceQuotaExceededException": (429, "rate_limit_error")
-    case "ValidationException": (400, "invalid_request_error")
-    case "AccessDeniedException", "UnrecognizedClientException", "ExpiredTokenException", "InvalidSignatureException",
-         "IncompleteSignatureException", "MissingAuthenticationTokenException", "InvalidClientTokenId":
-        (403, "permission_error")
-    case "ResourceNotFoundException": (404, "not_found_error")
-    case "ModelNotReadyException": (529, "overloaded_error")
-    case "ServiceUnavailableException": (503, "overloaded_error")
-    case "ModelTimeoutException": (504, "api_error")
-    case "InternalServerException": (500, "api_error")
-    default: status == 401 || status == 403 ? (403, "permission_error") : (502, "api_error")
-    }
-    let cloudMessage = bedrockMessage(body) ?? "Bedrock answered HTTP \(status)"
-    return CloudErrorAnswer.generic(status: mappedStatus, type: anthropic, service: "Bedrock", cloudMessage: cloudMessage, exception: errorType)
+    bedrockAnswer(exception: bedrockErrorType(header: errorTypeHeader, body: body), status: status, cloudMessage: bedrockMessage(body))
 }
 
 /// The same as status and body.

@@ -67,12 +67,25 @@ enum UpstreamSettings {
 
     static let secretAttributes: [(String, String?)] = [("autocomplete", "off"), ("spellcheck", "false")]
 
+    /// The form's Bedrock API: messages unless it says invoke.
+    static func bedrockAPI(_ text: String?) throws -> BedrockAPI {
+        let value = (text ?? "").trimmingCharacters(in: .whitespaces).lowercased()
+        if value.isEmpty { return .messages }
+        guard let api = BedrockAPI(rawValue: value) else { throw AdminError("API must be messages or invoke") }
+        return api
+    }
+
+    static func betas(_ text: String?) -> [String] {
+        (text ?? "").split(whereSeparator: { $0 == "," || $0.isWhitespace }).map(String.init)
+    }
+
     /// The form's fields, named `<kind>_<field>`: what the page shows in them.
     static func defaults(_ kind: UpstreamKind, _ settings: CloudUpstreamSettings?) -> [String: String] {
         guard let settings else { return [:] }
         let p = kind.rawValue + "_"
         return [p + "region": settings.region, p + "project": settings.project ?? "", p + "endpoint_url": settings.endpointURL ?? "",
-                p + "token_url": settings.tokenURL ?? "",
+                p + "token_url": settings.tokenURL ?? "", p + "api": (settings.api ?? .invoke).rawValue,
+                p + "cloud_betas": (settings.extraBetas ?? []).joined(separator: ","),
                 p + "models": settings.models.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "\n")]
     }
 
@@ -94,6 +107,9 @@ enum UpstreamSettings {
                 + secret("Secret access key", "secret_key", hint: "Stored sealed with the access key ID; never shown again.")
                 + secret("Session token", "session_token", hint: "Only for temporary credentials.", required: false)
                 + text("Endpoint URL", "endpoint_url", hint: endpointHint, required: false)
+                + text("API", "api", hint: "messages (the Messages API, for the newest models and inference profiles) or invoke (InvokeModel, "
+                       + "for ARN-versioned legacy models). Empty: messages.", required: false)
+                + text("Extra betas", "cloud_betas", hint: "Optional: betas Bedrock has accepted since, comma-separated.", required: false)
         case .vertex:
             fields += text("Project", "project", hint: "The Google Cloud project ID.")
                 + text("Region", "region", hint: "The Vertex AI location, such as us-east5 or global.")
@@ -102,6 +118,7 @@ enum UpstreamSettings {
                                      attributes: secretAttributes + [("required", "")], multiline: true)
                 + text("Endpoint URL", "endpoint_url", hint: endpointHint, required: false)
                 + text("Token URL", "token_url", hint: "Optional: https://host[:port] instead of the key file's token_uri.", required: false)
+                + text("Extra betas", "cloud_betas", hint: "Optional: betas Vertex AI has accepted since, comma-separated.", required: false)
         case .anthropic:
             break
         }
@@ -138,11 +155,12 @@ enum UpstreamSettings {
                 try admin.setUpstreamBedrock(actor: actor, workspace: workspace, region: form["bedrock_region"] ?? "",
                                              accessKeyID: form["bedrock_access_key_id"] ?? "", secretKey: form["bedrock_secret_key"] ?? "",
                                              sessionToken: form["bedrock_session_token"], endpointURL: form["bedrock_endpoint_url"], models: models,
-                                             secrets: box)
+                                             api: try bedrockAPI(form["bedrock_api"]), extraBetas: betas(form["bedrock_cloud_betas"]), secrets: box)
             case .vertex:
                 try admin.setUpstreamVertex(actor: actor, workspace: workspace, project: form["vertex_project"] ?? "", region: form["vertex_region"] ?? "",
                                             serviceAccountJSON: form["vertex_service_account"] ?? "", endpointURL: form["vertex_endpoint_url"],
-                                            tokenURL: form["vertex_token_url"], models: models, secrets: box)
+                                            tokenURL: form["vertex_token_url"], models: models, extraBetas: betas(form["vertex_cloud_betas"]),
+                                            secrets: box)
             }
         } catch let error as AdminError where error.kind == .invalid {
             return try SettingsPage.page(request, admin, notice: "", errors: [kind.rawValue: error.description], status: 422, typed: form)

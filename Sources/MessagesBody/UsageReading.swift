@@ -103,16 +103,27 @@ public enum UsageObject {
 }
 
 /// Reads usage from a Messages SSE stream as its bytes pass through, never holding the stream
-/// back: input and cache counts from `message_start.message.usage`, output from the last
-/// `message_delta` (a running total, not an increment). Only the data of those events is kept
-/// (bounded); text deltas are skipped as they go by.
+/// back. `message_start.message.usage` gives the first counts; each `message_delta`'s usage is
+/// the reply's running total on every kind of upstream (input, cache and output: a server-tool
+/// turn grows `input_tokens` there too), so every count it carries replaces the one before.
+/// Bedrock puts the cache counts on `message_stop`'s usage instead, beside
+/// `amazon-bedrock-invocationMetrics`, whose counts are what Bedrock bills and so, where present,
+/// the reply's. Only the data of those events is kept (bounded); text deltas are skipped as they
+/// go by.
 public struct StreamUsageReader: Sendable {
     public static let maxEventBytes = 1 << 20
-    static let eventMembers = JSONMemberScan.Names("type", "message", "usage", "content_block")
-    static let deltaUsage = JSONMemberScan.Names("output_tokens", "server_tool_use")
+    static let eventMembers = JSONMemberScan.Names("type", "message", "usage", "content_block", "amazon-bedrock-invocationMetrics")
     static let startMessage = JSONMemberScan.Names("usage", "model")
+    /// Bedrock's invocation metrics: input (without the cache's), output, cache reads and writes.
+    static let invocationMetrics = JSONMemberScan.Names("inputTokenCount", "outputTokenCount", "cacheReadInputTokenCount",
+                                                        "cacheWriteInputTokenCount")
 
-    public private(set) var usage = TokenUsage()
+    /// The reply's usage as far as it was read: the running totals, under the counts Bedrock bills by.
+    public var usage: TokenUsage { billed.laid(over: running) }
+    /// The last counts of each kind the events carried.
+    private var running = TokenUsage()
+    /// `amazon-bedrock-invocationMetrics`, once seen.
+    private var billed = ReportedCounts()
     /// The model that served: `message_start`'s, then the `to.model` of each `fallback` block.
     public private(set) var servingModel: String?
     public private(set) var sawStart = false
@@ -200,27 +211,41 @@ public struct StreamUsageReader: Sendable {
                 guard let message = found[1], let inner = try? JSONMemberScan.members(of: Self.startMessage, in: bytes, within: message) else { return }
                 if let model = inner[1].flatMap({ JSONMemberScan.plainString(bytes, $0) }) { servingModel = model }
                 guard let usageRange = inner[0], let start = UsageObject.read(bytes, usageRange) else { return }
-                usage.inputTokens = start.inputTokens
-                usage.cacheCreationInputTokens = start.cacheCreationInputTokens
-                usage.cacheReadInputTokens = start.cacheReadInputTokens
-                usage.outputTokens = start.outputTokens
-                usage.serverToolUse = start.serverToolUse
+                running = start
                 sawStart = true
             case "content_block_start":
                 if let block = found[3], let to = UsageObject.fallbackTarget(bytes, block) { servingModel = to }
             case "message_delta":
-                guard let usageRange = found[2],
-                      let fields = try? JSONMemberScan.members(of: Self.deltaUsage, in: bytes, within: usageRange) else { return }
-                // Both are running totals: the last one seen is the reply's.
-                if let output = fields[0].flatMap({ JSONMemberScan.integer(bytes, $0) }) { usage.outputTokens = TokenUsage.bounded(output) }
-                if let tools = fields[1] { usage.serverToolUse = UsageObject.serverToolUse(bytes, tools) }
+                // Running totals: the last one seen is the reply's.
+                if let usageRange = found[2] { takeRunningTotals(bytes, usageRange) }
             case "message_stop":
                 sawStop = true
+                // Bedrock's: the cache counts in its usage, then what it bills, which has the last word.
+                if let usageRange = found[2] { takeRunningTotals(bytes, usageRange) }
+                if let metrics = found[4] { billed = Self.invocationCounts(bytes, metrics).laid(over: billed) }
             case "content_block_delta" where event == nil:
                 deltaEvents += 1  // a data-only delta (a named one was counted by its name above)
             default:
                 break
             }
         }
+    }
+
+    /// The counts a usage object carries (integers only: an absent or null one changes nothing),
+    /// each the reply's total so far; its server-tool counters likewise.
+    private mutating func takeRunningTotals(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) {
+        guard let fields = try? JSONMemberScan.members(of: UsageObject.fields, in: bytes, within: range) else { return }
+        func count(_ slot: Int) -> Int64? { fields[slot].flatMap { JSONMemberScan.integer(bytes, $0) }.map(TokenUsage.bounded) }
+        running = ReportedCounts(inputTokens: count(0), outputTokens: count(1), cacheCreationInputTokens: count(2), cacheReadInputTokens: count(3))
+            .laid(over: running)
+        if let tools = fields[4] { running.serverToolUse = UsageObject.serverToolUse(bytes, tools) }
+    }
+
+    /// `amazon-bedrock-invocationMetrics`' counts (`inputTokenCount` leaves the cache's out, as
+    /// `input_tokens` does; `cacheWriteInputTokenCount` is `cache_creation_input_tokens`).
+    static func invocationCounts(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> ReportedCounts {
+        guard let fields = try? JSONMemberScan.members(of: invocationMetrics, in: bytes, within: range) else { return ReportedCounts() }
+        func count(_ slot: Int) -> Int64? { fields[slot].flatMap { JSONMemberScan.integer(bytes, $0) }.map(TokenUsage.bounded) }
+        return ReportedCounts(inputTokens: count(0), outputTokens: count(1), cacheCreationInputTokens: count(3), cacheReadInputTokens: count(2))
     }
 }

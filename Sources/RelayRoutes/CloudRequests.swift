@@ -38,40 +38,65 @@ enum CloudRoute {
     static var removedForBedrock: JSONMemberScan.Names { CloudRequestBody.removedForBedrock }
     static var removedForVertex: JSONMemberScan.Names { CloudRequestBody.removedForVertex }
 
-    /// The Bedrock request, signed with SigV4 for the service `bedrock`. `betas` are every beta
-    /// the request named, in its headers and its body, after the policy checked them.
-    static func bedrock(_ request: HTTPRequest, modelID: String, streams: Bool, settings: CloudUpstreamSettings,
+    /// Why a body cannot go to a cloud: a member (or beta) the cloud does not take.
+    struct Refused: Error {
+        let what: String
+    }
+
+    /// The body shaped by `api`'s table, with `added` first; throws `Refused` naming a member the
+    /// cloud cannot take, or the scanner's failure for a body that is not a JSON object.
+    static func shaped(_ request: HTTPRequest, _ api: CloudAPI, model: String, betas: [String], adding added: [(String, String)]) throws -> [UInt8] {
+        switch try CloudRequestBody.shape(request.body, rule: api.rules(model: model, betas: betas), adding: added) {
+        case .shaped(let body): return body
+        case .refused(let member): throw Refused(what: member)
+        }
+    }
+
+    /// The Bedrock request, signed with SigV4 for the service `bedrock`: InvokeModel (the model in
+    /// the path, `anthropic_version` and `anthropic_beta` in the body) or the Messages API (the
+    /// mapped model in the body, the betas in `anthropic-beta`). `betas` are every beta the
+    /// request named, in its headers and its body, checked by the policy and the cloud's table.
+    static func bedrock(_ request: HTTPRequest, api: CloudAPI, modelID: String, streams: Bool, settings: CloudUpstreamSettings,
                         betas: [String], credentials: AWSCredentials, at date: Date) throws -> UpstreamRequest {
-        var added = [("anthropic_version", CloudRequestBody.quoted(bedrockVersion))]
-        if let betas = CloudRequestBody.betasArray(betas) { added.append(("anthropic_beta", betas)) }
-        let body = try CloudRequestBody.edit(request.body, removing: removedForBedrock, adding: added)
         let origin = settings.origin(kind: .bedrock) ?? ""
-        let path = "/model/\(CloudRequestBody.pathSegment(modelID))/" + (streams ? "invoke-with-response-stream" : "invoke")
-        var headers: [(name: String, value: String)] = [
-            ("host", authority(of: origin)),
-            ("content-type", "application/json"),
-            ("accept", streams ? "application/vnd.amazon.eventstream" : "application/json"),
-        ]
+        let body: [UInt8], path: String
+        var headers: [(name: String, value: String)] = [("host", authority(of: origin)), ("content-type", "application/json")]
+        if api == .bedrockMessages {
+            body = try shaped(request, api, model: modelID, betas: betas, adding: [("model", CloudRequestBody.quoted(modelID))])
+            path = "/anthropic/v1/messages"
+            headers.append(("accept", streams ? "text/event-stream" : "application/json"))
+            headers.append(("anthropic-version", request.header("anthropic-version") ?? MessagesRelay.defaultAnthropicVersion))
+            if !betas.isEmpty { headers.append(("anthropic-beta", betas.joined(separator: ","))) }
+        } else {
+            var added = [("anthropic_version", CloudRequestBody.quoted(bedrockVersion))]
+            if let betas = CloudRequestBody.betasArray(betas) { added.append(("anthropic_beta", betas)) }
+            body = try shaped(request, api, model: modelID, betas: betas, adding: added)
+            path = "/model/\(CloudRequestBody.pathSegment(modelID))/" + (streams ? "invoke-with-response-stream" : "invoke")
+            headers.append(("accept", streams ? "application/vnd.amazon.eventstream" : "application/json"))
+        }
         let signer = SigV4Signer(service: "bedrock", region: settings.region, credentials: credentials)
         headers.append(contentsOf: signer.sign(method: "POST", path: path, headers: headers, body: body, date: date))
         return UpstreamRequest(method: "POST", path: path, headers: headers, body: body, origin: origin)
     }
 
-    /// The body as Vertex AI takes it: without `model`, with its `anthropic_version`.
-    static func vertexBody(_ request: HTTPRequest) throws -> [UInt8] {
-        try CloudRequestBody.edit(request.body, removing: removedForVertex, adding: [("anthropic_version", CloudRequestBody.quoted(vertexVersion))])
+    /// The body as Vertex AI takes it: without `model` (named in the URL), with its
+    /// `anthropic_version`; a count-tokens body keeps the mapped model, as that endpoint reads it.
+    static func vertexBody(_ request: HTTPRequest, model: String, betas: [String], countsTokens: Bool = false) throws -> [UInt8] {
+        var added = [("anthropic_version", CloudRequestBody.quoted(vertexVersion))]
+        if countsTokens { added.append(("model", CloudRequestBody.quoted(model))) }
+        return try shaped(request, .vertex, model: model, betas: betas, adding: added)
     }
 
     /// The Vertex AI request, with the service account's access token; `betas` (header and body
-    /// ones, checked) go in one `anthropic-beta` header.
-    static func vertex(body: [UInt8], model: String, streams: Bool, settings: CloudUpstreamSettings,
+    /// ones, checked) go in one `anthropic-beta` header. `countsTokens`: the count-tokens endpoint.
+    static func vertex(body: [UInt8], model: String, streams: Bool, countsTokens: Bool = false, settings: CloudUpstreamSettings,
                        betas: [String], accessToken: String) -> UpstreamRequest {
         let origin = settings.origin(kind: .vertex) ?? ""
         let project = CloudRequestBody.pathSegment(settings.project ?? "")
         let region = CloudRequestBody.pathSegment(settings.region)
-        let method = streams ? "streamRawPredict" : "rawPredict"
-        let path = "/v1/projects/\(project)/locations/\(region)/publishers/anthropic/models/"
-            + CloudRequestBody.pathSegment(model, keeping: [UInt8(ascii: "@")]) + ":" + method
+        let target = countsTokens ? "count-tokens:rawPredict"
+            : CloudRequestBody.pathSegment(model, keeping: [UInt8(ascii: "@")]) + ":" + (streams ? "streamRawPredict" : "rawPredict")
+        let path = "/v1/projects/\(project)/locations/\(region)/publishers/anthropic/models/" + target
         var headers: [(name: String, value: String)] = [("authorization", "Bearer " + accessToken), ("content-type", "application/json")]
         if !betas.isEmpty { headers.append(("anthropic-beta", betas.joined(separator: ","))) }
         return UpstreamRequest(method: "POST", path: path, headers: headers, body: body, origin: origin)

@@ -251,6 +251,22 @@ final class RelayedExchange: UpstreamDelegate {
         var servingModel: String?
         /// A cloud's own words for its error (its exception and message): for the log only.
         var cloudError: String?
+        /// The upstream's own ID of the request (`x-amzn-RequestId`, the API's `request-id`, as
+        /// it was behind Vertex too), logged beside ours for support cases.
+        var cloudRequestID: String?
+        /// The cloud refused this service's credentials (or Vertex's token grant failed): why, in
+        /// its words. The device got 503 `api_error`; `UpstreamCredentialFailures.record` counts
+        /// and logs it with the workspace.
+        var credentialFailure: String?
+
+        /// The request's log detail: the cloud's words for its error, else the transfer's error,
+        /// else a note that the client left; then the upstream's request ID.
+        var logDetail: String? {
+            let said = cloudError.map { "upstream said: \($0)" } ?? error.map { "upstream \($0)" }
+                ?? (abandoned ? "the client left; the reply was read for its usage" : nil)
+            guard let cloudRequestID else { return said }
+            return (said.map { $0 + "; " } ?? "") + "upstream request ID \(cloudRequestID)"
+        }
     }
 
     let writer: HTTPResponseWriter
@@ -261,8 +277,17 @@ final class RelayedExchange: UpstreamDelegate {
     /// The transfer, once started: cancelled when an abandoned reply turns out to be a stream or
     /// grows past its cap, resumed when its client leaves.
     private let transfer = Mutex<UpstreamTransfer?>(nil)
-    /// A cloud's own words for its error, kept for the log.
-    private let cloudError = Mutex<String?>(nil)
+    /// What the log line says beyond the machine's result: a cloud's own words for its error, the
+    /// upstream's request ID, a refusal of this service's credentials.
+    private struct Notes {
+        var cloudError: String?
+        var cloudRequestID: String?
+        var credentialFailure: String?
+    }
+    private let notes = Mutex(Notes())
+    /// The headers naming the upstream's own request ID, by cloud: Bedrock's, then the API's
+    /// (on its own and behind Vertex AI).
+    static let requestIDHeaders = ["x-amzn-requestid", "request-id", "x-request-id"]
 
     /// - Parameters:
     ///   - readsAbandonedReply: a reply whose client leaves is read to its end for its usage (a
@@ -292,6 +317,7 @@ final class RelayedExchange: UpstreamDelegate {
     }
 
     func upstreamDidReceiveHead(status: Int, headers: [(name: String, value: String)]) {
+        if let id = Self.cloudRequestID(in: headers) { noteCloudRequestID(id) }
         var forwarded = MessagesRelay.clientHeaders(headers)
         if !forwarded.contains(where: { $0.name == "request-id" }) { forwarded.append(("request-id", requestID)) }
         let isEventStream = forwarded.contains { $0.name == "content-type" && $0.value.lowercased().hasPrefix("text/event-stream") }
@@ -360,9 +386,10 @@ final class RelayedExchange: UpstreamDelegate {
     }
 
     /// A cloud's error, answered in the Messages API's shape with this service's own message;
-    /// the cloud's words go to the log.
+    /// the cloud's words go to the log. A refusal of this service's credentials is noted as one.
     func answerCloudError(_ answer: CloudErrorAnswer, retryAfter: String?) {
         noteCloudError(answer.detail)
+        if answer.isCredentialFailure { notes.withLock { $0.credentialFailure = String(answer.detail.prefix(1000)) } }
         var headers: [(name: String, value: String)] = [("content-type", "application/json")]
         if let retryAfter { headers.append(("retry-after", retryAfter)) }
         upstreamDidReceiveHead(status: answer.status, headers: headers)
@@ -371,9 +398,43 @@ final class RelayedExchange: UpstreamDelegate {
         upstreamDidFinish(nil)
     }
 
+    /// This service's credentials could not be used upstream (Vertex's token grant failed: `cause`
+    /// says why): 503 `api_error`, "the upstream refused this service's credentials", never a 401
+    /// that would make the device attest again; counted and logged as a credential failure.
+    func answerCredentialFailure(cause: String) {
+        answerCloudError(CloudErrorAnswer(status: 503, type: "api_error", message: CloudErrorAnswer.credentialsRefused, detail: cause),
+                         retryAfter: nil)
+    }
+
     /// Keeps a cloud's own words for its error, for the log line of this request.
     func noteCloudError(_ detail: String) {
-        cloudError.withLock { $0 = String(detail.prefix(1000)) }
+        notes.withLock { $0.cloudError = String(detail.prefix(1000)) }
+    }
+
+    /// Keeps the upstream's ID of this request (the first one given), for the log line: printable
+    /// ASCII, at most 200 bytes, else not kept.
+    func noteCloudRequestID(_ id: String) {
+        guard Self.isLoggableRequestID(id) else { return }
+        notes.withLock { if $0.cloudRequestID == nil { $0.cloudRequestID = id } }
+    }
+
+    static func isLoggableRequestID(_ id: String) -> Bool {
+        !id.isEmpty && id.utf8.count <= 200 && id.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7f }
+    }
+
+    /// The counts the cloud bills a JSON reply by, in its headers (Bedrock's
+    /// `x-amzn-bedrock-*-token-count`): the ledger takes them over the reply's own `usage`.
+    func noteBilledCounts(inBedrockHeaders headers: [(name: String, value: String)]) {
+        machine.withLock { $0.noteBilledCounts(inBedrockHeaders: headers) }
+    }
+
+    /// The upstream's own request ID among a reply's headers (names lowercase, as the upstream
+    /// client stores them).
+    static func cloudRequestID(in headers: [(name: String, value: String)]) -> String? {
+        for name in requestIDHeaders {
+            if let header = headers.first(where: { $0.name == name }) { return header.value }
+        }
+        return nil
     }
 
     func upstreamDidFinish(_ error: UpstreamError?) {
@@ -381,7 +442,10 @@ final class RelayedExchange: UpstreamDelegate {
             let (action, result) = machine.finish(error)
             return (action, result, machine.clientHeaders)
         }
-        result.cloudError = cloudError.withLock { $0 }
+        let noted = notes.withLock { $0 }
+        result.cloudError = noted.cloudError
+        result.cloudRequestID = noted.cloudRequestID
+        result.credentialFailure = noted.credentialFailure
         transfer.withLock { $0 = nil }
         switch action {
         case .none:

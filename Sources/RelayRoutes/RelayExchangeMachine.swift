@@ -50,6 +50,9 @@ struct RelayExchangeMachine {
     private var tail: [UInt8] = []
     private var abandonedBytes = 0
     private var streamUsage = StreamUsageReader()
+    /// The counts the cloud bills a JSON reply by, reported in its head (Bedrock's token-count
+    /// headers): laid over the reply's own `usage`.
+    private var billed = ReportedCounts()
     /// The start of an SSE event whose end has not arrived: the client gets whole events only,
     /// so an error event the relay adds never lands inside one.
     private var partialEvent: [UInt8] = []
@@ -57,6 +60,11 @@ struct RelayExchangeMachine {
     init(readsAbandonedReply: Bool, requestStreams: Bool) {
         self.readsAbandonedReply = readsAbandonedReply
         self.requestStreams = requestStreams
+    }
+
+    /// Bedrock's `x-amzn-bedrock-*-token-count` headers on a JSON reply: what Bedrock bills.
+    mutating func noteBilledCounts(inBedrockHeaders headers: [(name: String, value: String)]) {
+        billed = ReportedCounts(bedrockHeaders: headers)
     }
 
     // MARK: Events
@@ -213,7 +221,9 @@ struct RelayExchangeMachine {
         guard let error else {
             if phase == .holding {
                 let served: (usage: TokenUsage?, model: String?) = status < 400 ? UsageObject.servedReply(held) : (nil, nil)
-                return (.respondHeld(status: status, body: held),
+                // A context overflow in the words the published client maps to its own error.
+                let body = status == 400 ? ErrorWording.contextOverflowWorded(held) ?? held : held
+                return (.respondHeld(status: status, body: body),
                         result(status, nil, usage: served.usage ?? TokenUsage(), incomplete: false, servingModel: served.model))
             }
             let (usage, incomplete) = usage(cut: false, heldBody: nil)
@@ -252,7 +262,10 @@ struct RelayExchangeMachine {
 
     private func result(_ status: Int, _ error: UpstreamError?, usage: TokenUsage, incomplete: Bool, abandoned: Bool = false,
                         servingModel: String? = nil) -> RelayedExchange.Result {
-        RelayedExchange.Result(status: status, error: error, bytes: bytes, usage: usage, incomplete: incomplete, abandoned: abandoned,
-                               firstByteAt: firstByteAt, servingModel: servingModel ?? (isEventStream ? streamUsage.servingModel : nil))
+        // A JSON reply the cloud answered with success is billed by the counts it reported in
+        // its head, however much of the body arrived.
+        let usage = !isEventStream && headSeen && (200..<300).contains(self.status) ? billed.laid(over: usage) : usage
+        return RelayedExchange.Result(status: status, error: error, bytes: bytes, usage: usage, incomplete: incomplete, abandoned: abandoned,
+                                      firstByteAt: firstByteAt, servingModel: servingModel ?? (isEventStream ? streamUsage.servingModel : nil))
     }
 }

@@ -9,9 +9,10 @@ import CloudUpstreams
 
 /// A request to a cloud upstream, prepared before anything is sent.
 enum CloudPlan: Sendable {
-    case bedrock(UpstreamRequest)
+    case bedrock(UpstreamRequest, api: CloudAPI)
     /// The body as Vertex takes it; the request is made once the access token is there.
-    case vertex(body: [UInt8], model: String, betas: [String], account: GoogleServiceAccount, settings: CloudUpstreamSettings, sealed: [UInt8])
+    case vertex(body: [UInt8], model: String, countsTokens: Bool, betas: [String], account: GoogleServiceAccount, settings: CloudUpstreamSettings,
+                sealed: [UInt8])
 }
 
 /// The Messages API for app tokens: `/v1/messages` and `/v1/messages/count_tokens` relayed to the
@@ -41,6 +42,7 @@ public struct RelayRoutes: Sendable {
         metrics.describe("attestd_upstream_requests_total", "Relayed Messages API requests, by the status the client got (or cancelled, error).")
         metrics.describe("attestd_upstream_latency_seconds", "Relayed requests, from arrival to the reply's last byte.")
         metrics.describe("attestd_upstream_ttfb_seconds", "Relayed requests, from arrival to the upstream's first body byte.")
+        UpstreamCredentialFailures.describe(metrics)
     }
 
     public var routes: [Route] {
@@ -99,29 +101,40 @@ public struct RelayRoutes: Sendable {
         switch target {
         case .anthropic: break
         case .bedrock(_, let settings), .vertex(_, let settings, _):
+            let api = CloudAPI(kind: grant.upstreamKey?.kind ?? .bedrock, settings: settings)
             let kind = grant.upstreamKey?.kind.rawValue ?? "cloud"
-            func refuse(_ message: String, detail: String? = nil) -> RouteOutcome {
+            func refuse(_ message: String, detail: String? = nil, reason: RejectionReason = .unmappedModel) -> RouteOutcome {
                 RouteOutcome(MessagesAPIError.response(400, "invalid_request_error", message, requestID: requestID),
-                             clientID: grant.clientID, reason: RejectionReason.unmappedModel.rawValue, detail: detail)
+                             clientID: grant.clientID, reason: reason.rawValue, detail: detail)
             }
-            if route != WireProtocol.messagesPath { return refuse("count_tokens is not available through this workspace's \(kind) upstream") }
-            let (fields, cloudStreams) = MessagesRequestFields.read(request, spendsTokens: true)
+            let countsTokens = route != WireProtocol.messagesPath
+            if countsTokens, api != .vertex { return refuse("count_tokens is not available through this workspace's \(kind) upstream (\(api.name))") }
+            let (fields, cloudStreams) = MessagesRequestFields.read(request, spendsTokens: !countsTokens)
             scanned = (fields, cloudStreams)
             guard let model = fields.model, let mapped = settings.models[model] else {
                 return refuse("\(fields.model.map { "model \($0) is" } ?? "a request without a model is") not available through this workspace's \(kind) upstream",
                               detail: fields.model)
             }
             if fields.fallbacks != .none { return refuse("fallbacks are not available through this workspace's \(kind) upstream") }
+            // The cloud's table: a beta it does not take is refused here, by name, not by the cloud.
+            if fields.malformed == nil, let beta = api.refusedBeta(fields.betas, extra: settings.extraBetas) {
+                return refuse("anthropic-beta: \(beta.prefix(128)) is not available through this workspace's \(kind) upstream (\(api.name)); "
+                              + "an owner can allow a beta the cloud has since accepted with --cloud-beta", detail: beta, reason: .policyRefused)
+            }
+            let betas = CloudAPI.sent(fields.betas)
             do {
                 switch target {
                 case .anthropic: break
                 case .bedrock(let credentials, _):
-                    cloud = .bedrock(try CloudRoute.bedrock(request, modelID: mapped, streams: cloudStreams, settings: settings,
-                                                            betas: fields.betas, credentials: credentials, at: Date()))
+                    cloud = .bedrock(try CloudRoute.bedrock(request, api: api, modelID: mapped, streams: cloudStreams, settings: settings,
+                                                            betas: betas, credentials: credentials, at: Date()), api: api)
                 case .vertex(let account, _, let sealed):
-                    cloud = .vertex(body: try CloudRoute.vertexBody(request), model: mapped, betas: fields.betas, account: account,
-                                    settings: settings, sealed: sealed)
+                    cloud = .vertex(body: try CloudRoute.vertexBody(request, model: mapped, betas: betas, countsTokens: countsTokens), model: mapped,
+                                    countsTokens: countsTokens, betas: betas, account: account, settings: settings, sealed: sealed)
                 }
+            } catch let refused as CloudRoute.Refused {
+                return refuse("\(refused.what) is not available through this workspace's \(kind) upstream (\(api.name))", detail: refused.what,
+                              reason: .invalidRequest)
             } catch {
                 return RouteOutcome(MessagesAPIError.response(400, "invalid_request_error", "the request body is not a JSON object", requestID: requestID),
                                     clientID: grant.clientID, reason: RejectionReason.invalidRequest.rawValue, detail: "\(error)")
@@ -156,7 +169,8 @@ public struct RelayRoutes: Sendable {
                                 clientID: grant.clientID, reason: RejectionReason.invalidRequest.rawValue)
         }
         let readsAbandoned = admitted != nil && route == WireProtocol.messagesPath && !streams
-        let (metrics, ledger) = (self.metrics, self.ledger)
+        let (metrics, ledger, logger) = (self.metrics, self.ledger, self.logger)
+        let upstreamKind = grant.upstreamKey?.kind.rawValue ?? "cloud", workspaceName = grant.workspaceName
         let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start, readsAbandonedReply: readsAbandoned,
                                        requestStreams: streams) { result in
             let label = result.error.map { $0.kind == .cancelled ? "cancelled" : "error" } ?? String(result.status)
@@ -170,9 +184,12 @@ public struct RelayRoutes: Sendable {
                 ledger?.finish(admitted, RelayOutcome(status: result.status, usage: result.usage, incomplete: result.incomplete,
                                                       abandoned: result.abandoned, servingModel: result.servingModel))
             }
+            if let cause = result.credentialFailure {
+                UpstreamCredentialFailures.record(kind: upstreamKind, workspace: workspaceName, requestID: requestID, cause: cause,
+                                                  metrics: metrics, logger: logger)
+            }
             context.finish(RouteOutcome(ended: result.status, clientID: clientID,
-                                        detail: result.cloudError.map { "upstream said: \($0)" } ?? result.error.map { "upstream \($0)" }
-                                            ?? (result.abandoned ? "the client left; the reply was read for its usage" : nil),
+                                        detail: result.logDetail,
                                         bytes: result.bytes))
         }
         let send: @Sendable (UpstreamRequest, any UpstreamDelegate) -> Void = { upstreamRequest, delegate in
@@ -192,9 +209,12 @@ public struct RelayRoutes: Sendable {
             guard case .anthropic(let key) = target else { return nil }
             let upstreamRequest = MessagesRelay.upstreamRequest(request, key: key)
             begin = { send(upstreamRequest, exchange) }
-        case .bedrock(let upstreamRequest):
+        case .bedrock(let upstreamRequest, .bedrockMessages):
+            // The Messages API answers in the API's own shapes; its errors in AWS's.
+            begin = { send(upstreamRequest, BedrockMessagesReply(exchange)) }
+        case .bedrock(let upstreamRequest, _):
             begin = { send(upstreamRequest, BedrockReply(exchange, streams: streams)) }
-        case .vertex(let body, let model, let betas, let account, let settings, let sealed):
+        case .vertex(let body, let model, let countsTokens, let betas, let account, let settings, let sealed):
             let tokens = relay.vertexTokens, workspace = grant.workspaceID, workspaceName = grant.workspaceName
             let tokenURL = settings.tokenURL ?? account.tokenURI
             let loop = context.loop, logger = self.logger
@@ -204,11 +224,12 @@ public struct RelayRoutes: Sendable {
                     let go: @Sendable () -> Void = {
                         switch result {
                         case .success(let token):
-                            send(CloudRoute.vertex(body: body, model: model, streams: streams, settings: settings, betas: betas, accessToken: token),
+                            send(CloudRoute.vertex(body: body, model: model, streams: streams, countsTokens: countsTokens, settings: settings,
+                                                   betas: betas, accessToken: token),
                                  VertexReply(exchange))
                         case .failure(let why):
                             logger.error("vertex_token_unavailable", [("request_id", requestID), ("workspace", workspaceName), ("error", why.description)])
-                            exchange.answerAtOnce(status: 503, type: "api_error", message: "the upstream of this workspace cannot be reached right now")
+                            exchange.answerCredentialFailure(cause: "the access token grant failed: \(why)")
                         }
                     }
                     // The token may come on another loop (another request's fetch): the

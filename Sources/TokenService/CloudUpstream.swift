@@ -7,6 +7,16 @@ public enum UpstreamKind: String, Sendable, Codable, CaseIterable {
     case anthropic, bedrock, vertex
 }
 
+/// Which of Bedrock's APIs a workspace's requests use.
+public enum BedrockAPI: String, Sendable, Codable, CaseIterable {
+    /// `POST /anthropic/v1/messages`: the Messages API itself, for the newest models and
+    /// inference profiles (the default).
+    case messages
+    /// `InvokeModel` and `InvokeModelWithResponseStream`: what Anthropic now calls legacy, kept
+    /// for ARN-versioned models.
+    case invoke
+}
+
 /// What a cloud upstream needs besides its credentials, stored in the clear (shown by
 /// `attestctl workspaces show` and the console). The credentials are sealed apart.
 public struct CloudUpstreamSettings: Sendable, Equatable, Codable {
@@ -22,22 +32,32 @@ public struct CloudUpstreamSettings: Sendable, Equatable, Codable {
     public var models: [String: String]
     /// The service account (Vertex only): who the calls are billed as, shown to operators.
     public var clientEmail: String?
+    /// Bedrock's API: `messages` (the Messages API, `/anthropic/v1/messages`), or `invoke`
+    /// (InvokeModel, for ARN-versioned legacy models). Nil: a workspace set up before the choice
+    /// existed, which keeps InvokeModel.
+    public var api: BedrockAPI?
+    /// Betas the cloud has accepted since this service's table was written, allowed by an owner
+    /// for this workspace (`--cloud-beta`).
+    public var extraBetas: [String]?
 
     public init(region: String, project: String? = nil, endpointURL: String? = nil, tokenURL: String? = nil,
-                models: [String: String], clientEmail: String? = nil) {
+                models: [String: String], clientEmail: String? = nil, api: BedrockAPI? = nil, extraBetas: [String]? = nil) {
         self.region = region
         self.project = project
         self.endpointURL = endpointURL
         self.tokenURL = tokenURL
         self.models = models
         self.clientEmail = clientEmail
+        self.api = api
+        self.extraBetas = extraBetas
     }
 
     enum CodingKeys: String, CodingKey {
-        case region, project, models
+        case region, project, models, api
         case endpointURL = "endpoint_url"
         case tokenURL = "token_url"
         case clientEmail = "client_email"
+        case extraBetas = "extra_betas"
     }
 
     /// The stored form (the `settings` column): JSON with sorted keys.
@@ -56,7 +76,13 @@ public struct CloudUpstreamSettings: Sendable, Equatable, Codable {
         switch kind {
         case .anthropic: nil
         case .bedrock: "https://bedrock-runtime.\(region).amazonaws.com"
-        case .vertex: "https://\(region)-aiplatform.googleapis.com"
+        // The SDKs' hosts: `global` and the multi-regions have their own (a `global-` prefix
+        // answers an HTML 404).
+        case .vertex: switch region {
+            case "global": "https://aiplatform.googleapis.com"
+            case "us", "eu": "https://aiplatform.\(region).rep.googleapis.com"
+            default: "https://\(region)-aiplatform.googleapis.com"
+            }
         }
     }
 
@@ -87,6 +113,12 @@ public struct CloudUpstreamSettings: Sendable, Equatable, Codable {
         for (api, cloud) in models.sorted(by: { $0.key < $1.key }) {
             field("from", api)
             field("to", cloud)
+        }
+        // Settings added since: bound when set, so rows sealed before them keep their binding.
+        if let api { field("api", api.rawValue) }
+        if let extraBetas {
+            field("extra_betas", String(extraBetas.count))
+            for beta in extraBetas { field("beta", beta) }
         }
         return out
     }

@@ -9,13 +9,15 @@ extension AdminService {
     /// like an upstream key and replace it (one upstream per workspace). Owners and the primary
     /// owner only; audited with the region and models, never the credentials.
     public func setUpstreamBedrock(actor: String, workspace name: String, region: String, accessKeyID: String, secretKey: String,
-                                   sessionToken: String? = nil, endpointURL: String? = nil, models: [String], secrets: SecretBox) throws {
+                                   sessionToken: String? = nil, endpointURL: String? = nil, models: [String], api: BedrockAPI = .messages,
+                                   extraBetas: [String] = [], secrets: SecretBox) throws {
         let region = try Validate.cloudRegion(region)
         let accessKeyID = try Validate.awsAccessKeyID(accessKeyID)
         let secretKey = try Validate.cloudSecret(secretKey, what: "the secret access key", limit: 256)
         let sessionToken = try Validate.given(sessionToken).map { try Validate.cloudSecret($0, what: "the session token", limit: 4096) }
         let endpoint = try Validate.given(endpointURL).map { try Validate.cloudURL($0, what: "the endpoint URL") }
-        let settings = CloudUpstreamSettings(region: region, endpointURL: endpoint, models: try Validate.modelMappings(models))
+        let settings = CloudUpstreamSettings(region: region, endpointURL: endpoint, models: try Validate.modelMappings(models), api: api,
+                                             extraBetas: try Validate.cloudBetas(extraBetas))
         try Validate.pinned(settings, kind: .bedrock, pins: CloudEndpointPins(try store.cloudEndpointPins()))
         let encoder = JSONEncoder()
         encoder.outputFormatting = .sortedKeys
@@ -30,14 +32,16 @@ extension AdminService {
     /// key file sealed as given, replacing any upstream key). Owners and the primary owner only;
     /// audited with the project, region, account and models, never the key.
     public func setUpstreamVertex(actor: String, workspace name: String, project: String, region: String, serviceAccountJSON: String,
-                                  endpointURL: String? = nil, tokenURL: String? = nil, models: [String], secrets: SecretBox) throws {
+                                  endpointURL: String? = nil, tokenURL: String? = nil, models: [String], extraBetas: [String] = [],
+                                  secrets: SecretBox) throws {
         let project = try Validate.cloudProject(project)
         let region = try Validate.cloudRegion(region)
         let account = try Validate.serviceAccount(serviceAccountJSON)
         let endpoint = try Validate.given(endpointURL).map { try Validate.cloudURL($0, what: "the endpoint URL") }
         let token = try Validate.given(tokenURL).map { try Validate.cloudURL($0, what: "the token URL", path: true) }
         let settings = CloudUpstreamSettings(region: region, project: project, endpointURL: endpoint, tokenURL: token,
-                                             models: try Validate.modelMappings(models), clientEmail: account.clientEmail)
+                                             models: try Validate.modelMappings(models), clientEmail: account.clientEmail,
+                                             extraBetas: try Validate.cloudBetas(extraBetas))
         try Validate.pinned(settings, kind: .vertex, pins: CloudEndpointPins(try store.cloudEndpointPins()), accountTokenURI: account.tokenURI)
         try setUpstream(actor: actor, workspace: name, what: "set the upstream", kind: .vertex, settings: settings,
                         credentials: Array(serviceAccountJSON.utf8), last4: account.last4, secrets: secrets, action: "workspace.upstream_set",
@@ -97,12 +101,13 @@ extension AdminService {
 
     /// A cloud upstream in one line, for the audit trail: no credentials in it.
     public static func describe(_ kind: UpstreamKind, _ settings: CloudUpstreamSettings) -> String {
-        var parts = ["\(kind.rawValue)"]
+        var parts = ["\(kind.rawValue)" + (settings.api.map { " (\($0.rawValue) API)" } ?? "")]
         if let project = settings.project { parts.append("project \(project)") }
         parts.append("region \(settings.region)")
         if let account = settings.clientEmail { parts.append("service account \(account)") }
         if let endpoint = settings.endpointURL { parts.append("endpoint \(endpoint)") }
         if let token = settings.tokenURL { parts.append("token URL \(token)") }
+        if let betas = settings.extraBetas { parts.append("extra betas " + betas.joined(separator: ",")) }
         parts.append("models " + settings.models.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ","))
         return parts.joined(separator: ", ")
     }
@@ -135,14 +140,31 @@ extension Validate {
         return region
     }
 
-    /// A Google Cloud project ID: 6 to 63 characters, a lowercase letter first, no '-' last.
+    /// Betas an owner allows through a cloud beyond this service's table: 0 to 32 names of
+    /// lowercase letters, digits and '-'. Nil for none.
+    public static func cloudBetas(_ betas: [String]) throws -> [String]? {
+        guard !betas.isEmpty else { return nil }
+        guard betas.count <= 32 else { throw AdminError("at most 32 --cloud-beta values") }
+        var seen: [String] = []
+        for beta in betas.map({ $0.trimmingCharacters(in: .whitespaces) }) {
+            guard matches(beta, 3...100, { isLowerOrDigit($0) || $0 == 0x2d }) else {
+                throw AdminError("--cloud-beta '\(beta.prefix(60))' must be a beta's name: lowercase letters, digits and '-', such as context-1m-2025-08-07")
+            }
+            if !seen.contains(beta) { seen.append(beta) }
+        }
+        return seen
+    }
+
+    /// A Google Cloud project ID (6 to 63 characters, a lowercase letter first, no '-' last) or
+    /// a project number (digits).
     public static func cloudProject(_ text: String) throws -> String {
         let project = text.trimmingCharacters(in: .whitespaces)
+        if matches(project, 1...20, { (0x30...0x39).contains($0) }) { return project }
         let bytes = Array(project.utf8)
         guard matches(project, 6...63, { isLowerOrDigit($0) || $0 == 0x2d }), let first = bytes.first, (0x61...0x7a).contains(first),
               bytes.last != 0x2d else {
-            throw AdminError("project '\(project.prefix(70))' must be a Google Cloud project ID: 6 to 63 lowercase letters, digits and '-', "
-                             + "starting with a letter and not ending with '-'")
+            throw AdminError("project '\(project.prefix(70))' must be a Google Cloud project ID (6 to 63 lowercase letters, digits and '-', "
+                             + "starting with a letter and not ending with '-') or a project number")
         }
         return project
     }
@@ -261,6 +283,7 @@ extension Validate {
             throw AdminError("the token URL is not in its stored form")
         }
         _ = try modelMappings(settings.models.map { "\($0.key)=\($0.value)" })
+        if let betas = settings.extraBetas, try cloudBetas(betas) != betas { throw AdminError("the extra betas are not in their stored form") }
         try pinned(settings, kind: kind, pins: pins)
     }
 

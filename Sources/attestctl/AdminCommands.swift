@@ -27,11 +27,15 @@ enum AdminCommands {
            attestctl workspaces show NAME [--json]
            attestctl workspaces set-upstream-key --actor EMAIL --workspace NAME --key-file FILE|-
            attestctl workspaces set-upstream-bedrock --actor EMAIL --workspace NAME --region REGION --access-key-id ID
-             --secret-key-file FILE [--session-token-file FILE] [--endpoint-url URL] --model API_MODEL=BEDROCK_MODEL_ID [--model …]
+             --secret-key-file FILE [--session-token-file FILE] [--endpoint-url URL] [--api messages|invoke] [--cloud-beta BETA]…
+             --model API_MODEL=BEDROCK_MODEL_ID [--model …]
            attestctl workspaces set-upstream-vertex --actor EMAIL --workspace NAME --project PROJECT --region REGION
-             --service-account-file FILE [--endpoint-url URL] [--token-url URL] --model API_MODEL=VERTEX_MODEL [--model …]
+             --service-account-file FILE [--endpoint-url URL] [--token-url URL] [--cloud-beta BETA]… --model API_MODEL=VERTEX_MODEL [--model …]
              the workspace's requests go to Amazon Bedrock or Google Vertex AI instead of the Anthropic API (set-upstream-key
              switches back); --model maps each model devices may name to the cloud's ID (1 to 64; any other is refused);
+             --api: Bedrock's Messages API (messages, the default: the newest models, inference profiles such as global.anthropic.…)
+             or InvokeModel (invoke, for ARN-versioned legacy models); --cloud-beta: a beta the cloud has accepted since this
+             service's table (docs/relay.md) was written, allowed for this workspace; --project also takes a project number;
              --endpoint-url and --token-url: https://host[:port] (http:// only to a loopback address). The credentials
              are sealed like an upstream key; show prints the kind, region or project, models and key_last4, never them.
              The credentials are sealed together with these settings: settings changed in the database alone no longer
@@ -266,9 +270,10 @@ enum AdminCommands {
             print("workspace \(workspace.name): no upstream key (attestd uses --upstream-key-file, if given)")
         }
         // The same fields as --json's "upstream", one a line, those that are set.
-        for name in ["kind", "region", "project", "endpoint_url", "token_url", "client_email", "models", "key_last4", "set_at", "set_by"] {
+        for name in ["kind", "api", "region", "project", "endpoint_url", "token_url", "client_email", "models", "extra_betas", "key_last4", "set_at", "set_by"] {
             switch upstream[name] {
             case let models as [String: String]: print("models: " + models.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
+            case let list as [String]: print("\(name): " + list.joined(separator: ","))
             case let value as String: print("\(name): \(value)")
             default: break
             }
@@ -281,7 +286,8 @@ enum AdminCommands {
         func value(_ text: String?) -> Any { text ?? NSNull() }
         return ["kind": (key?.kind ?? .anthropic).rawValue, "region": value(settings?.region), "project": value(settings?.project),
                 "endpoint_url": value(settings?.endpointURL), "token_url": value(settings?.tokenURL), "client_email": value(settings?.clientEmail),
-                "models": settings?.models ?? NSNull(), "key_last4": value(key?.last4), "set_at": value(key.map { iso8601($0.setAt) }),
+                "models": settings?.models ?? NSNull(), "api": value(key?.kind == .bedrock ? (settings?.api ?? .invoke).rawValue : nil),
+                "extra_betas": settings?.extraBetas ?? NSNull(), "key_last4": value(key?.last4), "set_at": value(key.map { iso8601($0.setAt) }),
                 "set_by": value(key?.setBy)]
     }
 
@@ -298,7 +304,11 @@ enum AdminCommands {
 
     static func setUpstreamBedrock(_ argv: [String]) throws {
         let arguments = try parse(argv, options: ["actor", "workspace", "region", "access-key-id", "secret-key-file", "session-token-file",
-                                                  "endpoint-url", "model"])
+                                                  "endpoint-url", "model", "api", "cloud-beta"])
+        let api = try arguments.value("api").map { text in
+            guard let api = BedrockAPI(rawValue: text) else { throw UsageError("--api must be messages or invoke") }
+            return api
+        } ?? .messages
         let actor = try Validate.email(try arguments.required("actor"))
         let workspace = try arguments.required("workspace")
         let region = try arguments.required("region"), accessKeyID = try arguments.required("access-key-id")
@@ -307,13 +317,13 @@ enum AdminCommands {
         let (service, _) = try open(arguments)
         try service.setUpstreamBedrock(actor: actor, workspace: workspace, region: region, accessKeyID: accessKeyID, secretKey: secretKey,
                                        sessionToken: sessionToken, endpointURL: try arguments.value("endpoint-url"), models: arguments.all("model"),
-                                       secrets: try secretBox(arguments))
+                                       api: api, extraBetas: arguments.all("cloud-beta"), secrets: try secretBox(arguments))
         try printUpstreamSet(service, workspace)
     }
 
     static func setUpstreamVertex(_ argv: [String]) throws {
         let arguments = try parse(argv, options: ["actor", "workspace", "project", "region", "service-account-file", "endpoint-url", "token-url",
-                                                  "model"])
+                                                  "model", "cloud-beta"])
         let actor = try Validate.email(try arguments.required("actor"))
         let workspace = try arguments.required("workspace")
         let project = try arguments.required("project"), region = try arguments.required("region")
@@ -321,7 +331,7 @@ enum AdminCommands {
         let (service, _) = try open(arguments)
         try service.setUpstreamVertex(actor: actor, workspace: workspace, project: project, region: region, serviceAccountJSON: account,
                                       endpointURL: try arguments.value("endpoint-url"), tokenURL: try arguments.value("token-url"),
-                                      models: arguments.all("model"), secrets: try secretBox(arguments))
+                                      models: arguments.all("model"), extraBetas: arguments.all("cloud-beta"), secrets: try secretBox(arguments))
         try printUpstreamSet(service, workspace)
     }
 

@@ -60,7 +60,7 @@ import Testing
         ("serviceUnavailableException", "overloaded_error"),
         ("modelNotReadyException", "overloaded_error"),
         ("validationException", "invalid_request_error"),
-        ("modelStreamErrorException", "api_error"),
+        // modelStreamErrorException, a model's own failure, carries the model's words: BedrockErrorMappingTests.
         ("internalServerException", "api_error"),
         ("modelTimeoutException", "api_error"),
     ]

@@ -60,23 +60,23 @@ import Glibc
     func aBetaInTheBodyMeetsThePolicy(workspace: String) async throws {
         let fixture = try await Fixture().register()
         defer { fixture.stop() }
-        try fixture.ctl(["integrations", "update", fixture.clients[workspace] ?? "", "--actor", "owner@example.com", "--betas", "allowed-beta-1"])
+        try fixture.ctl(["integrations", "update", fixture.clients[workspace] ?? "", "--actor", "owner@example.com", "--betas", "context-1m-2025-08-07"])
         let refused = try await fixture.post(workspace, #"{"model":"claude-test","max_tokens":5,"anthropic_beta":["secret-beta-2"],"messages":[{"role":"user","content":"Hi"}]}"#)
         #expect(refused.status == 400)
         #expect(((refused.json["error"] as? [String: Any])?["message"] as? String)?.contains("secret-beta-2") == true, "\(refused.json)")
-        let malformed = try await fixture.post(workspace, #"{"model":"claude-test","max_tokens":5,"anthropic_beta":"allowed-beta-1","messages":[]}"#)
+        let malformed = try await fixture.post(workspace, #"{"model":"claude-test","max_tokens":5,"anthropic_beta":"context-1m-2025-08-07","messages":[]}"#)
         #expect(malformed.status == 400)
         let header = try await fixture.post(workspace, #"{"model":"claude-test","max_tokens":5,"messages":[{"role":"user","content":"Hi"}]}"#,
                                             headers: ["anthropic-beta": "secret-beta-2"])
         #expect(header.status == 400)
         guard workspace != "default" else { return }
-        let allowed = try await fixture.post(workspace, #"{"model":"claude-test","max_tokens":5,"anthropic_beta":["allowed-beta-1"],"messages":[{"role":"user","content":"Hi"}]}"#)
+        let allowed = try await fixture.post(workspace, #"{"model":"claude-test","max_tokens":5,"anthropic_beta":["context-1m-2025-08-07"],"messages":[{"role":"user","content":"Hi"}]}"#)
         #expect(allowed.status == 200, "\(String(decoding: allowed.body, as: UTF8.self))")
         let stub = workspace == "aws" ? fixture.bedrock : fixture.vertex
         let logged = try #require(await stub.waitForLog { $0["grant"] == nil })
         #expect(stub.log.filter { $0["grant"] == nil }.count == 1, "only the allowed request reached the cloud")
         if workspace == "aws" {
-            #expect((logged["body"] as? [String: Any])?["anthropic_beta"] as? [String] == ["allowed-beta-1"])
+            #expect((logged["body"] as? [String: Any])?["anthropic_beta"] as? [String] == ["context-1m-2025-08-07"])
         } else {
             #expect((logged["body"] as? [String: Any])?["anthropic_beta"] == nil)
         }
