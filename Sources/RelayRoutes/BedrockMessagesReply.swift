@@ -1,19 +1,29 @@
 import CloudUpstreams
+import MessagesBody
 import Synchronization
 import UpstreamClient
 
 /// Bedrock's Messages API reply: the API's own JSON and SSE, relayed as they are; an error,
 /// which AWS's front end answers in its own shape (`x-amzn-ErrorType`, `{"message":…}`), becomes
-/// the API's error shape with this service's words (`bedrockError`).
+/// the API's error shape with this service's words (`bedrockError`). With `countsTokens`, the
+/// answer of CountTokens (`{"inputTokens":N}`) is held and answered as the API's
+/// `{"input_tokens":N}`.
 final class BedrockMessagesReply: UpstreamDelegate {
     private struct State {
         var failure: (status: Int, type: String?, retryAfter: String?, body: [UInt8])?
+        var counted: [UInt8]?
     }
 
     let exchange: RelayedExchange
+    let countsTokens: Bool
     private let state = Mutex(State())
 
-    init(_ exchange: RelayedExchange) { self.exchange = exchange }
+    init(_ exchange: RelayedExchange, countsTokens: Bool = false) {
+        self.exchange = exchange
+        self.countsTokens = countsTokens
+    }
+
+    static let inputTokens = JSONMemberScan.Names("inputTokens")
 
     func upstreamDidReceiveHead(status: Int, headers: [(name: String, value: String)]) {
         if let id = RelayedExchange.cloudRequestID(in: headers) { exchange.noteCloudRequestID(id) }
@@ -22,12 +32,20 @@ final class BedrockMessagesReply: UpstreamDelegate {
             state.withLock { $0.failure = (status, type, headers.first { $0.name == "retry-after" }?.value, []) }
             return
         }
+        if countsTokens {
+            state.withLock { $0.counted = [] }
+            return
+        }
         exchange.noteBilledCounts(inBedrockHeaders: headers)
         exchange.upstreamDidReceiveHead(status: status, headers: headers)
     }
 
     func upstreamDidReceive(_ chunk: UnsafeRawBufferPointer) -> Bool {
         let held = state.withLock { s -> Bool in
+            if s.counted != nil {
+                if s.counted!.count < BedrockReply.maxErrorBody { s.counted!.append(contentsOf: chunk.prefix(BedrockReply.maxErrorBody - s.counted!.count)) }
+                return true
+            }
             guard s.failure != nil else { return false }
             let room = BedrockReply.maxErrorBody - s.failure!.body.count
             if room > 0 { s.failure!.body.append(contentsOf: chunk.prefix(room)) }
@@ -37,6 +55,19 @@ final class BedrockMessagesReply: UpstreamDelegate {
     }
 
     func upstreamDidFinish(_ error: UpstreamError?) {
+        if let counted = state.withLock({ $0.counted }), error == nil {
+            let count = counted.withUnsafeBytes { bytes in
+                (try? JSONMemberScan.members(of: Self.inputTokens, in: bytes))?[0].flatMap { JSONMemberScan.integer(bytes, $0) }
+            }
+            guard let count, count >= 0 else {
+                exchange.upstreamDidFinish(UpstreamError(kind: .other, detail: "Bedrock's CountTokens answer has no inputTokens"))
+                return
+            }
+            exchange.upstreamDidReceiveHead(status: 200, headers: [("content-type", "application/json")])
+            _ = Array(#"{"input_tokens":\#(count)}"#.utf8).withUnsafeBytes { exchange.upstreamDidReceive($0) }
+            exchange.upstreamDidFinish(nil)
+            return
+        }
         guard let failure = state.withLock({ $0.failure }), error == nil else {
             exchange.upstreamDidFinish(error)
             return

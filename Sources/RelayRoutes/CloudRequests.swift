@@ -79,6 +79,25 @@ enum CloudRoute {
         return UpstreamRequest(method: "POST", path: path, headers: headers, body: body, origin: origin)
     }
 
+    /// Bedrock's CountTokens (`POST /model/{id}/count-tokens`, for either API): the InvokeModel
+    /// body the request would send, base64 in `{"input":{"invokeModel":{"body":…}}}`, with a
+    /// `max_tokens` of 1 when the request has none (InvokeModel requires one; it counts nothing).
+    static func bedrockCountTokens(_ request: HTTPRequest, modelID: String, hasMaxTokens: Bool, settings: CloudUpstreamSettings,
+                                   betas: [String], credentials: AWSCredentials, at date: Date) throws -> UpstreamRequest {
+        var added = [("anthropic_version", CloudRequestBody.quoted(bedrockVersion))]
+        if let betas = CloudRequestBody.betasArray(betas) { added.append(("anthropic_beta", betas)) }
+        if !hasMaxTokens { added.append(("max_tokens", "1")) }
+        let invokeBody = try shaped(request, .bedrockInvoke, model: modelID, betas: betas, adding: added)
+        let body = Array(#"{"input":{"invokeModel":{"body":"#.utf8) + Array(CloudRequestBody.quoted(Base64.encode(invokeBody)).utf8) + Array("}}}".utf8)
+        let origin = settings.origin(kind: .bedrock) ?? ""
+        let path = "/model/\(CloudRequestBody.pathSegment(modelID))/count-tokens"
+        var headers: [(name: String, value: String)] = [("host", authority(of: origin)), ("content-type", "application/json"),
+                                                       ("accept", "application/json")]
+        let signer = SigV4Signer(service: "bedrock", region: settings.region, credentials: credentials)
+        headers.append(contentsOf: signer.sign(method: "POST", path: path, headers: headers, body: body, date: date))
+        return UpstreamRequest(method: "POST", path: path, headers: headers, body: body, origin: origin)
+    }
+
     /// The body as Vertex AI takes it: without `model` (named in the URL), with its
     /// `anthropic_version`; a count-tokens body keeps the mapped model, as that endpoint reads it.
     static func vertexBody(_ request: HTTPRequest, model: String, betas: [String], countsTokens: Bool = false) throws -> [UInt8] {

@@ -10,6 +10,8 @@ import CloudUpstreams
 /// A request to a cloud upstream, prepared before anything is sent.
 enum CloudPlan: Sendable {
     case bedrock(UpstreamRequest, api: CloudAPI)
+    /// Bedrock's CountTokens, whose `{"inputTokens":N}` becomes the API's `{"input_tokens":N}`.
+    case bedrockCountTokens(UpstreamRequest)
     /// The body as Vertex takes it; the request is made once the access token is there.
     case vertex(body: [UInt8], model: String, countsTokens: Bool, betas: [String], account: GoogleServiceAccount, settings: CloudUpstreamSettings,
                 sealed: [UInt8])
@@ -108,7 +110,6 @@ public struct RelayRoutes: Sendable {
                              clientID: grant.clientID, reason: reason.rawValue, detail: detail)
             }
             let countsTokens = route != WireProtocol.messagesPath
-            if countsTokens, api != .vertex { return refuse("count_tokens is not available through this workspace's \(kind) upstream (\(api.name))") }
             let (fields, cloudStreams) = MessagesRequestFields.read(request, spendsTokens: !countsTokens)
             scanned = (fields, cloudStreams)
             guard let model = fields.model, let mapped = settings.models[model] else {
@@ -125,6 +126,9 @@ public struct RelayRoutes: Sendable {
             do {
                 switch target {
                 case .anthropic: break
+                case .bedrock(let credentials, _) where countsTokens:
+                    cloud = .bedrockCountTokens(try CloudRoute.bedrockCountTokens(request, modelID: mapped, hasMaxTokens: fields.maxTokens != nil,
+                                                                                  settings: settings, betas: betas, credentials: credentials, at: Date()))
                 case .bedrock(let credentials, _):
                     cloud = .bedrock(try CloudRoute.bedrock(request, api: api, modelID: mapped, streams: cloudStreams, settings: settings,
                                                             betas: betas, credentials: credentials, at: Date()), api: api)
@@ -214,6 +218,8 @@ public struct RelayRoutes: Sendable {
             begin = { send(upstreamRequest, BedrockMessagesReply(exchange)) }
         case .bedrock(let upstreamRequest, _):
             begin = { send(upstreamRequest, BedrockReply(exchange, streams: streams)) }
+        case .bedrockCountTokens(let upstreamRequest):
+            begin = { send(upstreamRequest, BedrockMessagesReply(exchange, countsTokens: true)) }
         case .vertex(let body, let model, let countsTokens, let betas, let account, let settings, let sealed):
             let tokens = relay.vertexTokens, workspace = grant.workspaceID, workspaceName = grant.workspaceName
             let tokenURL = settings.tokenURL ?? account.tokenURI
