@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The relay's cost per request on each upstream kind, side by side in one run: one attestd with
-# three workspaces — the Anthropic API (the fixed nginx upstream of relay-fixture.sh), Amazon
-# Bedrock and Google Vertex AI (the TLS stubs of Tests/Support/cloud-stubs, which verify each
+# four workspaces — the Anthropic API (the fixed nginx upstream of relay-fixture.sh), Amazon
+# Bedrock on its Messages API and on InvokeModel, and Google Vertex AI (the TLS stubs of Tests/Support/cloud-stubs, which verify each
 # SigV4 signature or OAuth token and forward to the same fixed upstream). Interleaved rounds of
 # wrk against each; prints per round requests/s and attestd's CPU per request, then the medians
 # and each cloud kind's CPU per request over the Anthropic kind's.
@@ -48,13 +48,17 @@ vertex_port=$(awk '/PORT/ {print $2}' "$work/vertex_stub.port")
 ctl() { $bin/attestctl "$@" --db "$db" >/dev/null; }
 ctl workspaces create --actor bench@example.com --name aws
 ctl workspaces create --actor bench@example.com --name gcp
+ctl workspaces create --actor bench@example.com --name awsinvoke
 ctl workspaces set-upstream-bedrock --actor bench@example.com --workspace aws --region us-east-1 --access-key-id AKIABENCH000000001 \
   --secret-key-file "$work/aws-secret" --endpoint-url "https://127.0.0.1:$bedrock_port" --model claude-bench=claude-bench
+ctl workspaces set-upstream-bedrock --actor bench@example.com --workspace awsinvoke --api invoke --region us-east-1 \
+  --access-key-id AKIABENCH000000001 --secret-key-file "$work/aws-secret" --endpoint-url "https://127.0.0.1:$bedrock_port" \
+  --model claude-bench=claude-bench
 ctl workspaces set-upstream-vertex --actor bench@example.com --workspace gcp --project bench-project --region us-east5 \
   --service-account-file "$work/sa.json" --endpoint-url "https://127.0.0.1:$vertex_port" \
   --token-url "https://127.0.0.1:$vertex_port/token" --model claude-bench=claude-bench
 declare -A clients=([anthropic]="$clid")
-for ws in aws gcp; do
+for ws in aws awsinvoke gcp; do
   c=$($bin/attestctl integrations create --db "$db" --actor bench@example.com --workspace $ws --name Bench --team-id ABCDE12345 \
     --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
   ctl integrations update "$c" --actor bench@example.com --models claude-bench --max-tokens 4096 \
@@ -67,7 +71,7 @@ serve "$port" --upstream-ca-file "$work/ca.pem"
 attestd_pid=${pids[-1]}
 # One device (and wrk script) per workspace.
 declare -A scripts
-for kind in anthropic aws gcp; do
+for kind in anthropic aws awsinvoke gcp; do
   clid=${clients[$kind]}
   mint_token "$port"
   mv "$work/post.lua" "$work/post-$kind.lua"
@@ -83,7 +87,7 @@ for round in $(seq "$rounds"); do
   # What attestd spends with no request (its timers, the ledger's flush, the monitor's tick):
   # subtracted from each run, so that a slow kind's few requests are not charged for it.
   before=$(cpu_ticks "$attestd_pid"); sleep "$seconds"; idle=$(( $(cpu_ticks "$attestd_pid") - before ))
-  for kind in anthropic aws gcp; do
+  for kind in anthropic aws awsinvoke gcp; do
     before=$(cpu_ticks "$attestd_pid")
     out=$(wrk -t1 -c"$connections" -d"${seconds}s" -s "${scripts[$kind]}" "http://127.0.0.1:$port/v1/messages" 2>&1)
     after=$(cpu_ticks "$attestd_pid")
@@ -97,7 +101,7 @@ for round in $(seq "$rounds"); do
 done
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 base=$(median <<<"${cpu[anthropic]}")
-for kind in anthropic aws gcp; do
+for kind in anthropic aws awsinvoke gcp; do
   m=$(median <<<"${cpu[$kind]}")
   printf 'median %-9s req/s %6s  attestd CPU per request %6s us  (%.2f x the Anthropic kind)\n' "$kind" \
     "$(median <<<"${rps[$kind]}")" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')"

@@ -177,7 +177,39 @@ func readValue(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>, _ input: [U
 
 // MARK: - The cloud body edit
 
+/// The shaping table's edit (`CloudRequestBody.shape`) with a rule of each kind: whatever the
+/// input, a shaped body is braced, parses wherever the input did, holds no top-level
+/// `cache_control`, and a refusal names a refused member.
+func cloudShape(_ input: [UInt8], _ object: [String: Any]?) {
+    let rule: (String) -> MemberRule = { name in
+        switch name {
+        case "model", "stream", "metadata": .remove
+        case "cache_control": .moveCacheControl
+        case "output_config": .outputConfigHintOnly
+        case "container", "fallbacks": .refuse
+        default: .pass
+        }
+    }
+    let result: ShapedBody
+    do {
+        result = try CloudRequestBody.shape(input, rule: rule, adding: [("anthropic_version", #""v""#)])
+    } catch {
+        if object != nil, !isExpectedRefusal(error) { fail("the shaping refused a JSON object: \(error)", input) }
+        return
+    }
+    switch result {
+    case .refused(let what):
+        guard ["container", "fallbacks", "output_config.format"].contains(what) else { fail("refused \(what)", input) }
+    case .shaped(let body):
+        guard body.first == UInt8(ascii: "{"), body.last == UInt8(ascii: "}") else { fail("a shaped body that is not braced", input) }
+        guard object != nil else { return }
+        guard let shaped = referenceObject(body) else { fail("the shaped body of a JSON object does not parse", input) }
+        if shaped["cache_control"] != nil || shaped["model"] != nil { fail("a removed member is left at the top level", input) }
+    }
+}
+
 func cloudEdit(_ input: [UInt8], _ object: [String: Any]?, bedrock: Bool, betas: Bool) {
+    cloudShape(input, object)
     let removed = bedrock ? CloudRequestBody.removedForBedrock : CloudRequestBody.removedForVertex
     var added = [("anthropic_version", bedrock ? #""bedrock-2023-05-31""# : #""vertex-2023-10-16""#)]
     if betas { added.append(("anthropic_beta", #"["a-beta","b-beta"]"#)) }
