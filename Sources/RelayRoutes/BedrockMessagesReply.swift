@@ -24,6 +24,7 @@ final class BedrockMessagesReply: UpstreamDelegate {
     }
 
     static let inputTokens = JSONMemberScan.Names("inputTokens")
+    static let apiErrorMembers = JSONMemberScan.Names("type", "error")
 
     func upstreamDidReceiveHead(status: Int, headers: [(name: String, value: String)]) {
         if let id = RelayedExchange.cloudRequestID(in: headers) { exchange.noteCloudRequestID(id) }
@@ -72,7 +73,19 @@ final class BedrockMessagesReply: UpstreamDelegate {
             exchange.upstreamDidFinish(error)
             return
         }
-        exchange.answerCloudError(bedrockError(status: failure.status, errorTypeHeader: failure.type, body: failure.body),
-                                  retryAfter: failure.retryAfter)
+        // AWS's front end names its errors in `x-amzn-ErrorType`; the model's own errors come in
+        // the API's shape, with the API's status and type.
+        let answer = failure.type == nil && Self.isAPIError(failure.body)
+            ? VertexReply.answer(status: failure.status, body: failure.body, service: "Bedrock")
+            : bedrockError(status: failure.status, errorTypeHeader: failure.type, body: failure.body)
+        exchange.answerCloudError(answer, retryAfter: failure.retryAfter)
+    }
+
+    /// `{"type":"error","error":{…}}`: the Messages API's own error shape.
+    static func isAPIError(_ body: [UInt8]) -> Bool {
+        body.withUnsafeBytes { bytes in
+            guard let found = try? JSONMemberScan.members(of: apiErrorMembers, in: bytes), let type = found[0], found[1] != nil else { return false }
+            return JSONMemberScan.plainString(bytes, type) == "error"
+        }
     }
 }

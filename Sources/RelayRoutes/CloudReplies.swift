@@ -193,7 +193,7 @@ final class VertexReply: UpstreamDelegate {
 
     /// A Vertex AI error as the device gets it: the API's error type (from the API's own body, or
     /// from the status of Google's front end) and a message of this service's own.
-    static func answer(status: Int, body: [UInt8]) -> CloudErrorAnswer {
+    static func answer(status: Int, body: [UInt8], service: String = "Vertex AI") -> CloudErrorAnswer {
         let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any]
         let error = object?["error"] as? [String: Any]
         let apiType = object?["type"] as? String == "error" ? error?["type"] as? String : nil
@@ -211,7 +211,7 @@ final class VertexReply: UpstreamDelegate {
         let cloudMessage = error?["message"] as? String ?? String(decoding: body.prefix(300), as: UTF8.self)
         // Google's 401 and 403 are about this service's account; the API's own ones (from behind
         // Google's front end) are too: the device's token was checked here.
-        return CloudErrorAnswer.generic(status: status, type: type, service: "Vertex AI", cloudMessage: cloudMessage,
+        return CloudErrorAnswer.generic(status: status, type: type, service: service, cloudMessage: cloudMessage,
                                         exception: (error?["status"] as? String) ?? apiType.map { _ in "api" })
     }
 }

@@ -80,7 +80,7 @@ extension AdminCommandTests {
         // The sealed credentials open with this workspace's binding, to the AWS key as given.
         let stored = try #require(try store().upstreamKey(workspaceID: 1))
         let secrets = try SecretsKeyFile.load(dir.appendingPathComponent("attestd.key").path)
-        let opened = try secrets.open(stored.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: 1))
+        let opened = try secrets.open(stored.sealed, associatedData: stored.associatedData(workspaceID: 1))
         #expect(try JSONDecoder().decode(AWSAccessKey.self, from: Data(opened))
                 == AWSAccessKey(accessKeyID: "AKIAIOSFODNN7EXAMPLE", secretAccessKey: Self.awsSecret, sessionToken: Self.awsSessionToken))
 

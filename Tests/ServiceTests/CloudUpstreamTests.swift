@@ -291,8 +291,9 @@ import Glibc
         #expect(error["type"] as? String == "invalid_request_error")
         #expect((error["message"] as? String)?.contains("claude-unmapped") == true)
         #expect(fixture.bedrock.log.isEmpty && fixture.vertex.log.filter { $0["grant"] == nil }.isEmpty)
-        let count = try await fixture.post(workspace, Self.request(), path: "/v1/messages/count_tokens")
+        let count = try await fixture.post(workspace, Self.request(model: "claude-unmapped"), path: "/v1/messages/count_tokens")
         #expect(count.status == 400)
+        #expect(fixture.bedrock.log.isEmpty && fixture.vertex.log.filter { $0["grant"] == nil }.isEmpty)
     }
 
     /// The integration's policy judges the request before its cloud sees it, as on the Anthropic API.

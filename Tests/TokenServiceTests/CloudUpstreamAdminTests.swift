@@ -69,7 +69,7 @@ import TokenService
         #expect(key.kind == .bedrock && key.last4 == "MPLE" && key.setBy == "o@example.com")
         #expect(key.settings == CloudUpstreamSettings(region: "us-east-1", endpointURL: "https://bedrock.example.test:8443", models: [
             "claude-sonnet-4-5": "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-sonnet-4-5-v1:0",
-            "claude-haiku-4-5": "anthropic.claude-haiku-4-5-20251001-v1:0"]))
+            "claude-haiku-4-5": "anthropic.claude-haiku-4-5-20251001-v1:0"], api: .messages))
         let opened = try secrets.open(key.sealed, associatedData: key.associatedData(workspaceID: 1))
         // Sealed with the settings: the workspace alone, or any other settings, do not open it.
         #expect(throws: (any Error).self) { try secrets.open(key.sealed, associatedData: SealedUpstreamKey.associatedData(workspaceID: 1)) }

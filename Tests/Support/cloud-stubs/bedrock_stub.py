@@ -18,7 +18,10 @@ Bedrock sends: the JSON unchanged, or each SSE event's data in an AWS event-stre
 It prints `PORT <n>` once listening. `--check-host` refuses a request whose Host is not
 `bedrock-runtime.{region}.amazonaws.com` (for clients that reach the stub by that name). Model
 ids containing these words script the answer: `throttle`, `unavailable`, `not-ready`, `denied`
-(refused without forwarding; `denied` names the IAM principal and account, as AWS does), and on
+(refused without forwarding; `denied` names the IAM principal and account, as AWS does),
+`too-long` (a context overflow: InvokeModel and CountTokens answer 400 ValidationException
+"Input is too long for requested model.", the Messages API route the API's own 400 "prompt is
+too long: 208310 tokens > 200000 maximum"), and on
 the streaming route `midstream-exception`, `bad-prelude-crc`, `bad-message-crc`,
 `truncated-frame`, `oversized-frame`, `headers-past-frame`.
 """
@@ -464,6 +467,9 @@ class BedrockHandler(common.StubHandler):
             raise self.validation(refusal.message)
 
     def scripted_refusal(self, model_id, record):
+        if "too-long" in model_id:
+            record["behaviour"] = "too-long"
+            raise self.validation("Input is too long for requested model.")
         if "throttle" in model_id:
             record["behaviour"] = "throttle"
             raise self.model_failure(429, "ThrottlingException", "Too many requests, please wait before trying again.",
@@ -574,6 +580,12 @@ class BedrockHandler(common.StubHandler):
         record.update(model=model_id, stream=stream)
         betas = common.split_betas(self.headers.get_all("anthropic-beta") or [])
         self.strict_checks(parsed, MESSAGES_MEMBERS, model_id, betas, record)
+        if "too-long" in model_id:
+            # The model's own refusal, as the API words it (the route answers the API's errors as they are).
+            record["behaviour"] = "too-long"
+            return self.send_whole(400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                                    "message": "prompt is too long: 208310 tokens > 200000 maximum"}},
+                                   [("x-amzn-RequestId", common.request_id())])
         self.scripted_refusal(model_id, record)
         upstream_body = json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         headers = self.app.upstream.headers(",".join(betas) if betas else None)

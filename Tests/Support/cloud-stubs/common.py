@@ -451,6 +451,10 @@ class StubHandler(http.server.BaseHTTPRequestHandler):
             "stream": False,
             "cancelled": False,
             "body": None,
+            # Which headers came (names only: no credential reaches the log) and the betas named
+            # in `anthropic-beta`, so that a test sees what a client sent beyond the body.
+            "header_names": sorted({name.lower() for name in self.headers.keys()}),
+            "beta_header": self.headers.get_all("anthropic-beta") or [],
         }
         self._status = None
         try:

@@ -718,6 +718,9 @@ def bedrock_checks(ctx, fake, stub, plain_stub):
     equal((status, headers.get("x-amzn-ErrorType")), (503, "ServiceUnavailableException" + SUFFIX), "unavailable: 503")
     status, headers, _ = br.request("anthropic.not-ready-v1", bedrock_body())
     equal((status, headers.get("x-amzn-ErrorType")), (429, "ModelNotReadyException" + SUFFIX), "not-ready: 429 ModelNotReadyException")
+    status, headers, data = br.request("anthropic.claude-too-long-v1", bedrock_body(), stream=True)
+    equal((status, headers.get("x-amzn-ErrorType"), json.loads(data).get("message")),
+          (400, "ValidationException", "Input is too long for requested model."), "too-long: 400 ValidationException")
     equal(fake.count(), n, "scripted refusals are not forwarded")
 
     # The Anthropic stub's errors, in Bedrock's names
@@ -902,6 +905,11 @@ def vertex_checks(ctx, fake, stub, short_stub, key):
     # throttle
     status, _, data = https(ctx, port, "POST", vertex_path("claude-throttle"), json.dumps(vertex_body()).encode(), auth)
     equal((status, json.loads(data)["error"]["status"]), (429, "RESOURCE_EXHAUSTED"), "throttle: 429")
+    status, too_long_headers, data = https(ctx, port, "POST", vertex_path("claude-too-long"), json.dumps(vertex_body()).encode(), auth)
+    equal((status, json.loads(data)["error"]), (400, {"type": "invalid_request_error",
+                                                      "message": "prompt is too long: 208310 tokens > 200000 maximum"}),
+          "too-long: the API's own 400")
+    check(too_long_headers.get("request-id", "").startswith("req_vrtx_"), "too-long: a req_vrtx_ request-id", too_long_headers)
     equal(fake.count(), n, "refusals are not forwarded")
 
     # The Anthropic stub's errors pass through unchanged
@@ -1063,6 +1071,11 @@ def bedrock_messages_api_checks(ctx, fake, stub):
     status, headers, _ = br.request("", body, path=path, signed_headers=version, service="bedrock-mantle")
     equal((status, headers.get("x-amzn-ErrorType")), (403, "InvalidSignatureException"), "Messages API signed for bedrock-mantle: 403")
     equal(fake.count(), n, "Messages API refusals are not forwarded")
+    n = fake.count()
+    status, headers, data = br.request("", dict(body, model="global.anthropic.claude-too-long"), path=path, signed_headers=version)
+    equal((status, headers.get("x-amzn-ErrorType"), json.loads(data).get("error", {}).get("message")),
+          (400, None, "prompt is too long: 208310 tokens > 200000 maximum"), "Messages API too-long: the API's own 400")
+    equal(fake.count(), n, "Messages API too-long is not forwarded")
     status, headers, _ = br.request("", body, path=path + "/count_tokens", signed_headers=version)
     equal((status, headers.get("x-amzn-ErrorType")), (404, "UnknownOperationException"), "/anthropic/v1/messages/count_tokens: 404")
 

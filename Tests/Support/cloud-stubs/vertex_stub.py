@@ -20,7 +20,9 @@ aiplatform.{us,eu}.rep.googleapis.com; any other R: R-aiplatform.googleapis.com)
 `/token`, oauth2.googleapis.com (whose token URL it then also takes as the JWT's audience). For
 tests: `POST /_stub/token-endpoint?fail=1` makes `/token` answer 500 until `?fail=0`;
 `GET /_stub/stats` counts grants, requests and cancellations. A model whose name contains
-`throttle` is refused with 429 and one containing `denied` with 403, without forwarding.
+`throttle` is refused with 429, one containing `denied` with 403, and one containing `too-long`
+with the API's context overflow (400 `invalid_request_error` "prompt is too long: 208310 tokens
+> 200000 maximum", as Claude on Vertex words it), without forwarding.
 """
 
 import argparse
@@ -361,6 +363,9 @@ class VertexHandler(common.StubHandler):
             record["behaviour"] = "throttle"
             raise common.HTTPFailure(429, "Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model "
                                      f"with base model: {model}. Please submit a quota increase request.")
+        if "too-long" in model:
+            record["behaviour"] = "too-long"
+            raise common.HTTPFailure(400, "prompt is too long: 208310 tokens > 200000 maximum", kind="anthropic")
 
         forward = {"model": model}
         forward.update((k, v) for k, v in parsed.items() if k != "anthropic_version")
