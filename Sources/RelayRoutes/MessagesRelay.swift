@@ -79,7 +79,8 @@ public final class MessagesRelay: Sendable {
     }
 
     private func open(_ sealed: SealedUpstreamKey, of grant: TokenGrant) throws(KeyProblem) -> [UInt8] {
-        guard let secrets, secrets.current() != nil else {
+        // A key file made since the last look (attestctl init just now) is read at once.
+        guard let secrets, secrets.current() != nil || secrets.keyring(refresh: .now) != nil else {
             throw .unopenable("no secrets key file is loaded, so workspace \(grant.workspaceName)'s key cannot be opened")
         }
         do {
