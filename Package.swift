@@ -88,11 +88,14 @@ let package = Package(
         // Tools: a plain HTTP/1.1 client on POSIX sockets (load generator, tests) and the
         // argument parsing the command-line tools share.
         .target(name: "HTTPClient"),
-        .target(name: "CommandLineSupport", dependencies: ["AttestWire"]),
+        .target(name: "CommandLineSupport", dependencies: ["AttestWire", "CBuildInfo"]),
+        // The version (VERSION) and the commit the binaries were built from: headers that
+        // scripts/embed-version.sh writes (`--version`, the start-up log, /metrics).
+        .target(name: "CBuildInfo"),
 
         // The daemon's wiring, as a library: a test starts the whole of attestd in process.
         .target(name: "AttestDaemon", dependencies: ["ServiceRoutes", "ConsoleRoutes", "HTTPRouting", "RelayRoutes", "TokenService", "Stores", "HTTPServer", "AppAttest",
-                                                     "AttestCrypto", "EventLoops", "AttestWire", "UpstreamClient", "Lifecycle", "ReceiptRefresh"]),
+                                                     "AttestCrypto", "EventLoops", "AttestWire", "UpstreamClient", "Lifecycle", "ReceiptRefresh", "CBuildInfo"]),
         .executableTarget(name: "attestd", dependencies: ["AttestDaemon", "CMalloc", "HTTPRouting"]),
         // The operator's tool: administration and offline verification. No test authority.
         .executableTarget(name: "attestctl", dependencies: ["TokenService", "Stores", "AppAttest", "AttestCrypto", "AttestWire", "CBOR", "CommandLineSupport"]),

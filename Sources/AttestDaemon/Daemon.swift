@@ -1,6 +1,7 @@
 import AppAttest
 import AttestCrypto
 import AttestWire
+import CBuildInfo
 import ConsoleRoutes
 import EventLoops
 import Foundation
@@ -98,6 +99,8 @@ public final class Daemon: Sendable {
         let (publicServer, adminServer) = (self.publicServer, self.adminServer)
         router.reportTransport {
             (adminServer.map { publicServer.stats() + $0.stats() } ?? publicServer.stats()).prometheusText
+                + "# HELP attestd_build_info The release and commit this attestd was built from.\n# TYPE attestd_build_info gauge\n"
+                + "attestd_build_info{version=\"\(Self.version)\",commit=\"\(Self.commit)\"} 1\n"
                 + "# HELP attestd_audit_pending Audit events waiting to be written (they are kept and retried, never dropped).\n"
                 + "# TYPE attestd_audit_pending gauge\nattestd_audit_pending \(audit.pendingCount)\n"
                 + (tokenChecks.map { checks in
@@ -162,14 +165,27 @@ public final class Daemon: Sendable {
         if let tokenChecks { services.append(BasicService("token-checks", stop: { _ in tokenChecks.shutdown() })) }
         if let adminServer, let admin = options.admin {
             services.append(HTTPListener(name: "admin-listener", server: adminServer, grace: 0, logger: logger, started: { port in
-                logger.info("admin_listening", [("address", "\(admin.host.contains(":") ? "[\(admin.host)]" : admin.host):\(port)"),
+                let address = AttestdInstance.address(host: admin.host, port: port)
+                let console = options.baseURLs.first ?? "http://" + AttestdInstance.reachable(address)
+                logger.info("admin_listening", [("address", address),
                                                 ("routes", "/console/ /metrics /v1/oauth/introspect /v1/authz/check /healthz /readyz"),
-                                                ("console", "http://\(admin.host.contains(":") ? "[\(admin.host)]" : admin.host):\(port)/console/"),
-                                                ("sign_in", "attestctl console-login --actor EMAIL")])
+                                                ("console", console + "/console/"),
+                                                ("sign_in", Self.signInHint(options, console: console))])
             }, failed: { "--admin-listen: \($0) (--admin-listen none turns the admin listener off)" }))
         }
-        services.append(HTTPListener(name: "public-listener", server: publicServer, grace: options.shutdownGrace, logger: logger, started: { port in
+        services.append(HTTPListener(name: "public-listener", server: publicServer, grace: options.shutdownGrace, logger: logger, started: { [adminServer] port in
+            // Where this instance listens, for attestctl console-login: written before "listening"
+            // says the service is up. A database that refuses it leaves console-login to its default.
+            let instance = AttestdInstance(host: SecretsKeyRead.hostName(), publicAddress: AttestdInstance.address(host: options.host, port: port),
+                                           adminAddress: options.admin.flatMap { admin in adminServer.map { AttestdInstance.address(host: admin.host, port: $0.port) } },
+                                           baseURLs: options.baseURLs, version: "\(Self.version) (commit \(Self.commit))", startedAt: Date(),
+                                           processID: Int64(getpid()))
+            do { try store.recordInstance(instance) } catch {
+                logger.error("instance_record_failed", [("error", String(describing: error)),
+                                                        ("note", "attestctl console-login needs --base-url to find this instance's console")])
+            }
             logger.info("listening", [("address", "\(options.host.contains(":") ? "[\(options.host)]" : options.host):\(port)"),
+                                      ("version", Self.version), ("commit", Self.commit),
                                       ("db", Stores.redacted(options.db)), ("upstream", options.upstreamURL), ("threads", options.threads),
                                       ("exchange_threads", options.exchangeThreads), ("token_ttl", Int(options.exchange.tokenTTL)),
                                       ("mint_limit_per_minute", options.exchange.mintLimitPerMinute),
@@ -212,6 +228,22 @@ public final class Daemon: Sendable {
     /// open streams end with an SSE `overloaded_error` event), then the rest in reverse order.
     public func stop() {
         group.stop()
+    }
+
+    /// The release and the commit this attestd was built from (scripts/embed-version.sh).
+    public static let version = String(cString: attest_build_version())
+    public static let commit = String(cString: attest_build_commit())
+    /// What `attestd --version` prints.
+    public static var versionLine: String { "attestd \(version) (commit \(commit))" }
+
+    /// The command that prints a console sign-in link for this instance: `--db` when attestctl's
+    /// default would open another database, `--base-url` when its default would link elsewhere
+    /// (an attestctl that finds this instance's row needs neither, an older one does).
+    static func signInHint(_ options: ServeOptions, console: String) -> String {
+        var words = ["attestctl", "console-login", "--actor", "EMAIL"]
+        if options.db != "attestd.sqlite" && options.db != "./attestd.sqlite" { words += ["--db", Stores.redacted(options.db)] }
+        if console != "http://127.0.0.1:9090" { words += ["--base-url", console] }
+        return words.joined(separator: " ")
     }
 
     /// The public listener's port (0 before `run`).

@@ -75,7 +75,10 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
 --base-url URL (repeatable): how operators' browsers reach the admin listener (its console), e.g.
           https://attest-admin.example.com. The admin listener answers only a Host that is an IP
           address, localhost or one of these hosts; any other gets 421 (DNS rebinding cannot read
-          /metrics or the console from an operator's browser).
+          /metrics or the console from an operator's browser). Each attestd records in the database
+          where it listens and these URLs; attestctl console-login links to the first (else to the
+          admin listener) of the instance started last, on its own host first.
+attestd --version: the release and the commit it was built from.
 --audit-retention-days (default 400, 0 = keep forever): audit rows older than this are deleted by the
           purge job, at most 10,000 a minute. Device refusals are one row per action, client ID,
           reason and minute with a count, so a flood of bad requests adds few rows.
@@ -170,6 +173,8 @@ public struct ServeOptions: Sendable {
     public var auditRetentionDays = 400
     /// Hosts of `--base-url`: accepted as `Host` on the admin listener.
     public var adminHostNames: [String] = []
+    /// The `--base-url` values, in order (without a trailing `/`): recorded for attestctl console-login.
+    public var baseURLs: [String] = []
 
     static func httpsURL(_ text: String, option: String) throws -> String {
         guard let url = URL(string: text), url.scheme?.lowercased() == "https", url.host != nil else {
@@ -250,6 +255,10 @@ public struct ServeOptions: Sendable {
                     throw StartupError("--base-url takes the URL operators' browsers use for the admin listener, such as https://attest-admin.example.com, got \(text)")
                 }
                 adminHostNames.append(host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host)
+                var base = text
+                while base.hasSuffix("/") { base.removeLast() }
+                if base.hasSuffix("/console") { base.removeLast("/console".count) }
+                baseURLs.append(base)
             case "--audit-retention-days": auditRetentionDays = try number("--audit-retention-days", 0...100_000)
             case "--threads": threads = try number("--threads", 1...256)
             case "--exchange-threads": exchangeThreads = try number("--exchange-threads", 1...256)

@@ -107,7 +107,7 @@ public func hoistGlobalOptions(_ argv: [String], options: Set<String>) throws ->
     while i < argv.count, argv[i].hasPrefix("--") {
         let argument = argv[i]
         let name = String(argument.dropFirst(2).prefix { $0 != "=" })
-        if argument == "--help" { break }
+        if argument == "--help" || argument == "--version" { break }
         guard options.contains(name) else {
             throw UsageError("unknown option \(argument) before the command (global options: \(options.sorted().map { "--\($0)" }.joined(separator: ", ")))")
         }

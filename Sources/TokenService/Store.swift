@@ -163,7 +163,16 @@ public typealias DeviceExchangeStore = ExchangeStore & IntegrationStore & StoreH
 
 /// What the operators' service reads and changes (attestctl, the console).
 public typealias AdministrationStore = OrganisationStore & IntegrationStore & DeviceInventoryStore & UsageStore & AuditStore
-    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore & SecretsKeyReadStore & CloudEndpointPinStore
+    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore & SecretsKeyReadStore & CloudEndpointPinStore & InstanceStore
+
+/// Where each attestd listens (a row per host and public listener, written by the instance when
+/// its listeners open, read by `attestctl console-login`).
+public protocol InstanceStore: AnyObject, Sendable {
+    /// Inserts the row of `instance.host` and `instance.publicAddress`, or replaces it.
+    func recordInstance(_ instance: AttestdInstance) throws
+    /// Every row, the most recently started first.
+    func attestdInstances() throws -> [AttestdInstance]
+}
 
 /// The hosts a cloud upstream's credentials may go to, for the whole deployment (none: any).
 public protocol CloudEndpointPinStore: AnyObject, Sendable {

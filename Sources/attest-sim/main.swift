@@ -20,6 +20,7 @@ runTool("attest-sim") {
     case "load": return try LoadCommand.run(rest)
     case "bench": return try BenchCommand.run(rest)
     case "help", "--help", "-h": print(usage); return 0
+    case "--version", "version": print(BuildInfo.line("attest-sim")); return 0
     default: throw UsageError(usage)
     }
 }

@@ -21,8 +21,10 @@ enum AdminCommands {
            attestctl members remove --actor EMAIL --email EMAIL [--workspace NAME]   (their console sessions end with it)
            attestctl console-login --actor EMAIL [--workspace NAME] [--base-url URL]
              prints a sign-in link for the console (on attestd's admin listener, /console/): single use, valid 10
-             minutes, for a member of the workspace. --base-url: how the member's browser reaches the admin
-             listener (default http://127.0.0.1:9090, attestd's default --admin-listen)
+             minutes, for a member of the workspace. The link goes to the console of the attestd started last on
+             this database (on this host first), as it recorded itself: its first --base-url, else its admin
+             listener; http://127.0.0.1:9090 when none has started yet. --base-url: how the member's browser
+             reaches the admin listener, whatever attestd recorded
            attestctl workspaces create --actor EMAIL --name NAME
            attestctl workspaces show NAME [--json]
            attestctl workspaces set-upstream-key --actor EMAIL --workspace NAME --key-file FILE|-
@@ -100,9 +102,12 @@ enum AdminCommands {
          (default: $ATTESTD_SECRETS_KEY_FILE, else attestd.key beside the database; init creates it, 32 random bytes, 0600)
     """
 
+    static let help = CommandHelp(usage, tool: "attestctl")
+
     static func run(_ command: String, _ argv: [String]) throws -> Int32 {
         if wantsHelp(argv) {
-            print(usage)
+            // That command alone (and, for a group such as `integrations`, its subcommands).
+            print(help.text(for: [command] + argv) ?? usage)
             return 0
         }
         do {
@@ -226,17 +231,43 @@ enum AdminCommands {
         let arguments = try parse(argv, options: ["actor", "workspace", "base-url"])
         let actor = try arguments.required("actor")
         let workspace = try arguments.value("workspace") ?? AdminService.defaultWorkspace
-        var base = try arguments.value("base-url") ?? "http://127.0.0.1:9090"
+        let given = try arguments.value("base-url")
+        if let given { _ = try consoleBase(given) }
+        let (service, store) = try open(arguments)
+        // Where the console is: what the operator said, else what the running attestd recorded.
+        var base: String, whence: String
+        if let given {
+            (base, whence) = (try consoleBase(given), "")
+        } else {
+            let here = SecretsKeyRead.hostName()
+            if let instance = AttestdInstance.likelyConsole(among: try store.attestdInstances(), host: here) {
+                guard let recorded = instance.consoleBaseURL else {
+                    throw UsageError("the attestd started last (on \(instance.host) at \(iso8601(instance.startedAt))) has no admin listener "
+                                     + "(--admin-listen none): restart it with --admin-listen HOST:PORT, or pass --base-url")
+                }
+                base = (try? consoleBase(recorded)) ?? recorded
+                whence = "; the console of the attestd started on \(instance.host) at \(iso8601(instance.startedAt))"
+                    + (instance.host == here ? "" : " (another host: reach it through an SSH tunnel or a proxy, and pass its address as --base-url)")
+            } else {
+                base = "http://127.0.0.1:9090"
+                whence = "; no attestd has started on this database yet, so this is the default admin listener"
+            }
+        }
+        let token = try service.createSignInLink(for: actor, workspace: workspace)
+        print("\(base)/console/sign-in?token=\(token)")
+        FileHandle.standardError.write(Data("sign-in link for \(try Validate.email(actor)) in \(workspace): single use, valid 10 minutes; open it in a browser\(whence)\n".utf8))
+    }
+
+    /// A console origin as given (`--base-url`, or recorded by attestd), without `/` or `/console` at its end.
+    static func consoleBase(_ text: String) throws -> String {
+        var base = text
         guard let url = URL(string: base), let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https", url.host != nil,
               url.query == nil, url.fragment == nil else {
             throw UsageError("--base-url \(base.prefix(100)): use the admin listener's address as the browser reaches it, such as http://127.0.0.1:9090")
         }
         while base.hasSuffix("/") { base.removeLast() }
         if base.hasSuffix("/console") { base.removeLast("/console".count) }
-        let (service, _) = try open(arguments)
-        let token = try service.createSignInLink(for: actor, workspace: workspace)
-        print("\(base)/console/sign-in?token=\(token)")
-        FileHandle.standardError.write(Data("sign-in link for \(try Validate.email(actor)) in \(workspace): single use, valid 10 minutes; open it in a browser\n".utf8))
+        return base
     }
 
     static func createWorkspace(_ argv: [String]) throws {

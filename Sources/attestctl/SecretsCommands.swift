@@ -8,24 +8,25 @@ import TokenService
 enum SecretsCommands {
     static let usage = """
     usage: attestctl secrets rotate --actor EMAIL [--keys-only]
+             makes a new secrets key the current one, keeps the old one beside it (KEYFILE.previous), then re-seals
+             every sealed value under the new key, one at a time. attestd reads both files while a rotation is under
+             way, so every instance keeps opening every value throughout. Interrupted at any point, rotate resumes
+             where it stopped. With instances on several hosts, run rotate --keys-only, copy both key files to every
+             host, then run rotate again to re-seal.
            attestctl secrets finish-rotation --actor EMAIL
+             removes the previous key once no sealed value needs it, and refuses while one does; then it names the
+             hosts whose attestd still reports holding a previous key (remove KEYFILE.previous there too).
            attestctl secrets status [--json]
-      rotate makes a new secrets key the current one, keeps the old one beside it (KEYFILE.previous),
-      then re-seals every sealed value under the new key, one at a time. attestd reads both files while
-      a rotation is under way, so every instance keeps opening every value throughout. Interrupted at
-      any point, rotate resumes where it stopped. With instances on several hosts, run rotate --keys-only,
-      copy both key files to every host, then run rotate again to re-seal.
-      finish-rotation removes the previous key once no sealed value needs it, and refuses while one does;
-      then it names the hosts whose attestd still reports holding a previous key (remove KEYFILE.previous
-      there too). status lists what each attestd last read from its key files (stale: no report for 15 minutes).
+             lists what each attestd last read from its key files (stale: no report for 15 minutes).
       Key files must be readable and writable by their owner only (chmod 600), and owned by the user that
       reads them (root may read any user's): others are refused, by attestctl and by attestd.
       Owners and the primary owner of the default workspace; every step is audited (never a key).
     """
+    static let help = CommandHelp(usage, tool: "attestctl")
 
     static func run(_ argv: [String]) throws -> Int32 {
         if wantsHelp(argv) {
-            print(usage)
+            print(help.text(for: ["secrets"] + argv) ?? usage)
             return 0
         }
         do {

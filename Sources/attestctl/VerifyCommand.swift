@@ -18,7 +18,7 @@ enum VerifyCommand {
            attestctl verify receipt --object <base64|@file> [--at <ISO 8601 time>] [--receipt-trust-anchor <PEM file>]
              a receipt on its own (an attestation's or a refreshed one): signature, chain to Apple Root CA - G3
              (or the given root) at --at, and its fields
-           attestation and receipt take --receipt-trust-anchor: a PEM file with a root trusted for receipts in place of G3 and
+             attestation and receipt take --receipt-trust-anchor: a PEM file with a root trusted for receipts in place of G3 and
              the intermediate receipts must be signed under (pinned, as Apple's is), for tests
            each prints one JSON object (--json is accepted and changes nothing): verified, then (when true) what the authenticator data says:
              validation_category (number), distribution (name), bundle_version, platform (ios|macos), flags,
@@ -27,9 +27,10 @@ enum VerifyCommand {
              (informational, from the certificate's OID 1.2.840.113635.100.8.7), and receipt: {valid, reason (when
              false), type, environment, app_id, created_at, not_before, expires_at, risk_metric}; when false: reason and detail
     """
+    static let help = CommandHelp(usage, tool: "attestctl")
 
     static func run(_ arguments: [String]) throws -> Int32 {
-        if wantsHelp(arguments) { print(usage); return 0 }
+        if wantsHelp(arguments) { print(help.text(for: ["verify"] + arguments) ?? usage); return 0 }
         guard let kind = arguments.first else { throw UsageError(usage) }
         switch kind {
         case "attestation": return try attestation(Array(arguments.dropFirst()))

@@ -8,8 +8,10 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   init | members add|list|remove           set up the organisation
   console-login --actor EMAIL [--base-url URL]  a single-use sign-in link (10 minutes) to the console
   migrate                                  apply the schema's migrations (SQLite or PostgreSQL)
+  backup --to FILE                         an online copy of a SQLite database while attestd serves
   workspaces create|show|set-upstream-key|set-upstream-bedrock|set-upstream-vertex
                                            workspaces and their upstream: the Anthropic API's key, Amazon Bedrock or Google Vertex AI
+  cloud-endpoints show|allow               the only hosts cloud credentials may be sent to, for the whole deployment
   apple-keys set|list                      each Apple team's App Attest data-service key (for the risk metric)
   integrations create|list|show|update|revoke  manage app integrations, which builds they admit and what they may spend
   devices list --client-id CLID [--risk-over N] | show KEY_ID  the devices that registered: platform, distribution,
@@ -19,7 +21,7 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   audit [--client-id CLID] [--limit N]     newest audit events
   secrets rotate|finish-rotation|status    a new secrets key, every sealed value re-sealed under it while attestd serves
   verify attestation|assertion|receipt …   verify an App Attest object or receipt offline
-every command answers --help; --db PATH|URL (a SQLite file or a postgresql:// URL; default: $ATTESTD_DB, else ./attestd.sqlite) and
+every command answers --help (attestctl COMMAND --help: that command alone); --version prints the version and commit; --db PATH|URL (a SQLite file or a postgresql:// URL; default: $ATTESTD_DB, else ./attestd.sqlite) and
 --secrets-key-file FILE (default: $ATTESTD_SECRETS_KEY_FILE, else attestd.key beside the database)
 may come before or after it
 """
@@ -32,6 +34,7 @@ runTool("attestctl") {
     case "secrets": return try SecretsCommands.run(rest)
     case "init", "migrate", "backup", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage", "cloud-endpoints": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
+    case "--version", "version": print(BuildInfo.line("attestctl")); return 0
     default: throw UsageError(usage)
     }
 }

@@ -32,6 +32,7 @@ let arguments = Array(CommandLine.arguments.dropFirst())
 do {
     guard arguments.first == "serve" else {
         if ["help", "--help", "-h"].contains(arguments.first ?? "") { print(serveUsage); exit(0) }
+        if ["--version", "version"].contains(arguments.first ?? "") { print(Daemon.versionLine); exit(0) }
         throw StartupError(serveUsage)
     }
     let options = Array(arguments.dropFirst())

@@ -47,8 +47,17 @@ import UpstreamStub
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("deploying-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: root) }
         let moved = [("/var/lib/attestd", "state"), ("/var/backups/attestd", "backups"), ("/etc/ssl/attestd", "ssl")]
+        // The package's copies of the shipped files are the repository's deploy/ (make install puts them there).
         func relocate(_ line: String) -> String {
             moved.reduce(line) { $0.replacingOccurrences(of: $1.0, with: root.appendingPathComponent($1.1).path) }
+                .replacingOccurrences(of: "/usr/share/attestd/", with: "deploy/")
+        }
+        /// Paths a line may change: only the moved directories, inside this test's own.
+        func ownPaths(_ words: [String]) -> Bool {
+            words.filter { $0.hasPrefix("/") }.allSatisfy { $0.hasPrefix(root.path + "/") }
+        }
+        func startService() throws -> ServerProcess {
+            try ServerProcess(db: root.appendingPathComponent("state/attestd.sqlite").path, extraArguments: try Self.unitFlags(), trustingTestAuthority: false)
         }
         let lines = try Self.commands()
         var server: ServerProcess?
@@ -70,11 +79,38 @@ import UpstreamStub
                 let (status, output) = try runCombined("/usr/bin/\(command)", Array(words.dropFirst()), in: ServerProcess.packageRoot)
                 #expect(status == 0, "\(original)\n\(output)")
                 ran.append(command)
-            case "systemctl" where words.contains("attestd") && words.contains("--now"):
+            case "systemctl" where words.contains("attestd") && (words.contains("--now") || words.contains("start")):
                 // The service as the unit starts it: its flags, the test's own ports.
-                server = try ServerProcess(db: root.appendingPathComponent("state/attestd.sqlite").path, extraArguments: try Self.unitFlags(),
-                                           trustingTestAuthority: false)
-                ran.append("service")
+                #expect(server == nil, "\(original): the service is already running")
+                server = try startService()
+                ran.append(words.contains("--now") ? "service" : "service start")
+            case "systemctl" where words.contains("attestd") && words.contains("stop"):
+                #expect(server != nil, "\(original): the service is not running")
+                server?.stop()
+                server = nil
+                ran.append("service stop")
+            case "curl":
+                // Against the service as the guide started it (its public listener, the test's port).
+                let running = try #require(server, "\(original): no service is running")
+                let arguments = words.dropFirst().map { $0.replacingOccurrences(of: "http://127.0.0.1:8080", with: "http://127.0.0.1:\(running.port)") }
+                let (status, output) = try runCombined("/usr/bin/curl", arguments)
+                #expect(status == 0, "\(original)\n\(output)")
+                ran.append("curl \(words.last.map { URL(string: $0)?.path ?? $0 } ?? "")")
+            case "attestd" where words.dropFirst().first == "--version":
+                let (status, output) = try runCombined(ServerProcess.attestd, ["--version"])
+                #expect(status == 0 && output.hasPrefix("attestd "), "\(original)\n\(output)")
+                ran.append("attestd --version")
+            case "rm" where ownPaths(words):
+                let (status, output) = try runCombined("/usr/bin/rm", Array(words.dropFirst()))
+                #expect(status == 0, "\(original)\n\(output)")
+                ran.append("rm")
+            case "install" where words.dropFirst().first == "-m" && ownPaths(words):
+                // A file put in place, without the owner a test cannot give it.
+                var arguments = Array(words.dropFirst())
+                for option in ["-o", "-g"] { if let i = arguments.firstIndex(of: option) { arguments.removeSubrange(i...(i + 1)) } }
+                let (status, output) = try runCombined("/usr/bin/install", arguments)
+                #expect(status == 0, "\(original)\n\(output)")
+                ran.append("install a file")
             case "chmod":
                 let (status, output) = try runCombined("/usr/bin/chmod", Array(words.dropFirst()))
                 #expect(status == 0, "\(original)\n\(output)")
@@ -85,7 +121,7 @@ import UpstreamStub
                 }
             default:
                 // Not runnable here (a system user, systemctl, apt-get): the files it names exist.
-                for word in words where word.hasPrefix("deploy/") || word.hasPrefix(".build/") {
+                for word in words where word.hasPrefix("deploy/") || word.hasPrefix(".build/") || word.hasPrefix("/usr/share/attestd/") {
                     let path = ServerProcess.packageRoot.appendingPathComponent(word.hasPrefix(".build/release/") ? word.replacingOccurrences(of: "release", with: "debug") : word).path
                     #expect(FileManager.default.fileExists(atPath: path), "\(original): \(word) is missing")
                 }
@@ -93,10 +129,15 @@ import UpstreamStub
         }
         // The guide's steps, all of them: init, sign-in, an integration, a backup, a rotation, alerts.
         for expected in ["service", "attestctl init --db", "attestctl console-login --db", "attestctl integrations create", "attestctl backup --db",
-                         "attestctl secrets status", "attestctl secrets rotate", "attestctl secrets finish-rotation", "openssl", "promtool"] {
+                         "attestctl secrets status", "attestctl secrets rotate", "attestctl secrets finish-rotation", "openssl", "promtool",
+                         // The upgrade and the way back: version, backup, stop, migrate, start, readiness, restore.
+                         "attestd --version", "service stop", "attestctl migrate --db", "service start", "curl /readyz", "rm", "install a file"] {
             #expect(ran.contains(expected), "the guide no longer runs \(expected): \(ran)")
         }
         #expect(server?.log.contains("\"event\":\"listening\"") == true)
+        // The guide ends with the service running on the restored backup, which has what init wrote.
+        let (status, members) = try ServerProcess.attestctl(["members", "list", "--db", root.appendingPathComponent("state/attestd.sqlite").path])
+        #expect(status == 0 && members.contains("ops@example.com"), "\(members)")
         // The key the guide made is the one everything is sealed under, mode 0600.
         let key = root.appendingPathComponent("state/attestd.key").path
         #expect((try FileManager.default.attributesOfItem(atPath: key)[.posixPermissions] as? Int) == 0o600)
