@@ -10,7 +10,9 @@ usage: scripts/attack-bench.py PORT MODES CONNECTIONS SECONDS [ATTESTD_PID]
     head:   a partial request head, one more byte every 5 s (reconnecting when cut)
     body:   a token request whose 60,000-byte body arrives one byte every 5 s
     noread: PIPELINE (default 50) pipelined requests per connection, responses never read; ROUTE=healthz
-            (default), metrics or challenge (POST /v1/oauth/app-attest/challenge) says which
+            (default), metrics (404 on the public listener) or challenge (POST /v1/oauth/app-attest/challenge)
+            says which; RCVBUF (default 1024) is each attacking socket's receive buffer, 0 the kernel's
+            default (128 KiB here, which takes every answer of a 200-deep pipeline: nothing waits unsent)
     head1:  the slow heads of "head", all from one address (the per-address limit's case)
     flood:  challenge requests as fast as FLOOD_THREADS (default 48) threads can send them, each
             from a new address (127.1.0.1 upward; CONNECTIONS is ignored): the rate limiter must
@@ -48,6 +50,7 @@ def noread_request():
 
 
 NOREAD_REQUEST = None
+NOREAD_RCVBUF = int(os.environ.get("RCVBUF", "1024"))
 
 
 def open_one(mode, i):
@@ -59,7 +62,7 @@ def open_one(mode, i):
         if mode == "head": s.send(b"GET /healthz HTTP/1.1\r\nHost: a\r\nX-Slow: ")
         elif mode == "body": s.send(b"POST /v1/oauth/token HTTP/1.1\r\nHost: a\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 60000\r\n\r\n")
         elif mode == "noread":
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            if NOREAD_RCVBUF > 0: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, NOREAD_RCVBUF)
             s.setblocking(False)
             data = NOREAD_REQUEST * int(os.environ.get("PIPELINE", "50"))
             try: s.send(data)   # what the socket takes now; the rest is the attacker's loss
@@ -178,7 +181,14 @@ def summary(name, ok, total, lat):
     lat = sorted(lat)
     if not lat: return "%s %d/%d" % (name, ok, total)
     p50, p99 = lat[len(lat) // 2] * 1000, lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
-    return "%s %d/%d (%.0f%%), p50 %.1f ms, p99 %.1f ms" % (name, ok, total, 100.0 * ok / total, p50, p99)
+    return "%s %d/%d (%.0f%%), p50 %.1f ms, p99 %.1f ms, max %.1f ms" % (name, ok, total, 100.0 * ok / total, p50, p99, lat[-1] * 1000)
+
+
+def cpu_seconds():
+    """attestd's CPU time so far (user and system), 0 without its process ID."""
+    try: fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    except (OSError, TypeError, IndexError): return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kb():
@@ -194,6 +204,7 @@ if client_id:
     print(summary("exchange without attack:", len(base), 3, base), flush=True)
 
 for mode in modes:
+    cpu_before = cpu_seconds()
     attack = Flood() if mode == "flood" else Attack(mode)
     time.sleep(2)
     stop = time.time() + seconds
@@ -211,7 +222,8 @@ for mode in modes:
     attack.stop()
     line = "%s x%d, %g s: %s" % (mode, count if mode != "flood" else attack.next, seconds, summary("healthz", health_ok, total, health))
     if client_id: line += " | " + summary("exchange", trade_ok, total, trade)
-    line += " | attestd max RSS %d kB | attacker reconnects %d, sockets at end %d" % (max(rss) if rss else 0, attack.reopened, len(attack.socks))
+    line += " | attestd max RSS %d kB, CPU %.1f s | attacker reconnects %d, sockets at end %d" % (
+        max(rss) if rss else 0, cpu_seconds() - cpu_before, attack.reopened, len(attack.socks))
     print(line, flush=True)
     if slow: print("  over 100 ms: " + ", ".join(slow), flush=True)
     time.sleep(2)   # the server reaps what the attack left before the next one

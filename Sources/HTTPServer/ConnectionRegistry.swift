@@ -21,6 +21,9 @@ enum ConnectionPhase: Sendable {
     case streaming
     /// A request is held, unhandled, while its connection's earlier answers wait unread.
     case held
+    /// A pipelined request waits, unhandled, for a later turn of its loop: this turn's budget
+    /// for them was spent (`pipelinedRequestsPerTurn`).
+    case waitingTurn
 }
 
 /// One per TCP connection (libmicrohttpd's socket context), from the STARTED to the CLOSED
@@ -65,8 +68,9 @@ final class ConnectionRecord: Sendable {
         }
     }
 
-    /// The request ended (completion callback): the connection waits for the next one.
-    func endRequest() {
+    /// The request ended (completion callback, in its loop's `turn`): the connection waits for
+    /// the next one.
+    func endRequest(turn: UInt64) {
         streamStalledSince.store(0, ordering: .relaxed)
         state.withLock { s in
             let now = monotonicNanoseconds()
@@ -74,12 +78,20 @@ final class ConnectionRecord: Sendable {
             s.phaseSince = now
             s.headSince = now
             s.requests += 1
+            s.completedTurn = turn
             s.writer = nil
         }
     }
 
     /// Whether a request on this connection has completed before (the current one follows it).
     var hasServedRequests: Bool { state.withLock { $0.requests > 0 } }
+
+    /// Whether the connection's previous request ended in its loop's `turn`: the current one
+    /// was then already read when that answer went out, i.e. pipelined (a client that waits for
+    /// each answer sends its next request after it, and it is read in a later turn).
+    func previousEnded(inTurn turn: UInt64) -> Bool {
+        state.withLock { $0.completedTurn == turn }
+    }
 
     func addBodyBytes(_ count: Int) {
         state.withLock { $0.bodyBytes += count }
@@ -108,6 +120,8 @@ struct RecordState {
     var headSince: UInt64
     var bodyBytes = 0
     var requests = 0
+    /// The turn of its loop in which the connection's last request ended (0: none yet).
+    var completedTurn: UInt64 = 0
     var reaped: HTTPReapReason?
     /// The current request's writer (cleared when the request ends).
     var writer: HTTPResponseWriter?
@@ -254,7 +268,7 @@ final class ConnectionRegistry: Sendable {
                     case .streaming:
                         let stalled = record.streamStalledSince.load(ordering: .relaxed)
                         if write > 0, stalled != 0, age(stalled) > write { return (.writeTimeout, 0, 0) }
-                    case .handling:
+                    case .handling, .waitingTurn:
                         break
                     case .held:
                         if write > 0, age(r.phaseSince) > write { return (.unreadAnswers, 0, 0) }
@@ -333,9 +347,11 @@ final class ConnectionRegistry: Sendable {
     }
 
     /// Counts connections by phase (for `HTTPServer.stats()`).
-    func phaseCounts() -> (total: Int, waiting: Int, heads: Int, bodies: Int, handling: Int, responding: Int, streams: Int, held: Int) {
+    func phaseCounts() -> (total: Int, waiting: Int, heads: Int, bodies: Int, handling: Int, responding: Int, streams: Int, held: Int,
+                           waitingTurn: Int) {
         state.withLock { s in
-            var counts = (total: s.records.count, waiting: 0, heads: 0, bodies: 0, handling: 0, responding: 0, streams: 0, held: 0)
+            var counts = (total: s.records.count, waiting: 0, heads: 0, bodies: 0, handling: 0, responding: 0, streams: 0, held: 0,
+                          waitingTurn: 0)
             for record in s.records.values {
                 switch record.state.withLock({ $0.phase }) {
                 case .waiting: counts.waiting += 1
@@ -345,6 +361,7 @@ final class ConnectionRegistry: Sendable {
                 case .responding: counts.responding += 1
                 case .streaming: counts.streams += 1
                 case .held: counts.held += 1
+                case .waitingTurn: counts.waitingTurn += 1
                 }
             }
             return counts
@@ -381,6 +398,8 @@ final class ServerTotals: Sendable {
     let cancelled = Atomic<UInt64>(0)
     /// Requests held for their connection's unread answers (each time one was held).
     let held = Atomic<UInt64>(0)
+    /// Requests that waited for a later turn of their loop (each time one waited).
+    let turnWaits = Atomic<UInt64>(0)
     /// Whole requests whose connection closed before any answer was queued.
     let unanswered = Atomic<UInt64>(0)
     private let reaped = Mutex<[HTTPReapReason: UInt64]>([:])

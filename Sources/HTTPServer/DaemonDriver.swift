@@ -17,6 +17,28 @@ import Glibc
 /// behind them and a legitimate caller waited there for a second. A daemon at its share of the
 /// connection limit leaves the listening socket to the others until one of its own closes.
 ///
+/// Pipelined requests get a budget per turn. libmicrohttpd runs every ready connection in each
+/// run, and a connection whose client pipelined parses its next request as soon as the previous
+/// answer is written: one request per busy connection per run, so 2,500 connections that
+/// pipeline and take their answers into large receive buffers made each run tens of
+/// milliseconds long, and a new caller waited several such runs. Here (`turn` counts the
+/// daemon's runs) a request parsed in the same turn as its connection's previous answer went
+/// out is pipelined, and a turn handles at most `turnBudget` of them: past that, one is
+/// suspended and queued, and each turn first resumes the oldest queued, up to the budget,
+/// before the daemon runs. A suspended connection is out of the daemon's epoll set and ready
+/// list, so it costs nothing while it waits. And pipelined requests take at most a share of the
+/// loop's time (half by default, `pipelinedTimeShare`): each turn that handled or queued any
+/// moves `pipelinedNotBefore` on by N times the processor time it used; once that is `pipelinedBurst` ahead of the clock they pause until
+/// the clock has caught up (other turns go on meanwhile), so the loop alternates some 10 ms of
+/// them with some 10 ms without. Pausing only until the lead was back under the burst made
+/// pauses of a millisecond, each followed by the scheduler's wake-up delay: on a loaded machine
+/// (a debug build beside other test suites) pipelined requests then got a small fraction of the
+/// loop instead of half, and 300 never-reading connections took over 30 s to be held. Short turns alone answer a new caller
+/// at once, but the loops still spend whole cores on the pipelined answers, and a legitimate
+/// exchange (the device, the server's worker threads, the database) then waits for the
+/// processor. No real client pipelines deeply (browsers, URLSession and proxies do not), so
+/// the limit costs no real client anything.
+///
 /// libmicrohttpd without an internal thread is single-threaded except for
 /// `MHD_resume_connection` (its cleanup mutex and inter-thread channel make that safe from
 /// anywhere): every other call on the daemon happens on its loop's thread.
@@ -30,6 +52,28 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     let listenFD: Int32
     /// Its share of the server's connection limit.
     let connectionLimit: Int
+    /// Pipelined requests handled per turn, resumed ones included (0: they never wait).
+    let turnBudget: Int
+    /// The daemon's runs so far (loop thread).
+    private(set) var turn: UInt64 = 0
+    /// What is left of this turn's budget (loop thread).
+    private var budgetLeft = 0
+    /// Where the pipelined requests' share of the loop's time has got to (monotonic nanoseconds;
+    /// loop thread).
+    private var pipelinedNotBefore: UInt64 = 0
+    /// Pipelined requests wait until `pipelinedNotBefore` (loop thread).
+    private var pipelinedPaused = false
+    static let pipelinedBurst: UInt64 = 10_000_000
+    /// A turn with pipelined requests moves `pipelinedNotBefore` on by this many times the
+    /// processor time it used (`HTTPServerConfiguration.pipelinedTimeShare`).
+    let pipelinedShare: UInt64
+    /// This turn handled, resumed or queued pipelined requests (loop thread)…
+    private var pipelinedThisTurn = false
+    /// …and the one before.
+    private var pipelinedLastTurn = false
+    /// Requests waiting for a later turn, oldest first from `waitingHead` on (loop thread).
+    private var waiting: [HTTPResponseWriter] = []
+    private var waitingHead = 0
     private var ready = true
     /// The listening socket has connections waiting.
     private var acceptReady = true
@@ -57,11 +101,14 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
     /// once its run returns (`checkReceiving`).
     private var receiving: [HTTPResponseWriter] = []
 
-    init(daemon: OpaquePointer, loop: EventLoop, listenFD: Int32, connectionLimit: Int) throws {
+    init(daemon: OpaquePointer, loop: EventLoop, listenFD: Int32, connectionLimit: Int, turnBudget: Int,
+         pipelinedTimeShare: Int = 2) throws {
         self.daemon = daemon
         self.loop = loop
         self.listenFD = listenFD
         self.connectionLimit = connectionLimit
+        self.turnBudget = turnBudget
+        pipelinedShare = UInt64(max(1, pipelinedTimeShare))
         epollFD = attest_mhd_epoll_fd(daemon)
         guard epollFD >= 0 else { throw HTTPServerError("libmicrohttpd did not report its epoll descriptor") }
     }
@@ -162,8 +209,15 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
 
     func poll(now: UInt64) -> UInt64? {
         acceptPending(now: now)
+        let began = turnBudget > 0 ? monotonicNanoseconds() : now
+        // While pipelined requests come, a turn is charged the processor time it used (a turn
+        // that waited for the processor is not charged the wait); the first one, its length.
+        let cpuBegan = waitingHead < waiting.count || pipelinedLastTurn ? threadCPUNanoseconds() : nil
+        pipelinedThisTurn = false
+        resumeWaiting(now: began)
         if ready || deadline.map({ now >= $0 }) ?? false {
             ready = false
+            turn &+= 1
             _ = MHD_run(daemon)
             checkReceiving()
             var milliseconds: UInt64 = 0
@@ -172,7 +226,21 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
                 ? now &+ min(milliseconds, 3_600_000) &* 1_000_000 : nil
         }
         var next = deadline
+        var ended = began
+        if pipelinedThisTurn {
+            // `pipelinedShare` times the turn's cost: pipelined requests get that fraction of the
+            // loop's time.
+            ended = monotonicNanoseconds()
+            let spent = cpuBegan.map { threadCPUNanoseconds() &- $0 } ?? (ended &- began)
+            pipelinedNotBefore = max(pipelinedNotBefore, began) &+ pipelinedShare &* spent
+            if pipelinedNotBefore > ended &+ Self.pipelinedBurst { pipelinedPaused = true }
+        }
+        pipelinedLastTurn = pipelinedThisTurn
         if let watchBy = watchLongSuspensions(now: now) { next = min(next ?? watchBy, watchBy) }
+        // Requests still wait for a turn: the next one that may take them.
+        if waitingHead < waiting.count {
+            if pipelinedPaused { next = min(next ?? pipelinedNotBefore, pipelinedNotBefore) } else { loop.requestTurn() }
+        }
         // More connections waiting than one batch took: the next turn takes more.
         if acceptReady {
             if now >= acceptPausedUntil { loop.requestTurn() } else { next = min(next ?? acceptPausedUntil, acceptPausedUntil) }
@@ -202,6 +270,40 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         for writer in writers { writer.closeIfClientLeftMidBody() }
     }
 
+    /// A request of this daemon waits, suspended, for a later turn (loop thread: libmicrohttpd's
+    /// callbacks).
+    func waitForTurn(_ writer: HTTPResponseWriter) {
+        waiting.append(writer)
+        pipelinedThisTurn = true
+    }
+
+    /// Whether a pipelined request may be handled in this turn (loop thread: libmicrohttpd's
+    /// callbacks): not while older ones wait, nor once the turn's budget is spent.
+    func takePipelinedSlot() -> Bool {
+        guard budgetLeft > 0, waitingHead == waiting.count else { return false }
+        budgetLeft -= 1
+        pipelinedThisTurn = true
+        return true
+    }
+
+    /// Starts a turn's budget (none while pipelined requests must wait, after the last turn that
+    /// had some) and resumes up to that many of the requests waiting for a turn, oldest first
+    /// (loop thread, before the daemon runs: libmicrohttpd takes them back in this run). A
+    /// request whose connection ended meanwhile is passed over.
+    private func resumeWaiting(now: UInt64) {
+        if pipelinedPaused, now >= pipelinedNotBefore { pipelinedPaused = false }
+        budgetLeft = pipelinedPaused ? 0 : turnBudget
+        while budgetLeft > 0, waitingHead < waiting.count {
+            let writer = waiting[waitingHead]
+            waitingHead += 1
+            if writer.releaseTurn() {
+                budgetLeft -= 1
+                pipelinedThisTurn = true
+            }
+        }
+        dropConsumed(&waiting, head: &waitingHead)
+    }
+
     /// A connection of this daemon was suspended (loop thread: libmicrohttpd's callbacks).
     func noteSuspended(_ writer: HTTPResponseWriter, since: UInt64) {
         suspensions.append((writer, since))
@@ -221,13 +323,7 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         }
         // Drop what was looked at as it goes: under steady load a recent suspension is always
         // pending, and the entries (each holding its request's writer) would otherwise pile up.
-        if suspensionsHead == suspensions.count {
-            suspensions.removeAll(keepingCapacity: suspensions.capacity <= 4096)
-            suspensionsHead = 0
-        } else if suspensionsHead >= 64, suspensionsHead * 2 >= suspensions.count {
-            suspensions.removeFirst(suspensionsHead)
-            suspensionsHead = 0
-        }
+        dropConsumed(&suspensions, head: &suspensionsHead)
         return next
     }
 
@@ -248,6 +344,8 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
             closedListener = true
             suspensions = []
             receiving = []
+            waiting = []
+            waitingHead = 0
             return true
         })
         if stopped == nil {
@@ -256,6 +354,25 @@ final class DaemonDriver: EventLoopParticipant, @unchecked Sendable {
         }
     }
 }
+/// Drops the entries of a queue read from `head` on that were already taken: all of them once
+/// every one was, else at least 64 once they are half of it (so the copy is amortised).
+private func dropConsumed<Element>(_ queue: inout [Element], head: inout Int) {
+    if head == queue.count {
+        queue.removeAll(keepingCapacity: queue.capacity <= 4096)
+        head = 0
+    } else if head >= 64, head * 2 >= queue.count {
+        queue.removeFirst(head)
+        head = 0
+    }
+}
+
+/// Processor time of the calling thread.
+private func threadCPUNanoseconds() -> UInt64 {
+    var time = timespec()
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+    return UInt64(time.tv_sec) &* 1_000_000_000 &+ UInt64(time.tv_nsec)
+}
+
 /// A listening TCP socket (non-blocking, close-on-exec, SO_REUSEADDR) shared by every daemon
 /// of a server; each daemon gets its own duplicate, since libmicrohttpd closes its listening
 /// descriptor when it stops.

@@ -159,7 +159,8 @@ public final class HTTPResponseWriter: Sendable {
     /// `DaemonDriver.hangUpWatchDelay` (20 ms; the loop's driver registers it): most
     /// relayed answers come back within a millisecond, and watching each one would cost two
     /// epoll_ctl calls and the monitor's lock per request.
-    func parkConnection() {
+    /// `watchHangUp` false: never put in the hang-up watch (a wait the driver ends by itself soon).
+    func parkConnection(watchHangUp: Bool = true) {
         let needsFD = state.withLock { $0.fd < 0 }
         let fd = needsFD ? attest_mhd_connection_fd(connection.pointer) : -1
         MHD_suspend_connection(connection.pointer)
@@ -170,7 +171,7 @@ public final class HTTPResponseWriter: Sendable {
             noteResume(wake)
             return wake
         }
-        if case .none = wake { record?.driver?.noteSuspended(self, since: now) }
+        if watchHangUp, case .none = wake { record?.driver?.noteSuspended(self, since: now) }
         perform(wake)
     }
 
@@ -218,6 +219,17 @@ public final class HTTPResponseWriter: Sendable {
         perform(transition { $0.releaseHold() })
     }
 
+    /// A request waiting for a later turn of its loop goes on (the loop's thread, before its
+    /// daemon runs). False if it was no longer waiting (its connection ended meanwhile).
+    func releaseTurn() -> Bool {
+        var waited = false
+        perform(transition { m in
+            waited = m.phase == .waitingTurn
+            return m.releaseTurn()
+        })
+        return waited
+    }
+
     /// A graceful shutdown began: runs the producer's `onShutdown` if its answer is incomplete.
     func notifyShutdown() {
         state.withLock { $0.beginShutdown() }?()
@@ -228,7 +240,7 @@ public final class HTTPResponseWriter: Sendable {
         let completion = state.withLock { $0.complete() }
         if completion.reservedBodyBytes > 0 { core.releaseBodyBytes(completion.reservedBodyBytes) }
         if completion.unanswered { core.totals.unanswered.add(1, ordering: .relaxed) }
-        record?.endRequest()
+        record?.endRequest(turn: record?.driver?.turn ?? 0)
         core.totals.requests.add(1, ordering: .relaxed)
         if completion.cut { core.totals.cancelled.add(1, ordering: .relaxed) }
         completion.cancel?()

@@ -60,6 +60,10 @@ public final class HTTPServer: Sendable {
     /// Suspended connections in the monitor's hang-up watch now (tests).
     var hangUpWatchCount: Int { running.withLock { $0?.core.monitor.watchedCount } ?? 0 }
 
+    /// The turn of the daemon whose callback runs on the calling thread, or nil elsewhere (tests:
+    /// which requests one turn of a loop handled).
+    var currentDaemonTurn: UInt64? { running.withLock { $0?.core }?.currentDriver()?.turn }
+
     /// Request-body bytes currently reserved against `maxBufferedBodyBytes`.
     var bufferedBodyBytes: Int { counters.bufferedBodyBytes.load(ordering: .relaxed) }
 
@@ -132,6 +136,7 @@ public final class HTTPServer: Sendable {
             stats.responding = counts.responding
             stats.openStreams = counts.streams
             stats.held = counts.held
+            stats.waitingForTurn = counts.waitingTurn
         }
         stats.bufferedBodyBytes = counters.bufferedBodyBytes.load(ordering: .relaxed)
         stats.connectionsAccepted = totals.accepted.load(ordering: .relaxed)
@@ -141,6 +146,7 @@ public final class HTTPServer: Sendable {
         stats.overloadedRequests = totals.overloaded.load(ordering: .relaxed)
         stats.cancelledAnswers = totals.cancelled.load(ordering: .relaxed)
         stats.heldRequests = totals.held.load(ordering: .relaxed)
+        stats.turnWaits = totals.turnWaits.load(ordering: .relaxed)
         stats.unansweredRequests = totals.unanswered.load(ordering: .relaxed)
         let reaped = totals.reapedByReason
         for reason in HTTPReapReason.allCases { stats.reaped[reason] = reaped[reason] ?? 0 }
@@ -193,7 +199,9 @@ public final class HTTPServer: Sendable {
                     throw error
                 }
                 do {
-                    created.append(try DaemonDriver(daemon: daemon, loop: loop, listenFD: listenFD, connectionLimit: share))
+                    created.append(try DaemonDriver(daemon: daemon, loop: loop, listenFD: listenFD, connectionLimit: share,
+                                                  turnBudget: config.pipelinedRequestsPerTurn,
+                                                  pipelinedTimeShare: config.pipelinedTimeShare))
                 } catch {
                     MHD_stop_daemon(daemon)
                     close(listenFD)
@@ -284,6 +292,8 @@ public final class HTTPServer: Sendable {
                   "stream water marks must satisfy 0 <= low <= high")
         try check(config.headDeadlineSeconds >= 0 && config.writeTimeoutSeconds >= 0 && config.bodyGraceSeconds >= 0
                   && config.minBodyBytesPerSecond >= 0 && config.bodyDeadlineSeconds >= 0, "deadlines must not be negative")
+        try check(config.pipelinedRequestsPerTurn >= 0, "pipelinedRequestsPerTurn must not be negative")
+        try check(config.pipelinedTimeShare >= 1, "pipelinedTimeShare must be at least 1")
         try check(config.slotEvictionThreshold > 0 && config.slotEvictionThreshold <= 1,
                   "slotEvictionThreshold must be in (0, 1]")
     }

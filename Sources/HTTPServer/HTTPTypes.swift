@@ -199,6 +199,27 @@ public struct HTTPServerConfiguration: Sendable {
     /// second and resumes the request once the client has taken half) or `writeTimeoutSeconds`
     /// closes it. 4 KiB: a few dozen small answers. 0 = no bound.
     public var maxUnreadResponseBytes: Int = 2 << 10
+    /// Pipelined requests handled per turn of an event loop, at most. A request is pipelined
+    /// when libmicrohttpd parses it in the same turn as its connection's previous answer went
+    /// out: it had been read already (a client that waits for each answer sends its next
+    /// request after it, and that is read in a later turn). Past this many in a turn, a
+    /// pipelined request waits, suspended, for a later turn, and each turn goes on first with
+    /// the oldest of those waiting. So whatever clients pipeline, and however fast they take
+    /// their answers (a large receive buffer takes hundreds of small answers, and nothing waits
+    /// unsent for `maxUnreadResponseBytes` to see), a turn handles at most this many of their
+    /// requests besides the ones that arrived on their own, and a new caller waits a few short
+    /// turns, not one long one: libmicrohttpd otherwise answered one pipelined request on every
+    /// busy connection in each run, and with 2,500 such connections a run took tens of
+    /// milliseconds. Pipelined requests also get at most a share of the loop's time
+    /// (`pipelinedTimeShare`). 64: such a turn takes one or two milliseconds here. 0 = no bound.
+    public var pipelinedRequestsPerTurn: Int = 64
+    /// Pipelined requests take at most 1/N of each event loop's processor time, in spells of
+    /// about 10 ms: the rest is left to everything else (new callers, the exchange's worker
+    /// threads, the database). 2, half: measured in docs/front-door.md, the 200-deep flood of
+    /// 5,000 never-reading connections then leaves a legitimate exchange's worst round under
+    /// 100 ms. A larger N makes the flood cheaper still (8 cut attestd's processor time during
+    /// it from 12 s to 4.4 s in 15 s, on a loaded machine) and slows a lone pipelining client.
+    public var pipelinedTimeShare: Int = 2
 
     public init() {}
 }
@@ -260,6 +281,11 @@ public struct HTTPServerStats: Sendable {
     public var heldRequests: UInt64 = 0
     /// Requests held now.
     public var held = 0
+    /// Pipelined requests that waited for a later turn of their event loop, the turn's budget
+    /// for them being spent (see `pipelinedRequestsPerTurn`)…
+    public var turnWaits: UInt64 = 0
+    /// …and those waiting now.
+    public var waitingForTurn = 0
     /// Whole requests whose connection closed with no answer (the client left first, or a
     /// deadline); a graceful stop leaves none.
     public var unansweredRequests: UInt64 = 0
@@ -281,6 +307,8 @@ extension HTTPServerStats {
         sum.responding += rhs.responding
         sum.openStreams += rhs.openStreams
         sum.held += rhs.held
+        sum.waitingForTurn += rhs.waitingForTurn
+        sum.turnWaits += rhs.turnWaits
         sum.bufferedBodyBytes += rhs.bufferedBodyBytes
         sum.connectionsAccepted += rhs.connectionsAccepted
         sum.requestsCompleted += rhs.requestsCompleted

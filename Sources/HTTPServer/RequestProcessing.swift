@@ -153,15 +153,26 @@ extension HTTPResponseWriter {
     }
 
     private func requestComplete(connection: OpaquePointer) -> MHD_Result {
-        // Only a request that follows another on its connection can find answers still unread.
-        // (The ioctl runs before the lock: no C call under it.)
-        let unreadLimit = core.configuration.maxUnreadResponseBytes
+        let config = core.configuration
         var holdForUnread = false
-        if unreadLimit > 0, let record, record.hasServedRequests, state.withLock({ $0.awaitsHandler }) {
-            holdForUnread = unreadBytes(record.fd) > unreadLimit
+        var waitForTurn = false
+        if let record, state.withLock({ $0.awaitsHandler }) {
+            // Only a request that follows another on its connection can find answers still
+            // unread. (The ioctl runs before the lock: no C call under it.)
+            if config.maxUnreadResponseBytes > 0, record.hasServedRequests {
+                holdForUnread = unreadBytes(record.fd) > config.maxUnreadResponseBytes
+            }
+            // A pipelined request (its predecessor's answer went out in this very turn) is
+            // handled within the turn's budget for them, else waits for a later turn.
+            if !holdForUnread, config.pipelinedRequestsPerTurn > 0, let driver = record.driver,
+               record.previousEnded(inTurn: driver.turn) {
+                waitForTurn = !driver.takePipelinedSlot()
+            }
         }
         let stopping = core.monitor.isStopping
-        let next = state.withLock { $0.requestComplete(holdForUnread: holdForUnread, serverStopping: stopping) }
+        let next = state.withLock {
+            $0.requestComplete(holdForUnread: holdForUnread, waitForTurn: waitForTurn, serverStopping: stopping)
+        }
         switch next {
         case .refuse(let response):
             return send(response, on: connection, close: true)
@@ -172,6 +183,14 @@ extension HTTPResponseWriter {
             core.totals.held.add(1, ordering: .relaxed)
             record?.enter(.held)
             parkConnection()
+            return .YES
+        case .waitTurn:
+            // Out of the daemon's run until its driver resumes it, in a later turn. Not in the
+            // hang-up watch: its wait is short, and a client gone meanwhile is seen on resume.
+            core.totals.turnWaits.add(1, ordering: .relaxed)
+            record?.enter(.waitingTurn)
+            parkConnection(watchHangUp: false)
+            record?.driver?.waitForTurn(self)
             return .YES
         case .close:
             return .NO

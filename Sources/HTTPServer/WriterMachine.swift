@@ -46,6 +46,9 @@ struct WriterMachine {
         case body
         /// The whole request is there but waits until the client reads earlier answers.
         case held
+        /// The whole request is there but it was pipelined and this turn's budget for pipelined
+        /// requests is spent: it waits, suspended, for a later turn (`DaemonDriver`).
+        case waitingTurn
         /// The handler is running on the connection's thread.
         case handling
         /// The producer owes the answer (the handler deferred, or used the writer); none queued.
@@ -207,6 +210,12 @@ struct WriterMachine {
         return wake()
     }
 
+    /// Its turn came: a request waiting for a later turn of the loop goes on.
+    mutating func releaseTurn() -> Wake {
+        guard phase == .waitingTurn else { return .none }
+        return wake()
+    }
+
     /// A graceful shutdown began: the shutdown callback to run, if the answer is incomplete.
     mutating func beginShutdown() -> (@Sendable () -> Void)? {
         guard phase != .closed, !producerDone, case .registered(let callback) = onShutdown else { return nil }
@@ -317,7 +326,7 @@ struct WriterMachine {
 
     var headSeen: Bool { phase != .head }
     /// The whole request may still be held: its handler has not been called.
-    var awaitsHandler: Bool { phase == .body || phase == .held }
+    var awaitsHandler: Bool { phase == .body || phase == .held || phase == .waitingTurn }
 
     /// What the access callback does once the body has ended.
     enum Next {
@@ -325,12 +334,15 @@ struct WriterMachine {
         case callHandler(HTTPRequestParts)
         case deliver
         case hold
+        /// Wait for a later turn of the loop (suspended; the driver resumes it).
+        case waitTurn
         case close
     }
 
-    /// The body ended (or a held request was woken). `holdForUnread`: the client has more
-    /// unread answers on this connection than allowed.
-    mutating func requestComplete(holdForUnread: Bool, serverStopping: Bool) -> Next {
+    /// The body ended (or a held or waiting request was woken). `holdForUnread`: the client has
+    /// more unread answers on this connection than allowed. `waitForTurn`: it was pipelined and
+    /// this turn of the loop has no room for another pipelined request.
+    mutating func requestComplete(holdForUnread: Bool, waitForTurn: Bool = false, serverStopping: Bool) -> Next {
         if let refusal = receiving.refusal {
             receiving.refusal = nil
             phase = .queued(byProducer: false)
@@ -339,12 +351,16 @@ struct WriterMachine {
         switch phase {
         case .handling, .producing, .queued: return .deliver
         case .closed: return .close
-        case .head, .body, .held: break
+        case .head, .body, .held, .waitingTurn: break
         }
-        if ending != nil { return .close }   // held, and the client hung up
+        if ending != nil { return .close }   // held or waiting, and the client hung up
         if holdForUnread, suspend(serverStopping: serverStopping) {
             phase = .held
             return .hold
+        }
+        if waitForTurn, suspend(serverStopping: serverStopping) {
+            phase = .waitingTurn
+            return .waitTurn
         }
         phase = .handling
         let parts = HTTPRequestParts(method: receiving.method, path: receiving.path, query: receiving.query,

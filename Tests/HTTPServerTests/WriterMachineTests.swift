@@ -119,6 +119,42 @@ import Testing
         guard case .close = m.requestComplete(holdForUnread: false, serverStopping: false) else { Issue.record("not closed"); return }
     }
 
+    @Test func aPipelinedRequestWaitsForItsTurnThenIsHandledOrHeld() {
+        var m = M()
+        m.headAccepted(method: "GET", path: "/p", query: nil, headers: [], bodyLimit: 0, reservedBodyBytes: 0)
+        guard case .waitTurn = m.requestComplete(holdForUnread: false, waitForTurn: true, serverStopping: false) else {
+            Issue.record("did not wait for a turn"); return
+        }
+        #expect(m.phase == .waitingTurn && m.awaitsHandler)
+        #expect(m.suspended(at: 5) == .none && m.isSuspended)
+        // Only the driver's turn wakes it (a held request's release does not).
+        #expect(m.releaseHold() == .none)
+        #expect(m.releaseTurn() == .resume(unwatchFD: nil))
+        #expect(m.releaseTurn() == .none)
+        // Woken, it may still find its connection's answers unread: then it is held instead.
+        guard case .hold = m.requestComplete(holdForUnread: true, serverStopping: false) else { Issue.record("not held"); return }
+        _ = m.suspended(at: 6)
+        #expect(m.releaseTurn() == .none)
+        #expect(m.releaseHold() == .resume(unwatchFD: nil))
+        guard case .callHandler = m.requestComplete(holdForUnread: false, serverStopping: false) else {
+            Issue.record("handler not called"); return
+        }
+    }
+
+    @Test func aWaitingRequestWhoseClientLeftIsClosedAndNoneWaitsOnceTheServerStops() {
+        var m = M()
+        m.headAccepted(method: "GET", path: "/p", query: nil, headers: [], bodyLimit: 0, reservedBodyBytes: 0)
+        _ = m.requestComplete(holdForUnread: false, waitForTurn: true, serverStopping: false)
+        _ = m.suspended(at: 5)
+        #expect(m.abort(serverStopping: false).0 == .resume(unwatchFD: nil))
+        guard case .close = m.requestComplete(holdForUnread: false, serverStopping: false) else { Issue.record("not closed"); return }
+        var stopping = M()
+        stopping.headAccepted(method: "GET", path: "/p", query: nil, headers: [], bodyLimit: 0, reservedBodyBytes: 0)
+        guard case .callHandler = stopping.requestComplete(holdForUnread: false, waitForTurn: true, serverStopping: true) else {
+            Issue.record("waited while stopping"); return
+        }
+    }
+
     @Test func noHoldOnceTheServerStops() {
         var m = M()
         m.headAccepted(method: "GET", path: "/p", query: nil, headers: [], bodyLimit: 0, reservedBodyBytes: 0)
