@@ -161,6 +161,11 @@ public final class PostgresCluster: Sendable {
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
         posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        // pg_ctl leaves the server running for the whole test process: without this it inherits
+        // every descriptor open at that instant (Foundation's Pipe is not close-on-exec; Process
+        // closes them in its own children, a bare posix_spawn does not), and a test reading
+        // another tool's output to its end of file waited forever (seen: openssl's pipe).
+        posix_spawn_file_actions_addclosefrom_np(&actions, 3)
         let argv = (["/usr/bin/env"] + arguments).map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         var pid: pid_t = 0
