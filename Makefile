@@ -191,7 +191,7 @@ fuzz-eventstream: deps
 # SSE stream cut anywhere, and the token endpoints' answers. Sources/MessagesBody imports nothing;
 # from Sources/CloudUpstreams, the files that import nothing (RELAY_FUZZ_CLOUD_FILES: a token
 # endpoint's parser joins them). Seeded with fuzz-seeds-relay/.
-RELAY_FUZZ_CLOUD_FILES := JSONScan.swift GoogleTokenResponse.swift
+RELAY_FUZZ_CLOUD_FILES := JSONScan.swift GoogleTokenResponse.swift CredentialReplies.swift
 fuzz-relay: deps
 	mkdir -p .build/fuzz fuzz-corpus-relay
 	set -o pipefail; swiftc -O -sanitize=fuzzer,address -parse-as-library -module-name RelayFuzz \

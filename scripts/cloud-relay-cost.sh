@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The relay's cost per request on each upstream kind, side by side in one run: one attestd with
-# four workspaces — the Anthropic API (the fixed nginx upstream of relay-fixture.sh), Amazon
-# Bedrock on its Messages API and on InvokeModel, and Google Vertex AI (the TLS stubs of Tests/Support/cloud-stubs, which verify each
-# SigV4 signature or OAuth token and forward to the same fixed upstream). Interleaved rounds of
-# wrk against each; prints per round requests/s and attestd's CPU per request, then the medians
-# and each cloud kind's CPU per request over the Anthropic kind's.
+# six workspaces — the Anthropic API (the fixed nginx upstream of relay-fixture.sh), Amazon
+# Bedrock on its Messages API and on InvokeModel, Google Vertex AI, and the Anthropic-compatible
+# kind as Microsoft Foundry (an API key) and Claude Platform on AWS (SigV4 for
+# aws-external-anthropic) (the TLS stubs of Tests/Support/cloud-stubs, which verify each
+# signature, token or key and forward to the same fixed upstream). Interleaved rounds of wrk
+# against each; prints per round requests/s and attestd's CPU per request, then the medians and
+# each cloud kind's CPU per request over the Anthropic kind's. Then the added latency of one
+# failover: sequential requests to a workspace whose first upstream answers 529 (Foundry's stub,
+# a scripted deployment) and whose second serves (the same stub), against requests served by
+# that second upstream alone; attestd runs with the shortest cool-down, and requests are spaced
+# past it, so every one of them fails over once.
 #
 # The Python stubs bound a cloud kind's throughput far below the Anthropic kind's, so compare
 # the CPU per request, not requests/s; CONNECTIONS stays low so that every kind runs unsaturated.
@@ -33,22 +39,42 @@ python3 -c 'import json,sys; print(json.dumps({"type":"service_account","project
   "private_key":open(sys.argv[1]).read(),"client_email":"relay@bench-project.iam.gserviceaccount.com",
   "token_uri":"https://oauth2.googleapis.com/token"}))' "$work/sa.pem" > "$work/sa.json"
 
-stub() {  # stub SCRIPT ARGS…: started in this shell (its pid joins the cleanup); its port is in $work/SCRIPT.port
-  .venv/bin/python "Tests/Support/cloud-stubs/$1.py" --cert "$work/server.pem" --key "$work/server.key" \
-    --anthropic-url "http://127.0.0.1:$upstream_port" --anthropic-key "$key" "${@:2}" > "$work/$1.port" 2>/dev/null &
+stub() {  # stub NAME SCRIPT ARGS…: started in this shell (its pid joins the cleanup); its port is in $work/NAME.port
+  .venv/bin/python "Tests/Support/cloud-stubs/$2.py" --cert "$work/server.pem" --key "$work/server.key" \
+    --anthropic-url "http://127.0.0.1:$upstream_port" --anthropic-key "$key" "${@:3}" > "$work/$1.port" 2>/dev/null &
   pids+=($!)
   for _ in $(seq 100); do grep -q PORT "$work/$1.port" 2>/dev/null && break; sleep 0.05; done
 }
-stub bedrock_stub --region us-east-1 --access-key-id AKIABENCH000000001 --secret-key-file "$work/aws-secret"
-stub vertex_stub --project bench-project --region us-east5 --public-key-file "$work/sa.pub" \
+echo "foundry-bench-key-0123456789abcdef" > "$work/foundry-key"
+stub bedrock_stub bedrock_stub --region us-east-1 --access-key-id AKIABENCH000000001 --secret-key-file "$work/aws-secret"
+stub vertex_stub vertex_stub --project bench-project --region us-east5 --public-key-file "$work/sa.pub" \
   --client-email relay@bench-project.iam.gserviceaccount.com
+stub foundry compatible_stub --service foundry --api-key-file "$work/foundry-key" --deployment bench-deployment=claude-bench \
+  --deployment overloaded-deployment=claude-bench
+stub platform compatible_stub --service claude-platform-aws --anthropic-workspace-id wrkspc_bench --region us-east-1 \
+  --access-key-id AKIABENCH000000001 --secret-key-file "$work/aws-secret"
 bedrock_port=$(awk '/PORT/ {print $2}' "$work/bedrock_stub.port")
 vertex_port=$(awk '/PORT/ {print $2}' "$work/vertex_stub.port")
+foundry_port=$(awk '/PORT/ {print $2}' "$work/foundry.port")
+platform_port=$(awk '/PORT/ {print $2}' "$work/platform.port")
 
 ctl() { $bin/attestctl "$@" --db "$db" >/dev/null; }
 ctl workspaces create --actor bench@example.com --name aws
 ctl workspaces create --actor bench@example.com --name gcp
 ctl workspaces create --actor bench@example.com --name awsinvoke
+for ws in foundry platform failover direct; do ctl workspaces create --actor bench@example.com --name $ws; done
+ctl workspaces set-upstream-foundry --actor bench@example.com --workspace foundry --resource bench --api-key-file "$work/foundry-key" \
+  --endpoint-url "https://127.0.0.1:$foundry_port" --model claude-bench=bench-deployment
+ctl workspaces set-upstream-claude-platform-aws --actor bench@example.com --workspace platform --region us-east-1 \
+  --anthropic-workspace-id wrkspc_bench --access-key-id AKIABENCH000000001 --secret-key-file "$work/aws-secret" \
+  --endpoint-url "https://127.0.0.1:$platform_port" --model claude-bench=claude-bench
+# Failover: the first upstream answers 529, the second serves; `direct` has the second alone.
+ctl workspaces set-upstream-foundry --actor bench@example.com --workspace failover --upstream busy --priority 1 --resource bench \
+  --api-key-file "$work/foundry-key" --endpoint-url "https://127.0.0.1:$foundry_port" --model claude-bench=overloaded-deployment
+for ws in failover direct; do
+  ctl workspaces set-upstream-foundry --actor bench@example.com --workspace $ws --upstream serving --priority 2 --resource bench \
+    --api-key-file "$work/foundry-key" --endpoint-url "https://127.0.0.1:$foundry_port" --model claude-bench=bench-deployment
+done
 ctl workspaces set-upstream-bedrock --actor bench@example.com --workspace aws --region us-east-1 --access-key-id AKIABENCH000000001 \
   --secret-key-file "$work/aws-secret" --endpoint-url "https://127.0.0.1:$bedrock_port" --model claude-bench=claude-bench
 ctl workspaces set-upstream-bedrock --actor bench@example.com --workspace awsinvoke --api invoke --region us-east-1 \
@@ -58,7 +84,7 @@ ctl workspaces set-upstream-vertex --actor bench@example.com --workspace gcp --p
   --service-account-file "$work/sa.json" --endpoint-url "https://127.0.0.1:$vertex_port" \
   --token-url "https://127.0.0.1:$vertex_port/token" --model claude-bench=claude-bench
 declare -A clients=([anthropic]="$clid")
-for ws in aws awsinvoke gcp; do
+for ws in aws awsinvoke gcp foundry platform failover direct; do
   c=$($bin/attestctl integrations create --db "$db" --actor bench@example.com --workspace $ws --name Bench --team-id ABCDE12345 \
     --bundle-id com.example.app --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["client_id"])')
   ctl integrations update "$c" --actor bench@example.com --models claude-bench --max-tokens 4096 \
@@ -67,16 +93,17 @@ for ws in aws awsinvoke gcp; do
 done
 
 port=$(free_port)
-serve "$port" --upstream-ca-file "$work/ca.pem"
+serve "$port" --upstream-ca-file "$work/ca.pem" --upstream-cooldown 0.01 --upstream-cooldown-max 0.01
 attestd_pid=${pids[-1]}
+kinds="anthropic aws awsinvoke gcp foundry platform"
 # One device (and wrk script) per workspace.
-declare -A scripts
-for kind in anthropic aws awsinvoke gcp; do
+declare -A scripts tokens
+for kind in $kinds failover direct; do
   clid=${clients[$kind]}
   mint_token "$port"
   mv "$work/post.lua" "$work/post-$kind.lua"
   rm -rf "$work/device"
-  scripts[$kind]="$work/post-$kind.lua"
+  scripts[$kind]="$work/post-$kind.lua" tokens[$kind]=$token
 done
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -87,7 +114,7 @@ for round in $(seq "$rounds"); do
   # What attestd spends with no request (its timers, the ledger's flush, the monitor's tick):
   # subtracted from each run, so that a slow kind's few requests are not charged for it.
   before=$(cpu_ticks "$attestd_pid"); sleep "$seconds"; idle=$(( $(cpu_ticks "$attestd_pid") - before ))
-  for kind in anthropic aws awsinvoke gcp; do
+  for kind in $kinds; do
     before=$(cpu_ticks "$attestd_pid")
     out=$(wrk -t1 -c"$connections" -d"${seconds}s" -s "${scripts[$kind]}" "http://127.0.0.1:$port/v1/messages" 2>&1)
     after=$(cpu_ticks "$attestd_pid")
@@ -101,8 +128,34 @@ for round in $(seq "$rounds"); do
 done
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 base=$(median <<<"${cpu[anthropic]}")
-for kind in anthropic aws awsinvoke gcp; do
+for kind in $kinds; do
   m=$(median <<<"${cpu[$kind]}")
   printf 'median %-9s req/s %6s  attestd CPU per request %6s us  (%.2f x the Anthropic kind)\n' "$kind" \
     "$(median <<<"${rps[$kind]}")" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')"
 done
+
+# The added latency of one failover: N sequential requests each, alternating, spaced past the
+# cool-down so that every request to `failover` tries the busy upstream first.
+python3 - "$port" "${tokens[failover]}" "${tokens[direct]}" "${FAILOVER_REQUESTS:-200}" <<'PY'
+import http.client, json, statistics, sys, time
+port, failover, direct, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+body = json.dumps({"model": "claude-bench", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}]})
+connection = http.client.HTTPConnection("127.0.0.1", port)
+def once(token):
+    start = time.perf_counter()
+    connection.request("POST", "/v1/messages", body, {"authorization": "Bearer " + token, "content-type": "application/json"})
+    response = connection.getresponse()
+    response.read()
+    if response.status != 200:
+        raise SystemExit(f"a request answered {response.status}")
+    return (time.perf_counter() - start) * 1000
+times = {"failover": [], "direct": []}
+for i in range(n):
+    for name, token in (("failover", failover), ("direct", direct)):
+        time.sleep(0.02)
+        times[name].append(once(token))
+f, d = statistics.median(times["failover"]), statistics.median(times["direct"])
+fp = sorted(times["failover"])[int(n * 0.9)]; dp = sorted(times["direct"])[int(n * 0.9)]
+print(f"failover: {n} requests each; median {f:.2f} ms with one failover, {d:.2f} ms served directly: "
+      f"+{f - d:.2f} ms per failover (p90 {fp:.2f} vs {dp:.2f} ms)")
+PY

@@ -398,7 +398,8 @@ func oneEvent(_ input: [UInt8]) -> [UInt8] {
 // MARK: - The token endpoints' answers
 
 func tokenReplies(_ input: [UInt8], _ object: [String: Any]?) {
-    // Google's (Vertex AI). The Azure and AWS endpoints' parsers join here when they land.
+    credentialReplies(input, object)
+    // Google's (Vertex AI and its metadata server).
     do {
         let (token, expiresIn) = try GoogleTokenResponse.parse(input)
         guard !token.isEmpty, expiresIn > 0 else { fail("token of \(token.utf8.count) bytes for \(expiresIn) s", input) }
@@ -421,4 +422,44 @@ func distinctTopLevelNames(_ input: [UInt8]) -> Bool {
     var names: [[UInt8]] = []
     input.withUnsafeBytes { bytes in _ = JSONScan.forEachMember(of: bytes) { name, _ in names.append(name) } }
     return Set(names).count == names.count
+}
+
+/// The renewing sources' endpoints: STS's XML, the container and IMDS JSON, Entra ID's token
+/// JSON, and the ISO 8601 times they carry. Nothing traps; whatever is taken is bounded and
+/// header-safe, and agrees with Foundation where Foundation reads the same.
+func credentialReplies(_ input: [UInt8], _ object: [String: Any]?) {
+    func headerSafe(_ text: String) -> Bool { text.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7f } }
+    func check(_ keys: TemporaryAWSKeys) {
+        guard (16...128).contains(keys.accessKeyID.utf8.count), headerSafe(keys.accessKeyID), headerSafe(keys.secretAccessKey),
+              keys.sessionToken.map({ headerSafe($0) && !$0.isEmpty && $0.utf8.count <= CredentialReplies.maxToken }) ?? true,
+              keys.expiration >= 0 else { fail("AWS keys out of shape", input) }
+    }
+    if let keys = try? CredentialReplies.stsCredentials(input) { check(keys) }
+    do {
+        let keys = try CredentialReplies.awsJSONCredentials(input, source: "fuzz")
+        check(keys)
+        if let object, distinctTopLevelNames(input) {
+            guard object["AccessKeyId"] as? String == keys.accessKeyID, object["SecretAccessKey"] as? String == keys.secretAccessKey else {
+                fail("container credentials read otherwise than Foundation", input)
+            }
+        }
+    } catch {
+        if error.description.count > 600 { fail("an unbounded error text", input) }
+    }
+    do {
+        let (token, expiresIn) = try CredentialReplies.entraToken(input, now: 1_700_000_000)
+        guard !token.isEmpty, headerSafe(token), expiresIn > 0 else { fail("Entra token of \(token.utf8.count) bytes for \(expiresIn) s", input) }
+        if let object, distinctTopLevelNames(input), object["access_token"] as? String != token { fail("Entra token read otherwise than Foundation", input) }
+    } catch {
+        if error.description.count > 600 { fail("an unbounded error text", input) }
+    }
+    // An ISO 8601 time, when the input is one: Foundation's reading, to the second.
+    if input.count <= 40, let seconds = CredentialReplies.epochSeconds(iso8601: input[...]) {
+        let formatter = ISO8601DateFormatter()
+        let text = String(decoding: input, as: UTF8.self)
+        if !text.contains("."), !text.contains("t"), !text.contains("z"), let date = formatter.date(from: text),
+           Int64(date.timeIntervalSince1970) != seconds {
+            fail("ISO 8601 \(text) read as \(seconds), Foundation \(Int64(date.timeIntervalSince1970))", input)
+        }
+    }
 }

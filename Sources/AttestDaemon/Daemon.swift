@@ -67,7 +67,7 @@ public final class Daemon: Sendable {
                                    // The console: on the admin listener only, on the same service layer as attestctl.
                                    extraRoutes: ConsoleRoutes(admin: AdminService(store: store), secrets: relayOptions.secrets,
                                                               trustedProxies: options.trustedProxies,
-                                                              trustedProxyHeader: options.trustedProxyHeader).routes)
+                                                              trustedProxyHeader: options.trustedProxyHeader, upstreamHealth: relay.health).routes)
 
         routeTable = router.router.table
         var configuration = HTTPServerConfiguration()
@@ -331,7 +331,10 @@ public final class Daemon: Sendable {
                                               ("note", "workspaces' upstream keys and Apple keys open once attestctl init creates this file")])
             secrets = SecretsKeySource(path: secretsPath)
         }
-        return RelayConfiguration(upstream: upstream, defaultKey: defaultKey, secrets: secrets)
+        var relay = RelayConfiguration(upstream: upstream, defaultKey: defaultKey, secrets: secrets)
+        relay.cooldown = UpstreamCooldown(base: .milliseconds(Int64(options.upstreamCooldown * 1000)),
+                                          cap: .milliseconds(Int64(options.upstreamCooldownMax * 1000)))
+        return relay
     }
 }
 

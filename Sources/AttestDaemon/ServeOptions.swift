@@ -18,7 +18,7 @@ usage: attestd serve [--db PATH] [--listen HOST:PORT] [--trust-anchor PEM]… [-
                      [--registration-limit-per-address PER_HOUR]
                      [--introspection-key-file FILE] [--threads N] [--exchange-threads N] [--synchronous full|normal]
                      [--upstream-url URL] [--upstream-ca-file PEM] [--upstream-key-file FILE] [--secrets-key-file FILE]
-                     [--upstream-connect-to HOST:PORT:ADDRESS:PORT]…
+                     [--upstream-connect-to HOST:PORT:ADDRESS:PORT]… [--upstream-cooldown SECONDS] [--upstream-cooldown-max SECONDS]
                      [--max-connections N] [--max-connections-per-ip N] [--ipv6-prefix-length N] [--no-migrate] [--shutdown-grace SECONDS]
                      [--head-deadline SECONDS] [--min-body-rate BYTES_PER_SECOND] [--write-timeout SECONDS]
                      [--trusted-proxy CIDR]… [--trusted-proxy-header x-forwarded-for|forwarded] [--admin-listen HOST:PORT] [--usage-flush-interval SECONDS] [--no-usage-ledger]
@@ -41,6 +41,9 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
           (the Anthropic API, a cloud's API or token endpoint) connects to ADDRESS:PORT instead, a loopback
           address (127.0.0.1, [::1]), while Host, SNI and the certificate check keep HOST: a stub standing in
           for bedrock-runtime.us-east-1.amazonaws.com:443 must present a certificate for that name.
+--upstream-cooldown (default 5) and --upstream-cooldown-max (default 300): a workspace's upstream whose try failed
+          (429, 529, 5xx, no connection, refused credentials) is skipped for --upstream-cooldown seconds, doubled
+          with each failure in a row up to --upstream-cooldown-max, then tried again (per instance; fractions allowed).
 --shutdown-grace (default 10): on SIGTERM/SIGINT stop accepting, end idle and slow connections, let
           requests in flight finish, end open streams with an SSE overloaded_error event, exit by then.
 --head-deadline (default 10): a request head must arrive whole within it, however slowly it trickles.
@@ -154,6 +157,9 @@ public struct ServeOptions: Sendable {
     public var upstreamKeyFile: String?
     /// `--upstream-connect-to` entries (tests only), each checked: `HOST:PORT:ADDRESS:PORT` with a loopback ADDRESS.
     public var upstreamConnectTo: [String] = []
+    /// `--upstream-cooldown` and `--upstream-cooldown-max`, in seconds.
+    public var upstreamCooldown = 5.0
+    public var upstreamCooldownMax = 300.0
     public var secretsKeyFile: String?
     public var shutdownGrace = 10.0
     /// The internal listener for /metrics, /v1/oauth/introspect and /v1/authz/check (nil: none,
@@ -227,6 +233,12 @@ public struct ServeOptions: Sendable {
             case "--upstream-ca-file": upstreamCAFile = try value()
             case "--upstream-key-file": upstreamKeyFile = try value()
             case "--upstream-connect-to": upstreamConnectTo.append(try Self.connectTo(try value()))
+            case "--upstream-cooldown", "--upstream-cooldown-max":
+                let option = arguments[i], text = try value()
+                guard let seconds = Double(text), seconds.isFinite, (0.01...86_400).contains(seconds) else {
+                    throw StartupError("\(option) takes seconds from 0.01 to 86400, got \(text.prefix(40))")
+                }
+                if option == "--upstream-cooldown" { upstreamCooldown = seconds } else { upstreamCooldownMax = seconds }
             case "--secrets-key-file": secretsKeyFile = try value()
             case "--no-migrate": migrate = false
             case "--trusted-proxy-header":

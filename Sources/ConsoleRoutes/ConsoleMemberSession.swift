@@ -13,6 +13,8 @@ enum ConsoleMember: ContextKey {
 struct ConsoleMemberSession: Middleware {
     let admin: AdminService
     let security: ConsoleSecurity
+    /// This attestd's view of each workspace's upstreams (nil: no relay here).
+    var health: UpstreamHealth? = nil
 
     /// A member route without this middleware in front (a wiring mistake): answered 500.
     struct Missing: Error, CustomStringConvertible {
@@ -42,7 +44,7 @@ struct ConsoleMemberSession: Middleware {
             return refused(403, "This form has expired or did not come from this session. Go back, reload the page and try again; nothing was changed.",
                            reason: "console_csrf_refused")
         }
-        let request = ConsoleRequest(context: context, session: session, sessionToken: token, form: form)
+        let request = ConsoleRequest(context: context, session: session, sessionToken: token, form: form, health: health)
         var member = context
         member[ConsoleMember.self] = request
         do {

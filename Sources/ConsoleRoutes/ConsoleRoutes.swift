@@ -14,6 +14,8 @@ public struct ConsoleRoutes: Sendable {
     /// Opens the workspaces' upstream keys' box (read once the file exists).
     let secrets: SecretsKeySource?
     let security: ConsoleSecurity
+    /// Which upstreams of the workspaces' lists are cooling down on this attestd (its relay's).
+    let health: UpstreamHealth?
 
     public static let root = "/console/"
     /// Form bodies: a page's fields, 32 bundle IDs of 155 characters at most.
@@ -21,7 +23,9 @@ public struct ConsoleRoutes: Sendable {
     /// A cloud upstream's form: a 16 KiB service-account key and 64 model mappings, percent-encoded.
     static let cloudFormLimit = 65_536
 
-    public init(admin: AdminService, secrets: SecretsKeySource?, trustedProxies: [CIDR] = [], trustedProxyHeader: ForwardingHeader = .xForwardedFor) {
+    public init(admin: AdminService, secrets: SecretsKeySource?, trustedProxies: [CIDR] = [], trustedProxyHeader: ForwardingHeader = .xForwardedFor,
+                upstreamHealth: UpstreamHealth? = nil) {
+        health = upstreamHealth
         self.admin = admin
         self.secrets = secrets
         security = ConsoleSecurity(callers: CallerResolver(trustedProxies: trustedProxies, header: trustedProxyHeader))
@@ -31,7 +35,7 @@ public struct ConsoleRoutes: Sendable {
     var shell: RouteGroup { RouteGroup("/console", on: [.admin], shape: .console) }
     /// Every page and form for a signed-in member: the session middleware in front, on workers.
     var member: RouteGroup {
-        RouteGroup("/console", on: [.admin], shape: .console, executor: .worker, middleware: [ConsoleMemberSession(admin: admin, security: security)])
+        RouteGroup("/console", on: [.admin], shape: .console, executor: .worker, middleware: [ConsoleMemberSession(admin: admin, security: security, health: health)])
     }
 
     public var routes: [Route] {
@@ -63,6 +67,8 @@ public struct ConsoleRoutes: Sendable {
             route("/settings/upstream-key", post: { request in try UpstreamSettings.set(request, admin, secrets, .anthropic) }),
             route("/settings/upstream-bedrock", bodyLimit: Self.cloudFormLimit, post: { request in try UpstreamSettings.set(request, admin, secrets, .bedrock) }),
             route("/settings/upstream-vertex", bodyLimit: Self.cloudFormLimit, post: { request in try UpstreamSettings.set(request, admin, secrets, .vertex) }),
+            route("/settings/upstreams/move", post: { request in try UpstreamList.move(request, admin) }),
+            route("/settings/upstreams/remove", post: { request in try UpstreamList.remove(request, admin) }),
             route("/settings/members", post: { request in try SettingsPage.addMember(request, admin) }),
             route("/settings/members/remove", post: { request in try SettingsPage.removeMember(request, admin) }),
             // Any other path under the console: its own not-found page.
@@ -134,6 +140,8 @@ struct ConsoleRequest: Sendable {
     let sessionToken: String
     /// A POST's fields.
     let form: [String: String]
+    /// This attestd's view of the upstreams' states.
+    var health: UpstreamHealth? = nil
 
     var csrf: String { ConsoleAccess.csrfToken(session: sessionToken) }
     /// Admins and above create, edit and revoke; the others read.

@@ -12,6 +12,8 @@ enum SettingsPage {
             notice = ConsolePages.notice("Upstream API key saved. Relayed requests use it from now on.")
         } else if let kind = query["upstream"].flatMap(UpstreamKind.init(rawValue:)) {
             notice = ConsolePages.notice("Upstream set to \(UpstreamSettings.name(kind)). Relayed requests use it from now on.")
+        } else if query["upstreams"] != nil {
+            notice = ConsolePages.notice("Upstreams changed. Relayed requests follow the new list from now on.")
         } else if query["added"] != nil {
             notice = ConsolePages.notice("Member added.")
         } else if query["removed"] != nil {
@@ -28,6 +30,8 @@ enum SettingsPage {
             + notice
 
         content += HTML.element("section", [("aria-labelledby", "key-heading")], UpstreamSettings.section(request, key, errors: errors, typed: typed))
+        content += HTML.element("section", [("aria-labelledby", "upstreams-heading")],
+                                try UpstreamList.section(request, admin, health: request.health, error: errors["upstreams"]))
 
         // Members.
         let members = try admin.members(workspace: workspace.name)

@@ -12,7 +12,13 @@ enum UpstreamSettings {
         case .anthropic: "Anthropic API"
         case .bedrock: "Amazon Bedrock"
         case .vertex: "Google Vertex AI"
+        case .compatible: "Anthropic-compatible API"
         }
+    }
+
+    /// The name an upstream goes by: its service's, for an Anthropic-compatible one.
+    static func name(_ key: SealedUpstreamKey) -> String {
+        key.settings?.compatible.map { $0.service.name.prefix(1).uppercased() + $0.service.name.dropFirst() } ?? name(key.kind)
     }
 
     /// The form that failed (`errors[kind.rawValue]`) keeps what was typed, secrets excepted.
@@ -38,12 +44,22 @@ enum UpstreamSettings {
 
     static func facts(_ key: SealedUpstreamKey?) -> [(String, HTML)] {
         guard let key else { return [("Status", "Not set: relayed requests are refused until an upstream is set")] }
-        var facts: [(String, HTML)] = [("Upstream", HTML.element("span", [("id", "upstream-kind")], HTML.text(name(key.kind))))]
+        var facts: [(String, HTML)] = [("Upstream", HTML.element("span", [("id", "upstream-kind")], HTML.text(name(key))))]
         if let settings = key.settings {
             let code = { (text: String) in HTML.element("code", [], HTML.text(text)) }
             if let project = settings.project { facts.append(("Project", code(project))) }
             facts.append(("Region", code(settings.region)))
             if let account = settings.clientEmail { facts.append(("Service account", code(account))) }
+            // Where the credentials come from (the kind and its non-secret parameters), never a secret.
+            facts.append(("Credentials from", HTML.element("code", [("id", "credential-source")], HTML.text(settings.credentialSource?.rawValue ?? "static"))))
+            if let role = settings.assumeRole { facts.append(("Assumes role", code(role))) }
+            if let tenant = settings.tenantID { facts.append(("Tenant", code(tenant))) }
+            if let client = settings.clientID { facts.append(("Client ID", code(client))) }
+            if let scope = settings.scope { facts.append(("Scope", code(scope))) }
+            if let compatible = settings.compatible {
+                facts.append(("Base URL", code(compatible.baseURL)))
+                facts.append(("Auth", code(compatible.auth.rawValue + (compatible.signingService.map { " (\($0))" } ?? ""))))
+            }
             if let endpoint = settings.endpointURL { facts.append(("Endpoint", code(endpoint))) }
             if let token = settings.tokenURL { facts.append(("Token URL", code(token))) }
             let models = settings.models.sorted { $0.key < $1.key }.map { HTML.element("li", [], code($0.key) + " → " + code($0.value)) }
@@ -119,7 +135,7 @@ enum UpstreamSettings {
                 + text("Endpoint URL", "endpoint_url", hint: endpointHint, required: false)
                 + text("Token URL", "token_url", hint: "Optional: https://host[:port] instead of the key file's token_uri.", required: false)
                 + text("Extra betas", "cloud_betas", hint: "Optional: betas Vertex AI has accepted since, comma-separated.", required: false)
-        case .anthropic:
+        case .anthropic, .compatible:
             break
         }
         fields += ConsolePages.field("Models", name: p + "models", value: values[p + "models"] ?? "",
@@ -156,6 +172,9 @@ enum UpstreamSettings {
                                              accessKeyID: form["bedrock_access_key_id"] ?? "", secretKey: form["bedrock_secret_key"] ?? "",
                                              sessionToken: form["bedrock_session_token"], endpointURL: form["bedrock_endpoint_url"], models: models,
                                              api: try bedrockAPI(form["bedrock_api"]), extraBetas: betas(form["bedrock_cloud_betas"]), secrets: box)
+            case .compatible:
+                throw AdminError("Anthropic-compatible upstreams (Microsoft Foundry, Claude Platform on AWS) are set with attestctl workspaces "
+                                 + "set-upstream-foundry or set-upstream-claude-platform-aws")
             case .vertex:
                 try admin.setUpstreamVertex(actor: actor, workspace: workspace, project: form["vertex_project"] ?? "", region: form["vertex_region"] ?? "",
                                             serviceAccountJSON: form["vertex_service_account"] ?? "", endpointURL: form["vertex_endpoint_url"],

@@ -58,7 +58,7 @@ extension PostgresTokenStore {
     public func upstreamKey(workspaceID: Int64) throws -> SealedUpstreamKey? {
         try run { db in
             try db.query("SELECT \(StoreColumns.list(StoreColumns.sealedKey)) FROM workspace_upstream_keys WHERE workspace_id = $1",
-                         [.int(workspaceID)]).first(SealedUpstreamKey.init(row:))
+                         [.int(workspaceID)]).first { try SealedUpstreamKey(row: $0) }
         }
     }
 }
@@ -70,6 +70,8 @@ extension PostgresTokenStore {
         try run { db in
             try db.query("SELECT workspace_id, \(StoreColumns.list(StoreColumns.sealedKey)) FROM workspace_upstream_keys ORDER BY workspace_id").rows.map {
                 SealedSecret(workspaceID: try $0.int("workspace_id"), upstream: try SealedUpstreamKey(row: $0))
+            } + db.query("SELECT workspace_id, label, \(StoreColumns.list(StoreColumns.sealedKey)) FROM workspace_upstreams ORDER BY workspace_id, label").rows.map {
+                SealedSecret(workspaceID: try $0.int("workspace_id"), upstream: try SealedUpstreamKey(row: $0, label: try $0.text("label")))
             } + db.query("SELECT team_id, key_id, sealed_key FROM apple_keys ORDER BY team_id").rows.map {
                 SealedSecret(owner: .appleKey(teamID: try $0.text("team_id"), keyID: try $0.text("key_id")), sealed: try $0.bytes("sealed_key"))
             }
@@ -82,6 +84,9 @@ extension PostgresTokenStore {
             case .upstream(let workspaceID):
                 try db.query("UPDATE workspace_upstream_keys SET sealed_key = $1 WHERE workspace_id = $2 AND sealed_key = $3",
                              [.bytes(new), .int(workspaceID), .bytes(old)]).affectedRows == 1
+            case .labelledUpstream(let workspaceID, let label):
+                try db.query("UPDATE workspace_upstreams SET sealed_key = $1 WHERE workspace_id = $2 AND label = $3 AND sealed_key = $4",
+                             [.bytes(new), .int(workspaceID), .text(label), .bytes(old)]).affectedRows == 1
             case .appleKey(let teamID, let keyID):
                 try db.query("UPDATE apple_keys SET sealed_key = $1 WHERE team_id = $2 AND key_id = $3 AND sealed_key = $4",
                              [.bytes(new), .text(teamID), .text(keyID), .bytes(old)]).affectedRows == 1

@@ -38,6 +38,7 @@ extension PostgresTokenStore {
         let profileMinutes = batch.profileMinutes.sorted {
             ($0.key.clientID, $0.key.profile, $0.key.minute) < ($1.key.clientID, $1.key.profile, $1.key.minute)
         }
+        let upstreams = batch.upstreams.sorted { ($0.key.clientID, $0.key.hour, $0.key.upstream) < ($1.key.clientID, $1.key.hour, $1.key.upstream) }
         return try run { db in
             try db.transaction {
                 if let id = batch.id {
@@ -93,6 +94,21 @@ extension PostgresTokenStore {
                         """, [Self.textArray(serverTools.map(\.0.clientID)), Self.textArray(serverTools.map(\.0.model)),
                               Self.intArray(serverTools.map(\.0.hour)), Self.textArray(serverTools.map(\.1)), Self.intArray(serverTools.map(\.2)),
                               Self.textArray(serverTools.map(\.0.profile))])
+                }
+                if !upstreams.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_hourly_by_upstream AS u (client_id, hour, upstream, requests, input_tokens, output_tokens,
+                                                                   cache_creation_input_tokens, cache_read_input_tokens, failovers)
+                        SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
+                                             $8::bigint[], $9::bigint[])
+                        ON CONFLICT (client_id, hour, upstream) DO UPDATE SET requests = u.requests + excluded.requests,
+                          input_tokens = u.input_tokens + excluded.input_tokens, output_tokens = u.output_tokens + excluded.output_tokens,
+                          cache_creation_input_tokens = u.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
+                          cache_read_input_tokens = u.cache_read_input_tokens + excluded.cache_read_input_tokens, failovers = u.failovers + excluded.failovers
+                        """, [Self.textArray(upstreams.map(\.key.clientID)), Self.intArray(upstreams.map(\.key.hour)), Self.textArray(upstreams.map(\.key.upstream)),
+                              Self.intArray(upstreams.map(\.value.requests)), Self.intArray(upstreams.map(\.value.inputTokens)),
+                              Self.intArray(upstreams.map(\.value.outputTokens)), Self.intArray(upstreams.map(\.value.cacheCreationInputTokens)),
+                              Self.intArray(upstreams.map(\.value.cacheReadInputTokens)), Self.intArray(upstreams.map(\.value.failovers))])
                 }
                 if !profileMonths.isEmpty {
                     _ = try db.query("""
@@ -189,5 +205,22 @@ extension PostgresTokenStore {
     public func readinessProblem() -> String? {
         do { _ = try run { db in try db.query("SELECT 1", []) } } catch { return "the database does not answer: \(error)" }
         return nil
+    }
+}
+
+extension PostgresTokenStore: UpstreamUsageStore {
+    public func upstreamUsage(_ filter: UsageFilter) throws -> [UpstreamUsageRow] {
+        var conditions: [String] = []
+        var values: [PostgresValue] = []
+        if let workspaceID = filter.workspaceID { values.append(.int(workspaceID)); conditions.append("i.workspace_id = $\(values.count)") }
+        if let clientID = filter.clientID { values.append(.text(clientID)); conditions.append("u.client_id = $\(values.count)") }
+        if let since = filter.since { values.append(.int(since)); conditions.append("u.hour >= $\(values.count)") }
+        if let until = filter.until { values.append(.int(until)); conditions.append("u.hour < $\(values.count)") }
+        return try run { db in
+            try db.query("""
+                SELECT w.name AS workspace_name, \(StoreColumns.list(StoreColumns.upstreamUsage, table: "u")) FROM usage_hourly_by_upstream u
+                JOIN integrations i ON i.client_id = u.client_id JOIN workspaces w ON w.id = i.workspace_id
+                """ + (conditions.isEmpty ? "" : " WHERE " + conditions.joined(separator: " AND ")), values).rows.map { try UpstreamUsageRow(row: $0) }
+        }
     }
 }

@@ -14,13 +14,20 @@ final class BedrockMessagesReply: UpstreamDelegate {
         var counted: [UInt8]?
     }
 
-    let exchange: RelayedExchange
+    let exchange: any CloudReplyExchange
     let countsTokens: Bool
+    /// How the device reads the service in an error.
+    let service: String
+    /// AWS's front end answers its own errors (`x-amzn-ErrorType`, `{"message":…}`); any other
+    /// service's front end (Microsoft Foundry's) answers in its own JSON, read by status.
+    let awsErrors: Bool
     private let state = Mutex(State())
 
-    init(_ exchange: RelayedExchange, countsTokens: Bool = false) {
+    init(_ exchange: any CloudReplyExchange, countsTokens: Bool = false, service: String = "Bedrock", awsErrors: Bool = true) {
         self.exchange = exchange
         self.countsTokens = countsTokens
+        self.service = service
+        self.awsErrors = awsErrors
     }
 
     static let inputTokens = JSONMemberScan.Names("inputTokens")
@@ -75,8 +82,8 @@ final class BedrockMessagesReply: UpstreamDelegate {
         }
         // AWS's front end names its errors in `x-amzn-ErrorType`; the model's own errors come in
         // the API's shape, with the API's status and type.
-        let answer = failure.type == nil && Self.isAPIError(failure.body)
-            ? VertexReply.answer(status: failure.status, body: failure.body, service: "Bedrock")
+        let answer = failure.type == nil && (Self.isAPIError(failure.body) || !awsErrors)
+            ? VertexReply.answer(status: failure.status, body: failure.body, service: service)
             : bedrockError(status: failure.status, errorTypeHeader: failure.type, body: failure.body)
         exchange.answerCloudError(answer, retryAfter: failure.retryAfter)
     }

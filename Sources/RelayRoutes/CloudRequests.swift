@@ -52,12 +52,13 @@ enum CloudRoute {
         }
     }
 
-    /// The Bedrock request, signed with SigV4 for the service `bedrock`: InvokeModel (the model in
+    /// The Bedrock request, to be signed with SigV4 for the service `bedrock` (or to carry a
+    /// Bedrock API key) once its credential is at hand (`authorized`): InvokeModel (the model in
     /// the path, `anthropic_version` and `anthropic_beta` in the body) or the Messages API (the
     /// mapped model in the body, the betas in `anthropic-beta`). `betas` are every beta the
     /// request named, in its headers and its body, checked by the policy and the cloud's table.
     static func bedrock(_ request: HTTPRequest, api: CloudAPI, modelID: String, streams: Bool, settings: CloudUpstreamSettings,
-                        betas: [String], credentials: AWSCredentials, at date: Date) throws -> UpstreamRequest {
+                        betas: [String]) throws -> UpstreamRequest {
         let origin = settings.origin(kind: .bedrock) ?? ""
         let body: [UInt8], path: String
         var headers: [(name: String, value: String)] = [("host", authority(of: origin)), ("content-type", "application/json")]
@@ -74,8 +75,6 @@ enum CloudRoute {
             path = "/model/\(CloudRequestBody.pathSegment(modelID))/" + (streams ? "invoke-with-response-stream" : "invoke")
             headers.append(("accept", streams ? "application/vnd.amazon.eventstream" : "application/json"))
         }
-        let signer = SigV4Signer(service: "bedrock", region: settings.region, credentials: credentials)
-        headers.append(contentsOf: signer.sign(method: "POST", path: path, headers: headers, body: body, date: date))
         return UpstreamRequest(method: "POST", path: path, headers: headers, body: body, origin: origin)
     }
 
@@ -83,7 +82,7 @@ enum CloudRoute {
     /// body the request would send, base64 in `{"input":{"invokeModel":{"body":…}}}`, with a
     /// `max_tokens` of 1 when the request has none (InvokeModel requires one; it counts nothing).
     static func bedrockCountTokens(_ request: HTTPRequest, modelID: String, hasMaxTokens: Bool, settings: CloudUpstreamSettings,
-                                   betas: [String], credentials: AWSCredentials, at date: Date) throws -> UpstreamRequest {
+                                   betas: [String]) throws -> UpstreamRequest {
         var added = [("anthropic_version", CloudRequestBody.quoted(bedrockVersion))]
         if let betas = CloudRequestBody.betasArray(betas) { added.append(("anthropic_beta", betas)) }
         if !hasMaxTokens { added.append(("max_tokens", "1")) }
@@ -91,10 +90,8 @@ enum CloudRoute {
         let body = Array(#"{"input":{"invokeModel":{"body":"#.utf8) + Array(CloudRequestBody.quoted(Base64.encode(invokeBody)).utf8) + Array("}}}".utf8)
         let origin = settings.origin(kind: .bedrock) ?? ""
         let path = "/model/\(CloudRequestBody.pathSegment(modelID))/count-tokens"
-        var headers: [(name: String, value: String)] = [("host", authority(of: origin)), ("content-type", "application/json"),
+        let headers: [(name: String, value: String)] = [("host", authority(of: origin)), ("content-type", "application/json"),
                                                        ("accept", "application/json")]
-        let signer = SigV4Signer(service: "bedrock", region: settings.region, credentials: credentials)
-        headers.append(contentsOf: signer.sign(method: "POST", path: path, headers: headers, body: body, date: date))
         return UpstreamRequest(method: "POST", path: path, headers: headers, body: body, origin: origin)
     }
 
@@ -106,19 +103,34 @@ enum CloudRoute {
         return try shaped(request, .vertex, model: model, betas: betas, adding: added)
     }
 
-    /// The Vertex AI request, with the service account's access token; `betas` (header and body
-    /// ones, checked) go in one `anthropic-beta` header. `countsTokens`: the count-tokens endpoint.
+    /// The Vertex AI request, to carry the access token once it is at hand (`authorized`);
+    /// `betas` (header and body ones, checked) go in one `anthropic-beta` header. `countsTokens`:
+    /// the count-tokens endpoint.
     static func vertex(body: [UInt8], model: String, streams: Bool, countsTokens: Bool = false, settings: CloudUpstreamSettings,
-                       betas: [String], accessToken: String) -> UpstreamRequest {
+                       betas: [String]) -> UpstreamRequest {
         let origin = settings.origin(kind: .vertex) ?? ""
         let project = CloudRequestBody.pathSegment(settings.project ?? "")
         let region = CloudRequestBody.pathSegment(settings.region)
         let target = countsTokens ? "count-tokens:rawPredict"
             : CloudRequestBody.pathSegment(model, keeping: [UInt8(ascii: "@")]) + ":" + (streams ? "streamRawPredict" : "rawPredict")
         let path = "/v1/projects/\(project)/locations/\(region)/publishers/anthropic/models/" + target
-        var headers: [(name: String, value: String)] = [("authorization", "Bearer " + accessToken), ("content-type", "application/json")]
+        var headers: [(name: String, value: String)] = [("content-type", "application/json")]
         if !betas.isEmpty { headers.append(("anthropic-beta", betas.joined(separator: ","))) }
         return UpstreamRequest(method: "POST", path: path, headers: headers, body: body, origin: origin)
+    }
+
+    /// The request with its credential: AWS keys sign it with SigV4 for `service` in `region` (a
+    /// session token goes in `x-amz-security-token`, signed); a token goes in `Authorization: Bearer`.
+    static func authorized(_ request: UpstreamRequest, with credential: CloudCredential, service: String, region: String, at date: Date) -> UpstreamRequest {
+        var request = request
+        switch credential {
+        case .aws(let keys):
+            let signer = SigV4Signer(service: service, region: region, credentials: keys)
+            request.headers.append(contentsOf: signer.sign(method: request.method, path: request.path, headers: request.headers, body: request.body, date: date))
+        case .bearer(let token):
+            request.headers.append(("authorization", "Bearer " + token))
+        }
+        return request
     }
 
     /// `host[:port]` of `scheme://host[:port]`, without the scheme's default port (as curl sends `Host`).

@@ -10,10 +10,30 @@ enum CloudAPI: Sendable, Equatable {
     case bedrockInvoke
     case bedrockMessages
     case vertex
+    /// The Anthropic-compatible kind's services: Microsoft Foundry, Claude Platform on AWS,
+    /// bedrock-mantle and the Anthropic API itself (Bedrock's Messages API is `bedrockMessages`).
+    case foundry
+    case claudePlatformAWS
+    case bedrockMantle
+    case anthropicAPI
 
     init(kind: UpstreamKind, settings: CloudUpstreamSettings) {
+        if kind == .compatible, let service = settings.compatible?.service {
+            self = switch service {
+            case .foundry: .foundry
+            case .claudePlatformAWS: .claudePlatformAWS
+            case .bedrock: .bedrockMessages
+            case .bedrockMantle: .bedrockMantle
+            case .anthropic: .anthropicAPI
+            }
+            return
+        }
         self = kind == .vertex ? .vertex : (settings.api == .messages ? .bedrockMessages : .bedrockInvoke)
     }
+
+    /// Anthropic's own stack behind another front door (Claude Platform on AWS, the API itself):
+    /// every member and beta the API takes, the model named as mapped.
+    var isAnthropicOperated: Bool { self == .claudePlatformAWS || self == .anthropicAPI }
 
     /// How operators and devices read it in an error.
     var name: String {
@@ -21,6 +41,10 @@ enum CloudAPI: Sendable, Equatable {
         case .bedrockInvoke: "Bedrock (InvokeModel)"
         case .bedrockMessages: "Bedrock (Messages API)"
         case .vertex: "Vertex AI"
+        case .foundry: "Microsoft Foundry"
+        case .claudePlatformAWS: "Claude Platform on AWS"
+        case .bedrockMantle: "Bedrock (bedrock-mantle)"
+        case .anthropicAPI: "the Anthropic API"
         }
     }
 
@@ -48,7 +72,16 @@ enum CloudAPI: Sendable, Equatable {
     /// The fate of top-level member `name` (`output_config` as for a model that does not take it).
     func rule(_ name: String) -> MemberRule {
         if Self.common.contains(name) { return .pass }
+        // The model is sent as mapped (the relay adds it again); everything else as the API has it.
+        if isAnthropicOperated { return name == "model" ? .remove : .pass }
         switch (self, name) {
+        // Foundry and bedrock-mantle read the Messages API's own body: the mapped model (a
+        // Foundry deployment's name) in `model`, `stream`, `metadata`. Foundry's server tools
+        // (web search and fetch, code execution, MCP connectors, skills: litellm's
+        // anthropic_beta_headers_config.json, block azure_ai) take their members as the API does.
+        case (.foundry, "model"), (.bedrockMantle, "model"): return .remove
+        case (.foundry, "metadata"), (.foundry, "mcp_servers"), (.foundry, "container"): return .pass
+        case (.bedrockMantle, "metadata"): return .remove
         // Named in the URL (InvokeModel, rawPredict) or sent again by the relay: the mapped
         // model, this API's `anthropic_version`, the checked betas.
         case (.bedrockInvoke, "model"), (.vertex, "model"), (.bedrockMessages, "model"): return .remove
@@ -88,13 +121,37 @@ enum CloudAPI: Sendable, Equatable {
         "compact-2026-09-04", "dangerous-tool-use-2026-09-03", "per-turn-control-2026-07-01", "thinking-binding-controls-2026-08-01",
         "thinking-display-updates-2026-08-18",
     ]
+    /// Microsoft Foundry's: the non-null entries of litellm's anthropic_beta_headers_config.json,
+    /// block `azure_ai` (what its maintainers found Foundry to take).
+    static let foundryBetas: Set<String> = [
+        "advanced-tool-use-2025-11-20", "code-execution-2025-08-25", "computer-use-2025-01-24", "computer-use-2025-11-24",
+        "context-1m-2025-08-07", "context-management-2025-06-27", "dangerous-tool-use-2026-09-03", "effort-2025-11-24",
+        "files-api-2025-04-14", "interleaved-thinking-2025-05-14", "mcp-client-2025-11-20", "mcp-client-2025-04-04",
+        "per-turn-control-2026-07-01", "prompt-caching-scope-2026-01-05", "skills-2025-10-02", "structured-outputs-2025-11-13",
+        "thinking-display-updates-2026-08-18", "web-fetch-2025-09-10", "web-search-2025-03-05",
+    ]
+    /// bedrock-mantle's: the same file's block `bedrock_mantle`.
+    static let mantleBetas: Set<String> = [
+        "claude-code-20250219", "compact-2026-01-12", "computer-use-2025-01-24", "computer-use-2025-11-24", "context-1m-2025-08-07",
+        "context-management-2025-06-27", "dangerous-tool-use-2026-09-03", "effort-2025-11-24", "fine-grained-tool-streaming-2025-05-14",
+        "interleaved-thinking-2025-05-14", "output-128k-2025-02-19", "per-turn-control-2026-07-01", "structured-outputs-2025-11-13",
+        "thinking-binding-controls-2026-08-01", "thinking-display-updates-2026-08-18", "token-efficient-tools-2025-02-19",
+        "tool-examples-2025-10-29", "tool-search-tool-2025-10-19", "web-search-2025-03-05",
+    ]
     /// Betas the relay itself acts on and no cloud knows: consumed here, never sent (the user
     /// profile is read for the limits and the ledger).
     static let consumedBetas: Set<String> = ["user-profiles-2026-08-18"]
 
     /// The first of `betas` this API does not take (beyond what the owner allowed), if any.
     func refusedBeta(_ betas: [String], extra: [String]?) -> String? {
-        let accepted = self == .vertex ? Self.vertexBetas : Self.bedrockBetas
+        // Anthropic's own stack takes the API's betas as the API does (and answers any it does not).
+        if isAnthropicOperated { return nil }
+        let accepted = switch self {
+        case .vertex: Self.vertexBetas
+        case .foundry: Self.foundryBetas
+        case .bedrockMantle: Self.mantleBetas
+        default: Self.bedrockBetas
+        }
         return betas.first { !accepted.contains($0) && !Self.consumedBetas.contains($0) && !(extra ?? []).contains($0) }
     }
 

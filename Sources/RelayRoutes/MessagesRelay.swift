@@ -17,6 +17,8 @@ public struct RelayConfiguration: Sendable {
     public var defaultKey: String?
     /// Opens the workspaces' sealed keys (`--secrets-key-file`), read when first needed (nil: none).
     public var secrets: SecretsKeySource?
+    /// How long a failing upstream of a workspace's list is skipped (`--upstream-cooldown`).
+    public var cooldown = UpstreamCooldown()
     /// The event loops the HTTP server runs on: each relayed request's upstream transfer then
     /// runs on the loop that took the request. Nil: the relay's client has one loop of its own.
     public var loops: EventLoopGroup?
@@ -41,11 +43,16 @@ public final class MessagesRelay: Sendable {
     let upstream: UpstreamClient
     let defaultKey: String?
     let secrets: SecretsKeySource?
+    /// Each workspace's list of upstreams, as last read.
+    let upstreamLists = UpstreamLists()
+    /// Which upstreams of the lists are cooling down after a failure, on this instance.
+    public let health: UpstreamHealth
     /// Opened workspace keys, by workspace, with the sealed bytes they came from: a key set again
     /// with attestctl has other sealed bytes and is opened afresh on its next request.
-    private let openedKeys = Mutex<[Int64: (sealed: [UInt8], key: String)]>([:])
+    private let openedKeys = Mutex<[UpstreamSlot: (sealed: [UInt8], key: String)]>([:])
 
     public init(_ configuration: RelayConfiguration) throws {
+        health = UpstreamHealth(cooldown: configuration.cooldown)
         upstream = try UpstreamClient(configuration.upstream, loops: configuration.loops)
         defaultKey = configuration.defaultKey
         secrets = configuration.secrets
@@ -66,15 +73,23 @@ public final class MessagesRelay: Sendable {
         case unopenable(String)
     }
 
-    /// The upstream key for the grant's workspace: its own, else the service default.
-    func key(for grant: TokenGrant) throws(KeyProblem) -> String {
-        guard let sealed = grant.upstreamKey else {
+    /// Which of a workspace's upstreams opened values are kept for: its own (label nil) or a labelled one.
+    struct UpstreamSlot: Hashable {
+        let workspace: Int64
+        let label: String?
+    }
+
+    /// The upstream key for the grant's workspace (or `sealed`, an upstream of its list): its
+    /// own, else the service default.
+    func key(for grant: TokenGrant, sealed: SealedUpstreamKey?) throws(KeyProblem) -> String {
+        guard let sealed else {
             guard let defaultKey else { throw .none }
             return defaultKey
         }
-        if let cached = openedKeys.withLock({ $0[grant.workspaceID] }), cached.sealed == sealed.sealed { return cached.key }
+        let slot = UpstreamSlot(workspace: grant.workspaceID, label: sealed.label)
+        if let cached = openedKeys.withLock({ $0[slot] }), cached.sealed == sealed.sealed { return cached.key }
         let key = String(decoding: try open(sealed, of: grant), as: UTF8.self)
-        openedKeys.withLock { $0[grant.workspaceID] = (sealed.sealed, key) }
+        openedKeys.withLock { $0[slot] = (sealed.sealed, key) }
         return key
     }
 
@@ -106,20 +121,31 @@ public final class MessagesRelay: Sendable {
     /// Where the grant's workspace sends its requests, with what it needs to sign them.
     enum Target {
         case anthropic(key: String)
-        case bedrock(AWSCredentials, CloudUpstreamSettings)
-        case vertex(GoogleServiceAccount, CloudUpstreamSettings, sealed: [UInt8])
+        /// Where the credential comes from (`CloudCredentials` fetches and renews it) and what it
+        /// is cached by.
+        case bedrock(CredentialSource, CloudUpstreamSettings, identity: CloudCredentials.Identity)
+        case vertex(CredentialSource, CloudUpstreamSettings, identity: CloudCredentials.Identity)
+        /// An Anthropic-compatible service: its API key (sent as `x-api-key`), or the source of
+        /// its SigV4 keys or bearer token.
+        case compatible(CompatibleCredential, CloudUpstreamSettings, identity: CloudCredentials.Identity)
 
         var settings: CloudUpstreamSettings? {
             switch self {
             case .anthropic: nil
-            case .bedrock(_, let settings), .vertex(_, let settings, _): settings
+            case .bedrock(_, let settings, _), .vertex(_, let settings, _), .compatible(_, let settings, _): settings
             }
         }
     }
 
+    /// How an Anthropic-compatible upstream's requests are authorized.
+    enum CompatibleCredential {
+        case apiKey(String)
+        case source(CredentialSource)
+    }
+
     /// Opened cloud credentials, by workspace, with the sealed bytes they came from (a service
     /// account's key is parsed once, not per request) and the pinned hosts they were checked against.
-    private let openedCloud = Mutex<[Int64: (sealed: [UInt8], pinsVersion: Int, target: Target)]>([:])
+    private let openedCloud = Mutex<[UpstreamSlot: (sealed: [UInt8], pinsVersion: Int, target: Target)]>([:])
     /// The hosts cloud credentials may go to (`attestctl cloud-endpoints allow`), as last read
     /// from the database, and a count of their changes: a change checks every opened target again.
     private let pins = Mutex<(version: Int, pins: CloudEndpointPins)>((0, CloudEndpointPins()))
@@ -134,15 +160,18 @@ public final class MessagesRelay: Sendable {
             current = (current.version + 1, CloudEndpointPins(hosts))
         }
     }
-    /// Vertex workspaces' access tokens.
-    let vertexTokens = VertexAccessTokens()
+    /// Every cloud workspace's credential, from whichever source: cached, renewed, dropped on a refusal.
+    let credentials = CloudCredentials()
 
-    func target(for grant: TokenGrant) throws(KeyProblem) -> Target {
-        guard let sealed = grant.upstreamKey, sealed.kind != .anthropic else { return .anthropic(key: try key(for: grant)) }
+    /// Where the grant's workspace sends its requests: `upstream`, one of its list, else its own.
+    func target(for grant: TokenGrant, upstream: SealedUpstreamKey?? = nil) throws(KeyProblem) -> Target {
+        let chosen = upstream ?? grant.upstreamKey
+        guard let sealed = chosen, sealed.kind != .anthropic else { return .anthropic(key: try key(for: grant, sealed: chosen)) }
+        let slot = UpstreamSlot(workspace: grant.workspaceID, label: sealed.label)
         let pinsVersion = pins.withLock { $0.version }
         // The settings are compared too: settings edited in the database beside unchanged
         // credentials are opened again (and refused) at once, not after a restart.
-        if let cached = openedCloud.withLock({ $0[grant.workspaceID] }), cached.sealed == sealed.sealed, cached.pinsVersion == pinsVersion,
+        if let cached = openedCloud.withLock({ $0[slot] }), cached.sealed == sealed.sealed, cached.pinsVersion == pinsVersion,
            cached.target.settings == sealed.settings {
             return cached.target
         }
@@ -156,29 +185,39 @@ public final class MessagesRelay: Sendable {
         }
         let opened = try open(sealed, of: grant)
         let target: Target
+        let source: CredentialSource
+        do {
+            // An API key in `x-api-key` is the opened bytes themselves; every other credential has its source.
+            source = sealed.kind == .compatible && settings.compatible?.auth == .apiKey
+                ? .fixed(.bearer(String(decoding: opened, as: UTF8.self)))
+                : try CredentialSource.resolve(kind: sealed.kind, settings: settings, opened: opened)
+        } catch {
+            throw .unopenable("workspace \(grant.workspaceName)'s \(sealed.kind.rawValue) credentials: \(error)")
+        }
+        let identity = CloudCredentials.Identity(workspace: grant.workspaceID, label: sealed.label, sealed: sealed.sealed,
+                                                 binding: settings.binding(kind: sealed.kind))
         switch sealed.kind {
         case .anthropic:
             target = .anthropic(key: String(decoding: opened, as: UTF8.self))
         case .bedrock:
-            guard let key = try? JSONDecoder().decode(AWSAccessKey.self, from: Data(opened)) else {
-                throw .unopenable("workspace \(grant.workspaceName)'s AWS credentials do not decode")
-            }
-            target = .bedrock(key, settings)
+            target = .bedrock(source, settings, identity: identity)
         case .vertex:
-            let account: GoogleServiceAccount
-            do {
-                account = try GoogleServiceAccount(keyFile: opened)
-            } catch {
-                throw .unopenable("workspace \(grant.workspaceName)'s service account key does not load: \(error)")
+            if case .googleServiceAccount(_, let tokenURL) = source {
+                do {
+                    try Validate.pinned(settings, kind: .vertex, pins: cloudEndpointPins(), accountTokenURI: tokenURL)
+                } catch {
+                    throw .unopenable("workspace \(grant.workspaceName)'s vertex token endpoint is refused: \(error)")
+                }
             }
-            do {
-                try Validate.pinned(settings, kind: .vertex, pins: cloudEndpointPins(), accountTokenURI: account.tokenURI)
-            } catch {
-                throw .unopenable("workspace \(grant.workspaceName)'s vertex token endpoint is refused: \(error)")
+            target = .vertex(source, settings, identity: identity)
+        case .compatible:
+            if settings.compatible?.auth == .apiKey, case .fixed(.bearer(let key)) = source {
+                target = .compatible(.apiKey(key), settings, identity: identity)
+            } else {
+                target = .compatible(.source(source), settings, identity: identity)
             }
-            target = .vertex(account, settings, sealed: sealed.sealed)
         }
-        openedCloud.withLock { $0[grant.workspaceID] = (sealed.sealed, pinsVersion, target) }
+        openedCloud.withLock { $0[slot] = (sealed.sealed, pinsVersion, target) }
         return target
     }
 
@@ -303,6 +342,12 @@ final class RelayedExchange: UpstreamDelegate {
         machine = Mutex(RelayExchangeMachine(readsAbandonedReply: readsAbandonedReply, requestStreams: requestStreams))
     }
 
+    /// Nothing of an answer has reached the client and it has not left: another upstream may
+    /// still be tried (failover).
+    var mayTryAgain: Bool { !left.withLock { $0 } && machine.withLock { $0.phase == .awaitingHead } }
+    /// The client went away (no other upstream is tried for it).
+    private let left = Mutex(false)
+
     /// The transfer this exchange relays (set once, right after it starts).
     func attach(_ transfer: UpstreamTransfer) {
         self.transfer.withLock { $0 = transfer }
@@ -311,6 +356,7 @@ final class RelayedExchange: UpstreamDelegate {
     /// The client went away. True: cancel the transfer (a stream: the client can no longer read
     /// it). False: a JSON reply is read to its end, so that its real usage is recorded.
     func clientLeft() -> Bool {
+        left.withLock { $0 = true }
         let cancel = machine.withLock { $0.clientLeft() }
         // A chunk refused while the client was going (write returned false) paused the transfer.
         if !cancel { transfer.withLock { $0 }?.resume() }

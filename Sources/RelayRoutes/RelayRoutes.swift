@@ -7,16 +7,6 @@ import TokenService
 import UpstreamClient
 import CloudUpstreams
 
-/// A request to a cloud upstream, prepared before anything is sent.
-enum CloudPlan: Sendable {
-    case bedrock(UpstreamRequest, api: CloudAPI)
-    /// Bedrock's CountTokens, whose `{"inputTokens":N}` becomes the API's `{"input_tokens":N}`.
-    case bedrockCountTokens(UpstreamRequest)
-    /// The body as Vertex takes it; the request is made once the access token is there.
-    case vertex(body: [UInt8], model: String, countsTokens: Bool, betas: [String], account: GoogleServiceAccount, settings: CloudUpstreamSettings,
-                sealed: [UInt8])
-}
-
 /// The Messages API for app tokens: `/v1/messages` and `/v1/messages/count_tokens` relayed to the
 /// upstream with the workspace's key (after the token check and the integration's policy), and
 /// every other `/v1/` path refused for an app token (the token authorizes the Messages API only).
@@ -45,6 +35,8 @@ public struct RelayRoutes: Sendable {
         metrics.describe("attestd_upstream_latency_seconds", "Relayed requests, from arrival to the reply's last byte.")
         metrics.describe("attestd_upstream_ttfb_seconds", "Relayed requests, from arrival to the upstream's first body byte.")
         UpstreamCredentialFailures.describe(metrics)
+        UpstreamHealth.describe(metrics)
+        metrics.describe("attestd_upstream_failovers_total", "Tries a workspace's upstream failed before anything reached the device, after which the next upstream of its list was tried.")
     }
 
     public var routes: [Route] {
@@ -53,8 +45,13 @@ public struct RelayRoutes: Sendable {
         // it (or, without one, on a worker); a profile's limits, read by key, go to a worker.
         let ledger = self.ledger
         let remote = service.store.readsCrossTheNetwork
+        let lists = relay?.upstreamLists
         let authentication = BearerTokenAuthentication(service: service, markBeforeCheck: { ledger?.commitCount ?? 0 }, nonBlocking: tokenChecks,
-                                                       needsWorker: { grant in remote && grant.policy.readsProfileUsage })
+                                                       needsWorker: { grant in
+                                                           // A list of upstreams changed since this instance read it is read
+                                                           // by key from a network database, on a worker too.
+                                                           remote && (grant.policy.readsProfileUsage || lists?.isStale(grant) == true)
+                                                       })
         let api = RouteGroup("/v1", shape: .messagesAPI, executor: remote && tokenChecks == nil ? .worker : .loop, middleware: [authentication])
         return [
             api.route(["POST"], "/messages", bodyLimit: MessagesRelay.maxBodyBytes, contentType: "application/json", handler: relayed),
@@ -79,70 +76,156 @@ public struct RelayRoutes: Sendable {
             return RouteOutcome(MessagesAPIError.response(503, "api_error", "no upstream Messages API is configured on this service", requestID: requestID),
                                 clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue)
         }
-        let target: MessagesRelay.Target
+        // The workspace's upstreams in the order they are tried (its list, when it has one, with
+        // those cooling down after a failure last; else its own upstream alone). Each is prepared
+        // now, before anything is sent: one that does not map the model, or whose service refuses
+        // a member or beta, is passed over; the first that can serve the request is tried first.
+        let candidates: [MessagesRelay.Candidate]
         do {
-            target = try relay.target(for: grant)
+            candidates = try relay.candidates(for: grant, store: service.store as? any OrganisationStore)
         } catch {
-            switch error {
-            case .none:
-                return RouteOutcome(MessagesAPIError.response(503, "api_error", """
-                no upstream API key is configured for this workspace: an operator sets one with \
-                `attestctl workspaces set-upstream-key`, or starts attestd with --upstream-key-file
-                """, requestID: requestID), clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue)
-            case .unopenable(let why):
-                logger.error("upstream_key_unavailable", [("request_id", requestID), ("workspace", grant.workspaceName), ("error", why)])
-                return RouteOutcome(MessagesAPIError.response(503, "api_error", "the upstream API key of this workspace is unavailable", requestID: requestID),
-                                    clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue, detail: why)
-            }
+            let why = "the workspace's list of upstreams cannot be read: \(error)"
+            logger.error("upstream_key_unavailable", [("request_id", requestID), ("workspace", grant.workspaceName), ("error", why)])
+            return RouteOutcome(MessagesAPIError.response(503, "api_error", "the upstream API key of this workspace is unavailable", requestID: requestID),
+                                clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue, detail: why)
         }
-        // A cloud upstream takes only the models mapped for it: anything else is refused here,
-        // before anything is sent (and before the policy counts it).
-        var cloud: CloudPlan?
+        let countsTokens = route != WireProtocol.messagesPath
         // The one scan of the body, when a cloud's mapping needs it before the policy does.
         var scanned: (input: PolicyInput, streams: Bool)?
-        switch target {
-        case .anthropic: break
-        case .bedrock(_, let settings), .vertex(_, let settings, _):
-            let api = CloudAPI(kind: grant.upstreamKey?.kind ?? .bedrock, settings: settings)
-            let kind = grant.upstreamKey?.kind.rawValue ?? "cloud"
+        var prepared: [FailoverRun.Prepared] = []
+        var refusal: RouteOutcome?
+        var unavailable: String?
+        var noKey = false
+        let health = relay.health, metrics = self.metrics, workspaceName = grant.workspaceName
+        for candidate in candidates {
+            let target: MessagesRelay.Target
+            do {
+                target = try relay.target(for: grant, upstream: .some(candidate.key))
+            } catch {
+                switch error {
+                case .none:
+                    noKey = true
+                case .unopenable(let why):
+                    logger.error("upstream_key_unavailable", [("request_id", requestID), ("workspace", grant.workspaceName), ("upstream", candidate.label),
+                                                              ("error", why)])
+                    if candidates.count > 1 {
+                        health.failed(workspace: grant.workspaceID, workspaceName: workspaceName, label: candidate.label, unavailable: true)
+                        health.publish(metrics, workspace: workspaceName, label: candidate.label, state: .unavailable)
+                    }
+                    unavailable = unavailable ?? why
+                }
+                continue
+            }
+            let kind = candidate.key?.kind ?? .anthropic
+            if case .anthropic(let key) = target {
+                let upstreamRequest = MessagesRelay.upstreamRequest(request, key: key)
+                prepared.append(FailoverRun.Prepared(label: candidate.label, kind: kind.rawValue) { gate in
+                    Self.send(upstreamRequest, gate, relay: relay, writer: writer, exchange: gate.exchange)
+                })
+                continue
+            }
+            // A cloud upstream takes only the models mapped for it: anything else is refused
+            // here, before anything is sent (and before the policy counts it).
+            guard let settings = target.settings else { continue }
+            let api = CloudAPI(kind: kind, settings: settings)
             func refuse(_ message: String, detail: String? = nil, reason: RejectionReason = .unmappedModel) -> RouteOutcome {
                 RouteOutcome(MessagesAPIError.response(400, "invalid_request_error", message, requestID: requestID),
                              clientID: grant.clientID, reason: reason.rawValue, detail: detail)
             }
-            let countsTokens = route != WireProtocol.messagesPath
-            let (fields, cloudStreams) = MessagesRequestFields.read(request, spendsTokens: !countsTokens)
+            let (fields, cloudStreams) = scanned ?? MessagesRequestFields.read(request, spendsTokens: !countsTokens)
             scanned = (fields, cloudStreams)
             guard let model = fields.model, let mapped = settings.models[model] else {
-                return refuse("\(fields.model.map { "model \($0) is" } ?? "a request without a model is") not available through this workspace's \(kind) upstream",
-                              detail: fields.model)
+                refusal = refusal ?? refuse("\(fields.model.map { "model \($0) is" } ?? "a request without a model is") not available through this "
+                                            + "workspace's \(kind.rawValue) upstream", detail: fields.model)
+                continue
             }
-            if fields.fallbacks != .none { return refuse("fallbacks are not available through this workspace's \(kind) upstream") }
+            if fields.fallbacks != .none {
+                refusal = refusal ?? refuse("fallbacks are not available through this workspace's \(kind.rawValue) upstream")
+                continue
+            }
             // The cloud's table: a beta it does not take is refused here, by name, not by the cloud.
             if fields.malformed == nil, let beta = api.refusedBeta(fields.betas, extra: settings.extraBetas) {
-                return refuse("anthropic-beta: \(beta.prefix(128)) is not available through this workspace's \(kind) upstream (\(api.name)); "
-                              + "an owner can allow a beta the cloud has since accepted with --cloud-beta", detail: beta, reason: .policyRefused)
+                refusal = refusal ?? refuse("anthropic-beta: \(beta.prefix(128)) is not available through this workspace's \(kind.rawValue) upstream "
+                                            + "(\(api.name)); an owner can allow a beta the cloud has since accepted with --cloud-beta", detail: beta,
+                                            reason: .policyRefused)
+                continue
             }
             let betas = CloudAPI.sent(fields.betas)
+            let plan: CloudPlan
             do {
                 switch target {
-                case .anthropic: break
-                case .bedrock(let credentials, _) where countsTokens:
-                    cloud = .bedrockCountTokens(try CloudRoute.bedrockCountTokens(request, modelID: mapped, hasMaxTokens: fields.maxTokens != nil,
-                                                                                  settings: settings, betas: betas, credentials: credentials, at: Date()))
-                case .bedrock(let credentials, _):
-                    cloud = .bedrock(try CloudRoute.bedrock(request, api: api, modelID: mapped, streams: cloudStreams, settings: settings,
-                                                            betas: betas, credentials: credentials, at: Date()), api: api)
-                case .vertex(let account, _, let sealed):
-                    cloud = .vertex(body: try CloudRoute.vertexBody(request, model: mapped, betas: betas, countsTokens: countsTokens), model: mapped,
-                                    countsTokens: countsTokens, betas: betas, account: account, settings: settings, sealed: sealed)
+                case .anthropic:
+                    continue
+                case .bedrock(let source, _, let identity) where countsTokens:
+                    plan = CloudPlan(request: try CloudRoute.bedrockCountTokens(request, modelID: mapped, hasMaxTokens: fields.maxTokens != nil,
+                                                                                settings: settings, betas: betas),
+                                     reply: .bedrockCountTokens, signingService: "bedrock", region: settings.region, source: source, identity: identity)
+                case .bedrock(let source, _, let identity):
+                    plan = CloudPlan(request: try CloudRoute.bedrock(request, api: api, modelID: mapped, streams: cloudStreams, settings: settings,
+                                                                     betas: betas),
+                                     reply: api == .bedrockMessages ? .bedrockMessages : .bedrockInvoke, signingService: "bedrock",
+                                     region: settings.region, source: source, identity: identity)
+                case .vertex(let source, _, let identity):
+                    let body = try CloudRoute.vertexBody(request, model: mapped, betas: betas, countsTokens: countsTokens)
+                    plan = CloudPlan(request: CloudRoute.vertex(body: body, model: mapped, streams: cloudStreams, countsTokens: countsTokens,
+                                                                settings: settings, betas: betas),
+                                     reply: .vertex, signingService: "aiplatform", region: settings.region, source: source, identity: identity)
+                case .compatible(let credential, _, let identity):
+                    guard let compatible = settings.compatible else { continue }
+                    var apiKey: String?
+                    if case .apiKey(let key) = credential { apiKey = key }
+                    let upstreamRequest = try CloudRoute.compatible(request, api: api, settings: settings, compatible: compatible, modelID: mapped,
+                                                                    streams: cloudStreams, countsTokens: countsTokens, betas: betas, apiKey: apiKey)
+                    guard case .source(let source) = credential else {
+                        // An API key: sent as it is, nothing to fetch or renew.
+                        prepared.append(FailoverRun.Prepared(label: candidate.label, kind: compatible.service.rawValue) { gate in
+                            Self.send(upstreamRequest, Self.reply(.compatible(api), gate: gate, streams: cloudStreams), relay: relay, writer: writer,
+                                      exchange: gate.exchange)
+                        })
+                        continue
+                    }
+                    plan = CloudPlan(request: upstreamRequest, reply: .compatible(api), signingService: compatible.signingService ?? "",
+                                     region: settings.region, source: source, identity: identity)
                 }
             } catch let refused as CloudRoute.Refused {
-                return refuse("\(refused.what) is not available through this workspace's \(kind) upstream (\(api.name))", detail: refused.what,
-                              reason: .invalidRequest)
+                refusal = refusal ?? refuse("\(refused.what) is not available through this workspace's \(kind.rawValue) upstream (\(api.name))",
+                                            detail: refused.what, reason: .invalidRequest)
+                continue
             } catch {
                 return RouteOutcome(MessagesAPIError.response(400, "invalid_request_error", "the request body is not a JSON object", requestID: requestID),
                                     clientID: grant.clientID, reason: RejectionReason.invalidRequest.rawValue, detail: "\(error)")
             }
+            let loop = context.loop, logger = self.logger, label = candidate.label
+            prepared.append(FailoverRun.Prepared(label: candidate.label, kind: kind.rawValue) { gate in
+                let attempt = CloudAttempt(plan: plan, credentials: relay.credentials, loop: loop,
+                                           fetch: { request, delegate in _ = relay.start(request, delegate: delegate) },
+                                           send: { request, delegate in Self.send(request, delegate, relay: relay, writer: writer, exchange: gate.exchange) },
+                                           reply: { Self.reply(plan.reply, gate: gate, streams: cloudStreams) },
+                                           unavailable: { why in
+                                               logger.error("cloud_credentials_unavailable", [("request_id", requestID), ("workspace", workspaceName),
+                                                                                              ("upstream", label), ("kind", kind.rawValue),
+                                                                                              ("source", plan.source.name), ("error", why.description)])
+                                               gate.answerCredentialFailure(cause: "no credential from \(plan.source.name): \(why)")
+                                           },
+                                           dropped: { refusal in
+                                               logger.info("cloud_credentials_dropped", [("request_id", requestID), ("workspace", workspaceName),
+                                                                                         ("upstream", label), ("kind", kind.rawValue),
+                                                                                         ("source", plan.source.name), ("refusal", refusal)])
+                                           })
+                attempt.run()
+            })
+        }
+        guard !prepared.isEmpty else {
+            if let unavailable {
+                return RouteOutcome(MessagesAPIError.response(503, "api_error", "the upstream API key of this workspace is unavailable", requestID: requestID),
+                                    clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue, detail: unavailable)
+            }
+            if let refusal { return refusal }
+            _ = noKey
+            return RouteOutcome(MessagesAPIError.response(503, "api_error", """
+            no upstream API key is configured for this workspace: an operator sets one with \
+            `attestctl workspaces set-upstream-key`, or starts attestd with --upstream-key-file
+            """, requestID: requestID), clientID: grant.clientID, reason: RejectionReason.noUpstream.rawValue)
         }
         var ticket: UsageTicket?
         var asksForStream: Bool?
@@ -173,8 +256,8 @@ public struct RelayRoutes: Sendable {
                                 clientID: grant.clientID, reason: RejectionReason.invalidRequest.rawValue)
         }
         let readsAbandoned = admitted != nil && route == WireProtocol.messagesPath && !streams
-        let (metrics, ledger, logger) = (self.metrics, self.ledger, self.logger)
-        let upstreamKind = grant.upstreamKey?.kind.rawValue ?? "cloud", workspaceName = grant.workspaceName
+        let (ledger, logger) = (self.ledger, self.logger)
+        let served = ServedUpstream()
         let exchange = RelayedExchange(writer: writer, requestID: requestID, started: start, readsAbandonedReply: readsAbandoned,
                                        requestStreams: streams) { result in
             let label = result.error.map { $0.kind == .cancelled ? "cancelled" : "error" } ?? String(result.status)
@@ -184,67 +267,23 @@ public struct RelayRoutes: Sendable {
             if let firstByte = result.firstByteAt {
                 metrics.observe("attestd_upstream_ttfb_seconds", seconds: Double(firstByte - start) / 1e9, buckets: Metrics.relayBuckets)
             }
+            let upstream = served.current
             if let admitted {
                 ledger?.finish(admitted, RelayOutcome(status: result.status, usage: result.usage, incomplete: result.incomplete,
-                                                      abandoned: result.abandoned, servingModel: result.servingModel))
+                                                      abandoned: result.abandoned, servingModel: result.servingModel,
+                                                      upstream: upstream.label, failedOver: upstream.failedOver))
             }
             if let cause = result.credentialFailure {
-                UpstreamCredentialFailures.record(kind: upstreamKind, workspace: workspaceName, requestID: requestID, cause: cause,
+                UpstreamCredentialFailures.record(kind: upstream.kind ?? "cloud", workspace: workspaceName, requestID: requestID, cause: cause,
                                                   metrics: metrics, logger: logger)
             }
             context.finish(RouteOutcome(ended: result.status, clientID: clientID,
                                         detail: result.logDetail,
                                         bytes: result.bytes))
         }
-        let send: @Sendable (UpstreamRequest, any UpstreamDelegate) -> Void = { upstreamRequest, delegate in
-            let transfer = relay.start(upstreamRequest, delegate: delegate)
-            exchange.attach(transfer)
-            (delegate as? BedrockReply)?.attach(transfer)
-            writer.onWritable { transfer.resume() }
-            // A stream is cancelled upstream with its client; a JSON reply is read to its end, for its usage.
-            writer.onCancel { if exchange.clientLeft() { transfer.cancel() } }
-            writer.onShutdown {
-                if exchange.endForShutdown() { transfer.cancel() }
-            }
-        }
-        let begin: @Sendable () -> Void
-        switch cloud {
-        case nil:
-            guard case .anthropic(let key) = target else { return nil }
-            let upstreamRequest = MessagesRelay.upstreamRequest(request, key: key)
-            begin = { send(upstreamRequest, exchange) }
-        case .bedrock(let upstreamRequest, .bedrockMessages):
-            // The Messages API answers in the API's own shapes; its errors in AWS's.
-            begin = { send(upstreamRequest, BedrockMessagesReply(exchange)) }
-        case .bedrock(let upstreamRequest, _):
-            begin = { send(upstreamRequest, BedrockReply(exchange, streams: streams)) }
-        case .bedrockCountTokens(let upstreamRequest):
-            begin = { send(upstreamRequest, BedrockMessagesReply(exchange, countsTokens: true)) }
-        case .vertex(let body, let model, let countsTokens, let betas, let account, let settings, let sealed):
-            let tokens = relay.vertexTokens, workspace = grant.workspaceID, workspaceName = grant.workspaceName
-            let tokenURL = settings.tokenURL ?? account.tokenURI
-            let loop = context.loop, logger = self.logger
-            begin = {
-                tokens.token(workspace: workspace, sealed: sealed, account: account, tokenURL: tokenURL,
-                             start: { request, delegate in _ = relay.start(request, delegate: delegate) }) { result in
-                    let go: @Sendable () -> Void = {
-                        switch result {
-                        case .success(let token):
-                            send(CloudRoute.vertex(body: body, model: model, streams: streams, countsTokens: countsTokens, settings: settings,
-                                                   betas: betas, accessToken: token),
-                                 VertexReply(exchange))
-                        case .failure(let why):
-                            logger.error("vertex_token_unavailable", [("request_id", requestID), ("workspace", workspaceName), ("error", why.description)])
-                            exchange.answerCredentialFailure(cause: "the access token grant failed: \(why)")
-                        }
-                    }
-                    // The token may come on another loop (another request's fetch): the
-                    // transfer is driven by the loop that holds this client's connection.
-                    if let loop, !loop.inLoop, loop.execute(go) { return }
-                    go()
-                }
-            }
-        }
+        let run = FailoverRun(upstreams: prepared, exchange: exchange, health: health, metrics: metrics, logger: logger, requestID: requestID,
+                              workspace: (grant.workspaceID, workspaceName), loop: context.loop, served: served)
+        let begin: @Sendable () -> Void = { run.start() }
         // The checks above may have run on a worker (a network database); the transfer is driven
         // by the loop that holds the client's connection, so its chunks reach the writer on the
         // writer's own thread. A stopped loop: started here, where the upstream client ends it
@@ -252,6 +291,34 @@ public struct RelayRoutes: Sendable {
         if let loop = context.loop, !loop.inLoop, loop.execute(begin) { return nil }
         begin()
         return nil
+    }
+
+    /// Starts a try's transfer for the exchange: its chunks go to the client's writer as it
+    /// can take them; a stream is cancelled upstream with its client (a JSON reply is read to its
+    /// end, for its usage), and a server shutdown ends it. Each try of a failover replaces the
+    /// writer's callbacks with its own transfer's.
+    static func send(_ upstreamRequest: UpstreamRequest, _ delegate: any UpstreamDelegate, relay: MessagesRelay, writer: HTTPResponseWriter,
+                     exchange: RelayedExchange) {
+        let transfer = relay.start(upstreamRequest, delegate: delegate)
+        exchange.attach(transfer)
+        ((delegate as? RefusalCheck)?.inner as? BedrockReply ?? delegate as? BedrockReply)?.attach(transfer)
+        writer.onWritable { transfer.resume() }
+        writer.onCancel { if exchange.clientLeft() { transfer.cancel() } }
+        writer.onShutdown {
+            if exchange.endForShutdown() { transfer.cancel() }
+        }
+    }
+
+    /// The delegate that reads a cloud's reply for a try (through its gate, to the exchange).
+    static func reply(_ kind: CloudPlan.Reply, gate: AttemptGate, streams: Bool) -> any UpstreamDelegate {
+        switch kind {
+        case .bedrockMessages: BedrockMessagesReply(gate)
+        case .bedrockInvoke: BedrockReply(gate, streams: streams)
+        case .bedrockCountTokens: BedrockMessagesReply(gate, countsTokens: true)
+        case .vertex: VertexReply(gate)
+        case .compatible(let api):
+            BedrockMessagesReply(gate, service: api.name, awsErrors: api == .bedrockMessages || api == .bedrockMantle || api == .claudePlatformAWS)
+        }
     }
 
     /// A policy refusal in the Messages API's error shape: 400 for what the request asks, 429 with

@@ -43,7 +43,7 @@ extension SQLiteTokenStore {
 
     public func upstreamKey(workspaceID: Int64) throws -> SealedUpstreamKey? {
         try read { try $0.first("SELECT \(StoreColumns.list(StoreColumns.sealedKey)) FROM workspace_upstream_keys WHERE workspace_id = ?",
-                                [.int(workspaceID)], SealedUpstreamKey.init(row:)) }
+                                [.int(workspaceID)]) { try SealedUpstreamKey(row: $0) } }
     }
 }
 
@@ -55,6 +55,9 @@ extension SQLiteTokenStore {
             var secrets: [SealedSecret] = []
             try db.query("SELECT workspace_id, \(StoreColumns.list(StoreColumns.sealedKey)) FROM workspace_upstream_keys ORDER BY workspace_id") {
                 secrets.append(SealedSecret(workspaceID: try $0.int("workspace_id"), upstream: try SealedUpstreamKey(row: $0)))
+            }
+            try db.query("SELECT workspace_id, label, \(StoreColumns.list(StoreColumns.sealedKey)) FROM workspace_upstreams ORDER BY workspace_id, label") {
+                secrets.append(SealedSecret(workspaceID: try $0.int("workspace_id"), upstream: try SealedUpstreamKey(row: $0, label: try $0.text("label"))))
             }
             try db.query("SELECT team_id, key_id, sealed_key FROM apple_keys ORDER BY team_id") {
                 secrets.append(SealedSecret(owner: .appleKey(teamID: try $0.text("team_id"), keyID: try $0.text("key_id")), sealed: try $0.bytes("sealed_key")))
@@ -69,6 +72,9 @@ extension SQLiteTokenStore {
             case .upstream(let workspaceID):
                 try db.run("UPDATE workspace_upstream_keys SET sealed_key = ? WHERE workspace_id = ? AND sealed_key = ?",
                            [.blob(new), .int(workspaceID), .blob(old)]) == 1
+            case .labelledUpstream(let workspaceID, let label):
+                try db.run("UPDATE workspace_upstreams SET sealed_key = ? WHERE workspace_id = ? AND label = ? AND sealed_key = ?",
+                           [.blob(new), .int(workspaceID), .text(label), .blob(old)]) == 1
             case .appleKey(let teamID, let keyID):
                 try db.run("UPDATE apple_keys SET sealed_key = ? WHERE team_id = ? AND key_id = ? AND sealed_key = ?",
                            [.blob(new), .text(teamID), .text(keyID), .blob(old)]) == 1

@@ -57,6 +57,18 @@ extension SQLiteTokenStore {
                             """, row + [.text(name), .int(count)])
                     }
                 }
+                for (key, c) in batch.upstreams {
+                    try db.run("""
+                        INSERT INTO usage_hourly_by_upstream (client_id, hour, upstream, requests, input_tokens, output_tokens,
+                                                              cache_creation_input_tokens, cache_read_input_tokens, failovers)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        ON CONFLICT (client_id, hour, upstream) DO UPDATE SET requests = requests + excluded.requests,
+                          input_tokens = input_tokens + excluded.input_tokens, output_tokens = output_tokens + excluded.output_tokens,
+                          cache_creation_input_tokens = cache_creation_input_tokens + excluded.cache_creation_input_tokens,
+                          cache_read_input_tokens = cache_read_input_tokens + excluded.cache_read_input_tokens, failovers = failovers + excluded.failovers
+                        """, [.text(key.clientID), .int(key.hour), .text(key.upstream), .int(c.requests), .int(c.inputTokens), .int(c.outputTokens),
+                              .int(c.cacheCreationInputTokens), .int(c.cacheReadInputTokens), .int(c.failovers)])
+                }
                 for (key, tokens) in batch.profileMonthTokens {
                     try db.run("""
                         INSERT INTO usage_profile_monthly (client_id, profile, month, tokens) VALUES (?, ?, ?, ?)
@@ -123,6 +135,25 @@ extension SQLiteTokenStore {
             try db.first(RecordedProfileUsage.query(clientID: "?1", profile: "?2", month: "?3", minute: "?4", previousMinute: "?5"),
                          [.text(clientID), .text(profile), .int(month), .int(minute), .int(minute - 1)], RecordedProfileUsage.init(row:))
                 ?? RecordedProfileUsage()
+        }
+    }
+}
+
+extension SQLiteTokenStore: UpstreamUsageStore {
+    public func upstreamUsage(_ filter: UsageFilter) throws -> [UpstreamUsageRow] {
+        var conditions: [String] = []
+        var values: [SQLValue] = []
+        if let workspaceID = filter.workspaceID { conditions.append("i.workspace_id = ?"); values.append(.int(workspaceID)) }
+        if let clientID = filter.clientID { conditions.append("u.client_id = ?"); values.append(.text(clientID)) }
+        if let since = filter.since { conditions.append("u.hour >= ?"); values.append(.int(since)) }
+        if let until = filter.until { conditions.append("u.hour < ?"); values.append(.int(until)) }
+        return try read { db in
+            var rows: [UpstreamUsageRow] = []
+            try db.query("""
+                SELECT w.name AS workspace_name, \(StoreColumns.list(StoreColumns.upstreamUsage, table: "u")) FROM usage_hourly_by_upstream u
+                JOIN integrations i ON i.client_id = u.client_id JOIN workspaces w ON w.id = i.workspace_id
+                """ + (conditions.isEmpty ? "" : " WHERE " + conditions.joined(separator: " AND ")), values) { rows.append(try UpstreamUsageRow(row: $0)) }
+            return rows
         }
     }
 }

@@ -68,7 +68,10 @@ public enum StoreColumns {
     /// The token check: the token, its workspace's key, the integration's policy and the usage
     /// recorded so far (`month_tokens`, `requests_this_minute`, `requests_last_minute`).
     public static let grant = ["client_id", "workspace_name", "issued_at", "expires_at", "token_hash", "workspace_id", "key_id"]
-        + sealedKey + policy + ["month_tokens", "requests_this_minute", "requests_last_minute"]
+        + sealedKey + policy + ["month_tokens", "requests_this_minute", "requests_last_minute", "upstreams_version"]
+    /// The ledger by upstream (`usage_hourly_by_upstream`).
+    public static let upstreamUsage = ["client_id", "hour", "upstream", "requests", "input_tokens", "output_tokens", "cache_creation_input_tokens",
+                                       "cache_read_input_tokens", "failovers"]
     /// A rolling window: how many events, and the oldest one's time.
     public static let window = ["count", "oldest"]
     public static let challenge = ["challenge", "expires_at"]
@@ -97,7 +100,7 @@ public enum StoreColumns {
                t.token_hash AS token_hash, w.id AS workspace_id, t.key_id AS key_id,
                \(list(sealedKey, table: "k")), \(list(policy, table: "i")),
                coalesce(m.tokens, 0) AS month_tokens, coalesce(d0.requests, 0) AS requests_this_minute,
-               coalesce(d1.requests, 0) AS requests_last_minute FROM tokens t
+               coalesce(d1.requests, 0) AS requests_last_minute, w.upstreams_version AS upstreams_version FROM tokens t
         JOIN integrations i ON i.client_id = t.client_id JOIN workspaces w ON w.id = t.workspace_id
         LEFT JOIN workspace_upstream_keys k ON k.workspace_id = t.workspace_id
         LEFT JOIN usage_monthly m ON m.client_id = t.client_id AND m.month = \(month)
@@ -119,7 +122,8 @@ extension Workspace {
 }
 
 extension SealedUpstreamKey {
-    public init(row: some StoreRow) throws {
+    /// A row of `workspace_upstream_keys`, or of `workspace_upstreams` with its `label`.
+    public init(row: some StoreRow, label: String? = nil) throws {
         let kindText = try row.text("kind")
         guard let kind = UpstreamKind(rawValue: kindText) else {
             throw InvalidStoredValue("workspace_upstream_keys.kind '\(kindText.prefix(40))' is none of "
@@ -135,7 +139,7 @@ extension SealedUpstreamKey {
             throw InvalidStoredValue("workspace_upstream_keys.settings must be " + (kind == .anthropic ? "NULL" : "set") + " for a \(kind.rawValue) upstream")
         }
         self.init(sealed: try row.bytes("sealed_key"), last4: try row.text("last4"), setAt: try row.date("set_at"), setBy: try row.text("set_by"),
-                  kind: kind, settings: settings)
+                  kind: kind, settings: settings, label: label)
     }
 
     /// The `settings` column's value (NULL for the Anthropic API).
@@ -253,7 +257,8 @@ extension TokenGrant {
                   upstreamKey: try row.isNull("sealed_key") ? nil : try SealedUpstreamKey(row: row), keyID: try row.bytes("key_id"),
                   policy: try IntegrationPolicy(row: row),
                   recorded: RecordedUsage(monthTokens: try row.int("month_tokens"), deviceRequestsThisMinute: try row.int("requests_this_minute"),
-                                          deviceRequestsLastMinute: try row.int("requests_last_minute")))
+                                          deviceRequestsLastMinute: try row.int("requests_last_minute")),
+                  upstreamsVersion: try row.int("upstreams_version"))
     }
 }
 
@@ -318,5 +323,16 @@ extension AuditEvent {
         id = try row.int("id")
         count = try row.int("count")
         minute = try row.optional("minute", row.int)
+    }
+}
+
+extension UpstreamUsageRow {
+    public init(row: some StoreRow) throws {
+        self.init(workspace: try row.text("workspace_name"),
+                  key: UpstreamUsageKey(clientID: try row.text("client_id"), hour: try row.int("hour"), upstream: try row.text("upstream")),
+                  counters: UpstreamUsageCounters(requests: try row.int("requests"), inputTokens: try row.int("input_tokens"),
+                                                  outputTokens: try row.int("output_tokens"),
+                                                  cacheCreationInputTokens: try row.int("cache_creation_input_tokens"),
+                                                  cacheReadInputTokens: try row.int("cache_read_input_tokens"), failovers: try row.int("failovers")))
     }
 }

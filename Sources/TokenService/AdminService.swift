@@ -85,9 +85,24 @@ public final class AdminService: Sendable {
                      credentials: [UInt8], last4: String, secrets: SecretBox, action: String, detail: String) throws {
         let workspace = try existingWorkspace(name)
         _ = try requireRole(actor, in: workspace, what) { $0 == .primaryOwner || $0 == .owner }
+        // `--upstream LABEL [--priority N]`: a labelled upstream of the workspace's list, its
+        // credentials bound to the label too (`default` is the workspace's own row).
+        if let placement = UpstreamPlacement.current, placement.label != WorkspaceUpstream.defaultLabel {
+            let label = try Validate.upstreamLabel(placement.label)
+            let unsealed = SealedUpstreamKey(sealed: [], last4: last4, setAt: now(), setBy: actor, kind: kind, settings: settings, label: label)
+            let sealed = try secrets.seal(credentials, associatedData: unsealed.associatedData(workspaceID: workspace.id))
+            let key = SealedUpstreamKey(sealed: sealed, last4: last4, setAt: unsealed.setAt, setBy: actor, kind: kind, settings: settings, label: label)
+            let priority = try placement.priority ?? store.workspaceUpstreams(workspaceID: workspace.id).first { $0.label == label }?.priority ?? 100
+            try store.setWorkspaceUpstream(workspaceID: workspace.id, label: label, priority: priority, key)
+            try audit(actor: actor, action, detail: "\(workspace.name): upstream \(label) (priority \(priority)): \(detail)")
+            return
+        }
         let sealed = try secrets.seal(credentials, associatedData: SealedUpstreamKey.associatedData(workspaceID: workspace.id, kind: kind, settings: settings))
         try store.setUpstreamKey(workspaceID: workspace.id, SealedUpstreamKey(sealed: sealed, last4: last4, setAt: now(), setBy: actor,
                                                                              kind: kind, settings: settings))
+        if let priority = UpstreamPlacement.current?.priority {
+            _ = try store.setWorkspaceUpstreamPriorities(workspaceID: workspace.id, [(WorkspaceUpstream.defaultLabel, priority)])
+        }
         try audit(actor: actor, action, detail: "\(workspace.name): \(detail)")
     }
 
@@ -95,6 +110,10 @@ public final class AdminService: Sendable {
     /// by whom, last 4); the credentials stay sealed.
     public func workspaceDetails(_ name: String) throws -> (workspace: Workspace, upstreamKey: SealedUpstreamKey?) {
         let workspace = try existingWorkspace(name)
+        // Within `--upstream LABEL`: that upstream of the list.
+        if let label = UpstreamPlacement.current?.label, label != WorkspaceUpstream.defaultLabel {
+            return (workspace, try store.workspaceUpstreams(workspaceID: workspace.id).first { $0.label == label }?.key)
+        }
         return (workspace, try store.upstreamKey(workspaceID: workspace.id))
     }
 

@@ -5,6 +5,10 @@ import Foundation
 /// buys Claude through its cloud sets Amazon Bedrock or Google Vertex AI instead.
 public enum UpstreamKind: String, Sendable, Codable, CaseIterable {
     case anthropic, bedrock, vertex
+    /// An Anthropic-compatible Messages API (`CompatibleService`): Microsoft Foundry, Claude
+    /// Platform on AWS, Bedrock's Messages API or bedrock-mantle, or the Anthropic API itself,
+    /// each by its base URL, auth mode, static headers and model map.
+    case compatible
 }
 
 /// Which of Bedrock's APIs a workspace's requests use.
@@ -39,9 +43,24 @@ public struct CloudUpstreamSettings: Sendable, Equatable, Codable {
     /// Betas the cloud has accepted since this service's table was written, allowed by an owner
     /// for this workspace (`--cloud-beta`).
     public var extraBetas: [String]?
+    /// An Anthropic-compatible upstream's service, base URL, auth mode and static headers
+    /// (`CompatibleSettings`); nil for the other kinds.
+    public var compatible: CompatibleSettings?
+    /// Where the credentials come from (`CredentialSourceKind`); nil: the sealed static keys or
+    /// service-account key file, as every upstream before renewing sources existed.
+    public var credentialSource: CredentialSourceKind?
+    /// The role assumed with STS AssumeRole on top of the AWS source (`--assume-role`).
+    public var assumeRole: String?
+    /// Microsoft Entra ID: the directory (tenant) and the application or managed identity's client ID.
+    public var tenantID: String?
+    public var clientID: String?
+    /// The scope an Entra ID token is asked for (nil: `CredentialSourceKind.defaultEntraScope`).
+    public var scope: String?
 
     public init(region: String, project: String? = nil, endpointURL: String? = nil, tokenURL: String? = nil,
-                models: [String: String], clientEmail: String? = nil, api: BedrockAPI? = nil, extraBetas: [String]? = nil) {
+                models: [String: String], clientEmail: String? = nil, api: BedrockAPI? = nil, extraBetas: [String]? = nil,
+                compatible: CompatibleSettings? = nil) {
+        self.compatible = compatible
         self.region = region
         self.project = project
         self.endpointURL = endpointURL
@@ -53,11 +72,16 @@ public struct CloudUpstreamSettings: Sendable, Equatable, Codable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case region, project, models, api
+        case region, project, models, api, compatible
         case endpointURL = "endpoint_url"
         case tokenURL = "token_url"
         case clientEmail = "client_email"
         case extraBetas = "extra_betas"
+        case credentialSource = "credential_source"
+        case assumeRole = "assume_role"
+        case tenantID = "tenant_id"
+        case clientID = "client_id"
+        case scope
     }
 
     /// The stored form (the `settings` column): JSON with sorted keys.
@@ -75,6 +99,7 @@ public struct CloudUpstreamSettings: Sendable, Equatable, Codable {
     public func defaultOrigin(kind: UpstreamKind) -> String? {
         switch kind {
         case .anthropic: nil
+        case .compatible: compatible.map { CompatibleSettings.origin(ofBaseURL: $0.baseURL) }
         case .bedrock: "https://bedrock-runtime.\(region).amazonaws.com"
         // The SDKs' hosts: `global` and the multi-regions have their own (a `global-` prefix
         // answers an HTML 404).
@@ -120,6 +145,24 @@ public struct CloudUpstreamSettings: Sendable, Equatable, Codable {
             field("extra_betas", String(extraBetas.count))
             for beta in extraBetas { field("beta", beta) }
         }
+        if let compatible {
+            field("service", compatible.service.rawValue)
+            field("base_url", compatible.baseURL)
+            field("auth", compatible.auth.rawValue)
+            field("signing_service", compatible.signingService)
+            field("headers", String(compatible.headers.count))
+            for (name, value) in compatible.headers.sorted(by: { $0.key < $1.key }) {
+                field("header", name)
+                field("value", value)
+            }
+        }
+        // Where the credentials come from and as whom: a row whose source, role, tenant, client
+        // or scope was edited in the database no longer opens.
+        if let credentialSource { field("credential_source", credentialSource.rawValue) }
+        if let assumeRole { field("assume_role", assumeRole) }
+        if let tenantID { field("tenant_id", tenantID) }
+        if let clientID { field("client_id", clientID) }
+        if let scope { field("scope", scope) }
         return out
     }
 }

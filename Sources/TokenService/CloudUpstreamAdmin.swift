@@ -108,6 +108,13 @@ extension AdminService {
         if let endpoint = settings.endpointURL { parts.append("endpoint \(endpoint)") }
         if let token = settings.tokenURL { parts.append("token URL \(token)") }
         if let betas = settings.extraBetas { parts.append("extra betas " + betas.joined(separator: ",")) }
+        if let compatible = settings.compatible {
+            parts[0] = "\(compatible.service.rawValue) (\(compatible.auth.rawValue)" + (compatible.signingService.map { " for \($0)" } ?? "") + ")"
+            parts.append("base URL \(compatible.baseURL)")
+            for (name, value) in compatible.headers.sorted(by: { $0.key < $1.key }) { parts.append("header \(name): \(value)") }
+        }
+        if let source = settings.credentialSource { parts.append("credentials from \(source.rawValue)") }
+        if let role = settings.assumeRole { parts.append("assuming \(role)") }
         parts.append("models " + settings.models.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ","))
         return parts.joined(separator: ", ")
     }
@@ -284,6 +291,10 @@ extension Validate {
         }
         _ = try modelMappings(settings.models.map { "\($0.key)=\($0.value)" })
         if let betas = settings.extraBetas, try cloudBetas(betas) != betas { throw AdminError("the extra betas are not in their stored form") }
+        try storedCredentialSource(settings, kind: kind)
+        if kind == .compatible { try storedCompatible(settings.compatible) } else if settings.compatible != nil {
+            throw AdminError("a \(kind.rawValue) upstream has an Anthropic-compatible service's settings")
+        }
         try pinned(settings, kind: kind, pins: pins)
     }
 

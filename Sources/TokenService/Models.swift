@@ -217,10 +217,14 @@ public struct TokenGrant: Sendable, Equatable {
     public let policy: IntegrationPolicy
     /// The usage every instance has recorded so far, read in the same query.
     public let recorded: RecordedUsage
+    /// How often the workspace's list of upstreams changed (0: never, so the workspace has its
+    /// own upstream alone): the relay reads the list again when this is not what it holds.
+    public let upstreamsVersion: Int64
 
     public init(clientID: String, workspaceID: Int64 = 0, workspaceName: String, issuedAt: Date, expiresAt: Date,
                 upstreamKey: SealedUpstreamKey? = nil, keyID: [UInt8] = [], policy: IntegrationPolicy = IntegrationPolicy(),
-                recorded: RecordedUsage = RecordedUsage()) {
+                recorded: RecordedUsage = RecordedUsage(), upstreamsVersion: Int64 = 0) {
+        self.upstreamsVersion = upstreamsVersion
         self.clientID = clientID
         self.keyID = keyID
         self.policy = policy
@@ -247,9 +251,13 @@ public struct SealedUpstreamKey: Sendable, Equatable {
     public let kind: UpstreamKind
     /// Nil for the Anthropic API.
     public let settings: CloudUpstreamSettings?
+    /// The label of a labelled upstream of the workspace's list (`workspace_upstreams`); nil for
+    /// the workspace's own upstream. Its credentials are bound to it.
+    public let label: String?
 
     public init(sealed: [UInt8], last4: String, setAt: Date, setBy: String, kind: UpstreamKind = .anthropic,
-                settings: CloudUpstreamSettings? = nil) {
+                settings: CloudUpstreamSettings? = nil, label: String? = nil) {
+        self.label = label
         self.sealed = sealed
         self.last4 = last4
         self.setAt = setAt
@@ -275,7 +283,15 @@ public struct SealedUpstreamKey: Sendable, Equatable {
 
     /// What this row's credentials were sealed with (when its settings are the ones it was sealed with).
     public func associatedData(workspaceID: Int64) -> [UInt8] {
-        Self.associatedData(workspaceID: workspaceID, kind: kind, settings: settings)
+        Self.associatedData(workspaceID: workspaceID, label: label, kind: kind, settings: settings)
+    }
+
+    /// A labelled upstream's credentials are bound to the label as well (a row copied to another
+    /// label, or to the workspace's own row, does not open), and always to kind and settings.
+    public static func associatedData(workspaceID: Int64, label: String?, kind: UpstreamKind, settings: CloudUpstreamSettings?) -> [UInt8] {
+        guard let label else { return associatedData(workspaceID: workspaceID, kind: kind, settings: settings) }
+        let binding = settings?.binding(kind: kind) ?? Array("kind=\(kind.rawValue.utf8.count):\(kind.rawValue);".utf8)
+        return Array("attestd/upstream-key/v3/workspace/\(workspaceID)/label/\(label.utf8.count):\(label)/".utf8) + binding
     }
 }
 

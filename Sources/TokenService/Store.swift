@@ -18,6 +18,14 @@ public protocol OrganisationStore: AnyObject, Sendable {
     /// Sets (or replaces) the workspace's sealed upstream key.
     func setUpstreamKey(workspaceID: Int64, _ key: SealedUpstreamKey) throws
     func upstreamKey(workspaceID: Int64) throws -> SealedUpstreamKey?
+    /// The workspace's upstreams: its own (`default`, with its priority) and its labelled ones.
+    func workspaceUpstreams(workspaceID: Int64) throws -> [WorkspaceUpstream]
+    /// Adds or replaces a labelled upstream (and changes the workspace's `upstreams_version`).
+    func setWorkspaceUpstream(workspaceID: Int64, label: String, priority: Int, _ key: SealedUpstreamKey) throws
+    /// Removes one upstream (`default`: the workspace's own row); false when there was none.
+    func removeWorkspaceUpstream(workspaceID: Int64, label: String) throws -> Bool
+    /// Sets priorities by label, in one transaction; false when a label is not there.
+    func setWorkspaceUpstreamPriorities(workspaceID: Int64, _ priorities: [(label: String, priority: Int)]) throws -> Bool
 
 }
 
@@ -208,9 +216,12 @@ public struct SealedSecret: Sendable, Equatable {
         case upstream(workspaceID: Int64)
         /// A team's App Attest data-service key.
         case appleKey(teamID: String, keyID: String)
+        /// A labelled upstream's credentials (`workspace_upstreams`).
+        case labelledUpstream(workspaceID: Int64, label: String)
 
         public var description: String {
             switch self {
+            case .labelledUpstream(let id, let label): "the credentials of upstream \(label) of workspace #\(id)"
             case .upstream(let id): "the upstream credentials of workspace #\(id)"
             case .appleKey(let team, let key): "Apple key \(key) of team \(team)"
             }
@@ -231,13 +242,15 @@ public struct SealedSecret: Sendable, Equatable {
 
     /// A workspace's upstream row as a sealed value.
     public init(workspaceID: Int64, upstream: SealedUpstreamKey) {
-        self.init(owner: .upstream(workspaceID: workspaceID), sealed: upstream.sealed, upstreamKind: upstream.kind, upstreamSettings: upstream.settings)
+        let owner: Owner = upstream.label.map { .labelledUpstream(workspaceID: workspaceID, label: $0) } ?? .upstream(workspaceID: workspaceID)
+        self.init(owner: owner, sealed: upstream.sealed, upstreamKind: upstream.kind, upstreamSettings: upstream.settings)
     }
 
     /// What the value was sealed to: it opens only with the same.
     public var associatedData: [UInt8] {
         switch owner {
         case .upstream(let id): SealedUpstreamKey.associatedData(workspaceID: id, kind: upstreamKind, settings: upstreamSettings)
+        case .labelledUpstream(let id, let label): SealedUpstreamKey.associatedData(workspaceID: id, label: label, kind: upstreamKind, settings: upstreamSettings)
         case .appleKey(let team, let key): SealedAppleKey.associatedData(teamID: team, keyID: key)
         }
     }

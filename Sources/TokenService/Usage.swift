@@ -313,11 +313,13 @@ public struct UsageBatch: Sendable {
     public var deviceMinutes: [DeviceMinuteKey: Int64] = [:]
     public var profileMinutes: [ProfileMinuteKey: Int64] = [:]
     public var profileMonthTokens: [ProfileMonthKey: Int64] = [:]
+    /// Which upstream of the workspace's list served (`usage_hourly_by_upstream`).
+    public var upstreams: [UpstreamUsageKey: UpstreamUsageCounters] = [:]
 
     public init() {}
 
     public var isEmpty: Bool {
-        usage.isEmpty && monthTokens.isEmpty && deviceMinutes.isEmpty && profileMinutes.isEmpty && profileMonthTokens.isEmpty
+        usage.isEmpty && monthTokens.isEmpty && deviceMinutes.isEmpty && profileMinutes.isEmpty && profileMonthTokens.isEmpty && upstreams.isEmpty
     }
 
     public mutating func merge(_ other: UsageBatch) {
@@ -326,6 +328,7 @@ public struct UsageBatch: Sendable {
         deviceMinutes.merge(other.deviceMinutes, uniquingKeysWith: Int64.saturatingSum)
         profileMinutes.merge(other.profileMinutes, uniquingKeysWith: Int64.saturatingSum)
         profileMonthTokens.merge(other.profileMonthTokens, uniquingKeysWith: Int64.saturatingSum)
+        for (key, counters) in other.upstreams { upstreams[key, default: UpstreamUsageCounters()] += counters }
     }
 }
 

@@ -92,8 +92,15 @@ public struct RelayOutcome: Sendable {
     public var abandoned: Bool
     /// The model that served, as the reply says (its `model`, or the last `fallback` block's `to.model`).
     public var servingModel: String?
+    /// The label of the upstream of the workspace's list that answered (nil: none was tried),
+    /// and whether an earlier one failed first.
+    public var upstream: String?
+    public var failedOver = false
 
-    public init(status: Int, usage: TokenUsage, incomplete: Bool, abandoned: Bool = false, servingModel: String? = nil) {
+    public init(status: Int, usage: TokenUsage, incomplete: Bool, abandoned: Bool = false, servingModel: String? = nil,
+                upstream: String? = nil, failedOver: Bool = false) {
+        self.upstream = upstream
+        self.failedOver = failedOver
         self.status = status
         self.usage = usage
         self.incomplete = incomplete
@@ -358,6 +365,12 @@ public final class UsageLedger: Service {
             }
             record(&state.pending.usage[UsageKey(clientID: ticket.clientID, model: model, hour: ticket.hour, profile: ticket.profileLabel),
                                         default: UsageCounters()])
+            if let upstream = outcome.upstream {
+                state.pending.upstreams[UpstreamUsageKey(clientID: ticket.clientID, hour: ticket.hour, upstream: upstream), default: UpstreamUsageCounters()]
+                    += UpstreamUsageCounters(requests: 1, inputTokens: usage.inputTokens, outputTokens: usage.outputTokens,
+                                             cacheCreationInputTokens: usage.cacheCreationInputTokens, cacheReadInputTokens: usage.cacheReadInputTokens,
+                                             failovers: outcome.failedOver ? 1 : 0)
+            }
             // Cache writes and reads are input too: counted apart by the API (and priced apart), but
             // leaving them out would let a request move its input out of the budget with `cache_control`.
             let spent = usage.totalTokens

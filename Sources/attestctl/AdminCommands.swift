@@ -27,12 +27,15 @@ enum AdminCommands {
              reaches the admin listener, whatever attestd recorded
            attestctl workspaces create --actor EMAIL --name NAME
            attestctl workspaces show NAME [--json]
-           attestctl workspaces set-upstream-key --actor EMAIL --workspace NAME --key-file FILE|-
-           attestctl workspaces set-upstream-bedrock --actor EMAIL --workspace NAME --region REGION --access-key-id ID
-             --secret-key-file FILE [--session-token-file FILE] [--endpoint-url URL] [--api messages|invoke] [--cloud-beta BETA]…
+           attestctl workspaces set-upstream-key --actor EMAIL --workspace NAME --key-file FILE|- [--base-url URL --model API_MODEL=MODEL…]
+             (--base-url: the Anthropic API at another base URL, such as a second organisation's gateway, through the
+             Anthropic-compatible kind, with its own model map)
+           attestctl workspaces set-upstream-bedrock --actor EMAIL --workspace NAME --region REGION (--access-key-id ID
+             --secret-key-file FILE [--session-token-file FILE] | --bedrock-api-key-file FILE | --aws-credentials web-identity|container|instance)
+             [--assume-role ARN] [--endpoint-url URL] [--api messages|invoke|mantle] [--cloud-beta BETA]…
              --model API_MODEL=BEDROCK_MODEL_ID [--model …]
            attestctl workspaces set-upstream-vertex --actor EMAIL --workspace NAME --project PROJECT --region REGION
-             --service-account-file FILE [--endpoint-url URL] [--token-url URL] [--cloud-beta BETA]… --model API_MODEL=VERTEX_MODEL [--model …]
+             (--service-account-file FILE | --metadata-server) [--endpoint-url URL] [--token-url URL] [--cloud-beta BETA]… --model API_MODEL=VERTEX_MODEL [--model …]
              the workspace's requests go to Amazon Bedrock or Google Vertex AI instead of the Anthropic API (set-upstream-key
              switches back); --model maps each model devices may name to the cloud's ID (1 to 64; any other is refused);
              --api: Bedrock's Messages API (messages, the default: the newest models, inference profiles such as global.anthropic.…)
@@ -42,6 +45,26 @@ enum AdminCommands {
              are sealed like an upstream key; show prints the kind, region or project, models and key_last4, never them.
              The credentials are sealed together with these settings: settings changed in the database alone no longer
              open them (the relay answers 503 and logs the workspace)
+           attestctl workspaces set-upstream-foundry --actor EMAIL --workspace NAME (--resource NAME | --base-url URL)
+             (--api-key-file FILE | --tenant-id ID --client-id ID (--client-secret-file FILE | --client-certificate-file PEM) [--scope SCOPE]
+             | --managed-identity [--client-id ID]) [--endpoint-url URL] [--cloud-beta BETA]… --model API_MODEL=DEPLOYMENT [--model …]
+           attestctl workspaces set-upstream-claude-platform-aws --actor EMAIL --workspace NAME --region REGION --anthropic-workspace-id ID
+             (--api-key-file FILE | --access-key-id ID --secret-key-file FILE [--session-token-file FILE] | --aws-credentials …)
+             [--assume-role ARN] [--endpoint-url URL] [--cloud-beta BETA]… --model API_MODEL=MODEL [--model …]
+             Anthropic-compatible upstreams: Microsoft Foundry (https://NAME.services.ai.azure.com/anthropic/v1/messages, the
+             model named as the deployment, the API key as x-api-key or an Entra ID token) and Claude Platform on AWS
+             (https://aws-external-anthropic.REGION.api.aws/v1/messages with anthropic-workspace-id; SigV4 for
+             aws-external-anthropic, or an API key); what each service refuses is refused before anything is sent
+           attestctl workspaces upstreams NAME [--json]   the list in the order it is tried, each with its state
+             every set-upstream-… takes --upstream LABEL [--priority N]: it adds or replaces that upstream of the workspace's
+             list instead of the workspace's own (listed as default, priority 0; a new label gets 100 unless --priority says
+             otherwise, a replaced one keeps its own); requests go to the first upstream (lowest priority)
+             whose models include theirs, and to the next on 429, 529, 5xx, no connection or refused credentials before
+             anything reached the device; one that fails is skipped for a while (attestd --upstream-cooldown)
+           attestctl workspaces upstreams NAME add --kind key|bedrock|vertex|foundry|claude-platform-aws --upstream LABEL [--priority N] …
+           attestctl workspaces upstreams NAME remove --actor EMAIL --upstream LABEL
+           attestctl workspaces upstreams NAME order --actor EMAIL --upstream LABEL [--upstream LABEL]…   (every label, first tried first)
+           attestctl workspaces remove-upstream --actor EMAIL --workspace NAME --upstream LABEL
            attestctl workspaces bind-upstream-settings --actor EMAIL --workspace NAME
              seals a cloud upstream set before settings were bound (attestd refuses it until then) with the settings it
              holds now: check them first with workspaces show
@@ -121,9 +144,14 @@ enum AdminCommands {
             case ("console-login", _): try consoleLogin(argv)
             case ("workspaces", "create"): try createWorkspace(Array(argv.dropFirst()))
             case ("workspaces", "show"): try showWorkspace(Array(argv.dropFirst()))
-            case ("workspaces", "set-upstream-key"): try setUpstreamKey(Array(argv.dropFirst()))
-            case ("workspaces", "set-upstream-bedrock"): try setUpstreamBedrock(Array(argv.dropFirst()))
-            case ("workspaces", "set-upstream-vertex"): try setUpstreamVertex(Array(argv.dropFirst()))
+            // Every set-upstream-… takes --upstream LABEL [--priority N]: that upstream of the workspace's list.
+            case ("workspaces", "set-upstream-key"): try placed(Array(argv.dropFirst()), setUpstreamKey)
+            case ("workspaces", "set-upstream-bedrock"): try placed(Array(argv.dropFirst()), setUpstreamBedrock)
+            case ("workspaces", "set-upstream-vertex"): try placed(Array(argv.dropFirst()), setUpstreamVertex)
+            case ("workspaces", "set-upstream-foundry"): try placed(Array(argv.dropFirst()), setUpstreamFoundry)
+            case ("workspaces", "set-upstream-claude-platform-aws"): try placed(Array(argv.dropFirst()), setUpstreamClaudePlatformAWS)
+            case ("workspaces", "upstreams"): try upstreams(Array(argv.dropFirst()))
+            case ("workspaces", "remove-upstream"): try removeUpstream(Array(argv.dropFirst()))
             case ("workspaces", "bind-upstream-settings"): try bindUpstreamSettings(Array(argv.dropFirst()))
             case ("cloud-endpoints", "show"): try showCloudEndpoints(Array(argv.dropFirst()))
             case ("cloud-endpoints", "allow"): try allowCloudEndpoints(Array(argv.dropFirst()))
@@ -301,7 +329,8 @@ enum AdminCommands {
             print("workspace \(workspace.name): no upstream key (attestd uses --upstream-key-file, if given)")
         }
         // The same fields as --json's "upstream", one a line, those that are set.
-        for name in ["kind", "api", "region", "project", "endpoint_url", "token_url", "client_email", "models", "extra_betas", "key_last4", "set_at", "set_by"] {
+        for name in ["kind", "api", "region", "project", "endpoint_url", "token_url", "client_email", "models", "extra_betas", "credential_source", "assume_role", "tenant_id",
+                     "client_id", "scope", "key_last4", "set_at", "set_by"] {
             switch upstream[name] {
             case let models as [String: String]: print("models: " + models.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
             case let list as [String]: print("\(name): " + list.joined(separator: ","))
@@ -319,45 +348,72 @@ enum AdminCommands {
                 "endpoint_url": value(settings?.endpointURL), "token_url": value(settings?.tokenURL), "client_email": value(settings?.clientEmail),
                 "models": settings?.models ?? NSNull(), "api": value(key?.kind == .bedrock ? (settings?.api ?? .invoke).rawValue : nil),
                 "extra_betas": settings?.extraBetas ?? NSNull(), "key_last4": value(key?.last4), "set_at": value(key.map { iso8601($0.setAt) }),
-                "set_by": value(key?.setBy)]
+                "set_by": value(key?.setBy),
+                // Where the credentials come from (static: the sealed keys or key file), never the credential itself.
+                "credential_source": value(key?.kind == .anthropic ? nil : settings?.credentialSource?.rawValue ?? (settings == nil ? nil : "static")),
+                "assume_role": value(settings?.assumeRole), "tenant_id": value(settings?.tenantID), "client_id": value(settings?.clientID),
+                "scope": value(settings?.scope),
+                // An Anthropic-compatible upstream's service, base URL, auth mode and static headers.
+                "service": value(settings?.compatible?.service.rawValue), "base_url": value(settings?.compatible?.baseURL),
+                "auth": value(settings?.compatible?.auth.rawValue), "signing_service": value(settings?.compatible?.signingService),
+                "headers": settings?.compatible?.headers ?? NSNull()]
     }
 
     static func setUpstreamKey(_ argv: [String]) throws {
-        let arguments = try parse(argv, options: ["actor", "workspace", "key-file"])
+        let arguments = try parse(argv, options: ["actor", "workspace", "key-file", "base-url", "model"])
         let actor = try Validate.email(try arguments.required("actor"))
         let workspace = try arguments.required("workspace")
         let key = try readSecretFile(arguments, "key-file")
         let (service, _) = try open(arguments)
+        if let baseURL = try arguments.value("base-url") {
+            // The Anthropic API at another base URL, through the Anthropic-compatible kind.
+            try service.setUpstreamAnthropicCompatible(actor: actor, workspace: workspace, baseURL: baseURL, apiKey: key, models: arguments.all("model"),
+                                                       secrets: try secretBox(arguments))
+            return try printUpstreamSet(service, workspace)
+        }
+        guard arguments.all("model").isEmpty else { throw UsageError("--model goes with --base-url (the Anthropic API's own takes any model)") }
         try service.setUpstreamKey(actor: actor, workspace: workspace, key: key, secrets: try secretBox(arguments))
         let (_, sealed) = try service.workspaceDetails(workspace)
         print("set the upstream key of \(workspace), ending in \(sealed?.last4 ?? "?")")
     }
 
     static func setUpstreamBedrock(_ argv: [String]) throws {
-        let arguments = try parse(argv, options: ["actor", "workspace", "region", "access-key-id", "secret-key-file", "session-token-file",
-                                                  "endpoint-url", "model", "api", "cloud-beta"])
+        let arguments = try parse(argv, options: Set(["actor", "workspace", "region", "endpoint-url", "model", "api", "cloud-beta"]).union(awsCredentialOptions))
+        // `--api mantle`: bedrock-mantle's Messages API, through the Anthropic-compatible kind.
+        if try arguments.value("api") == "mantle" { return try setUpstreamBedrockMantle(arguments) }
         let api = try arguments.value("api").map { text in
-            guard let api = BedrockAPI(rawValue: text) else { throw UsageError("--api must be messages or invoke") }
+            guard let api = BedrockAPI(rawValue: text) else { throw UsageError("--api must be messages, invoke or mantle") }
             return api
         } ?? .messages
         let actor = try Validate.email(try arguments.required("actor"))
         let workspace = try arguments.required("workspace")
-        let region = try arguments.required("region"), accessKeyID = try arguments.required("access-key-id")
-        let secretKey = try readSecretFile(arguments, "secret-key-file")
-        let sessionToken = try arguments.has(option: "session-token-file") ? readSecretFile(arguments, "session-token-file") : nil
+        let region = try arguments.required("region")
+        let (credentials, assumeRole) = try awsCredentials(arguments)
         let (service, _) = try open(arguments)
-        try service.setUpstreamBedrock(actor: actor, workspace: workspace, region: region, accessKeyID: accessKeyID, secretKey: secretKey,
-                                       sessionToken: sessionToken, endpointURL: try arguments.value("endpoint-url"), models: arguments.all("model"),
+        try service.setUpstreamBedrock(actor: actor, workspace: workspace, region: region, credentials: credentials, assumeRole: assumeRole,
+                                       endpointURL: try arguments.value("endpoint-url"), models: arguments.all("model"),
                                        api: api, extraBetas: arguments.all("cloud-beta"), secrets: try secretBox(arguments))
         try printUpstreamSet(service, workspace)
     }
 
     static func setUpstreamVertex(_ argv: [String]) throws {
         let arguments = try parse(argv, options: ["actor", "workspace", "project", "region", "service-account-file", "endpoint-url", "token-url",
-                                                  "model", "cloud-beta"])
+                                                  "model", "cloud-beta"], flags: ["metadata-server"])
         let actor = try Validate.email(try arguments.required("actor"))
         let workspace = try arguments.required("workspace")
         let project = try arguments.required("project"), region = try arguments.required("region")
+        guard arguments.has("metadata-server") != arguments.has(option: "service-account-file") else {
+            throw UsageError("give one of --service-account-file and --metadata-server")
+        }
+        if arguments.has("metadata-server") {
+            guard !arguments.has(option: "token-url") else { throw UsageError("--token-url goes with --service-account-file (the metadata server is GCE_METADATA_HOST)") }
+            let (service, _) = try open(arguments)
+            try service.setUpstreamVertexFromMetadataServer(actor: actor, workspace: workspace, project: project, region: region,
+                                                            endpointURL: try arguments.value("endpoint-url"), models: arguments.all("model"),
+                                                            extraBetas: arguments.all("cloud-beta"), secrets: try secretBox(arguments))
+            try printUpstreamSet(service, workspace)
+            return
+        }
         let account = try readSecretFile(arguments, "service-account-file")
         let (service, _) = try open(arguments)
         try service.setUpstreamVertex(actor: actor, workspace: workspace, project: project, region: region, serviceAccountJSON: account,
@@ -408,7 +464,8 @@ enum AdminCommands {
 
     static func printUpstreamSet(_ service: AdminService, _ workspace: String) throws {
         guard let key = try service.workspaceDetails(workspace).upstreamKey, let settings = key.settings else { return }
-        print("set the upstream of \(workspace): \(AdminService.describe(key.kind, settings)); key ending in \(key.last4)")
+        let label = UpstreamPlacement.current.map { " (upstream \($0.label))" } ?? ""
+        print("set the upstream of \(workspace)\(label): \(AdminService.describe(key.kind, settings)); key ending in \(key.last4)")
     }
 
     /// A credential file named by `--flag` (`-`: standard input, so that a key need not be written

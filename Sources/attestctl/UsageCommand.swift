@@ -9,10 +9,13 @@ enum UsageCommand {
 
     static func run(_ arguments: Arguments) throws {
         var groupings = Set<UsageGrouping>()
+        if let by = try arguments.value("by"), by.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) == ["upstream"] {
+            return try byUpstream(arguments)
+        }
         if let by = try arguments.value("by") {
             for part in by.split(separator: ",") {
                 guard let grouping = UsageGrouping(rawValue: part.trimmingCharacters(in: .whitespaces)) else {
-                    throw UsageError("--by \(by): use hour, day, model, integration or profile")
+                    throw UsageError("--by \(by): use hour, day, model, integration or profile, or upstream alone")
                 }
                 groupings.insert(grouping)
             }
@@ -27,6 +30,35 @@ enum UsageCommand {
             for group in groups { print(JSONText.object(fields(group))) }
         } else {
             printTable(groups)
+        }
+    }
+
+    /// `--by upstream`: requests and tokens per workspace and upstream label (the upstream of the
+    /// workspace's list that served; `default` for its own), and how many came after a failover.
+    static func byUpstream(_ arguments: Arguments) throws {
+        let since = try arguments.value("since").map { try date($0, "since") }
+        let until = try arguments.value("until").map { try date($0, "until") }
+        let (service, _) = try AdminCommands.open(arguments)
+        let rows = try service.usageByUpstream(workspace: try arguments.value("workspace"), clientID: try arguments.value("client-id"),
+                                               since: since, until: until)
+        func counts(_ c: UpstreamUsageCounters) -> [(String, Any)] {
+            [("requests", c.requests), ("input_tokens", c.inputTokens), ("output_tokens", c.outputTokens),
+             ("cache_creation_input_tokens", c.cacheCreationInputTokens), ("cache_read_input_tokens", c.cacheReadInputTokens), ("failovers", c.failovers)]
+        }
+        if arguments.has("json") {
+            for row in rows { print(JSONText.object([("workspace", row.workspace), ("upstream", row.key.upstream)] + counts(row.counters))) }
+            return
+        }
+        guard !rows.isEmpty else {
+            print("no usage recorded")
+            return
+        }
+        let header = ["WORKSPACE", "UPSTREAM", "REQUESTS", "INPUT", "OUTPUT", "CACHE_WRITE", "CACHE_READ", "FAILOVERS"]
+        let lines = rows.map { row in [row.workspace, row.key.upstream] + counts(row.counters).map { "\($0.1)" } }
+        let widths = header.indices.map { column in ([header] + lines).map { $0[column].count }.max()! }
+        for line in [header] + lines {
+            print(line.enumerated().map { $0.element.padding(toLength: widths[$0.offset], withPad: " ", startingAt: 0) }
+                .joined(separator: "  ").trimmingCharacters(in: .whitespaces))
         }
     }
 

@@ -9,14 +9,15 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   console-login --actor EMAIL [--base-url URL]  a single-use sign-in link (10 minutes) to the console
   migrate                                  apply the schema's migrations (SQLite or PostgreSQL)
   backup --to FILE                         an online copy of a SQLite database while attestd serves
-  workspaces create|show|set-upstream-key|set-upstream-bedrock|set-upstream-vertex
-                                           workspaces and their upstream: the Anthropic API's key, Amazon Bedrock or Google Vertex AI
+  workspaces create|show|set-upstream-key|set-upstream-bedrock|set-upstream-vertex|set-upstream-foundry|set-upstream-claude-platform-aws
+             |upstreams|remove-upstream      workspaces and their upstreams: the Anthropic API's key, Amazon Bedrock, Google Vertex AI,
+                                           Microsoft Foundry, Claude Platform on AWS; several per workspace, with failover
   cloud-endpoints show|allow               the only hosts cloud credentials may be sent to, for the whole deployment
   apple-keys set|list                      each Apple team's App Attest data-service key (for the risk metric)
   integrations create|list|show|update|revoke  manage app integrations, which builds they admit and what they may spend
   devices list --client-id CLID [--risk-over N] | show KEY_ID  the devices that registered: platform, distribution,
                                            versions, Apple's risk metric
-  usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE] [--by hour|day|model|integration] [--json]
+  usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE] [--by hour|day|model|integration|upstream] [--json]
                                            what relayed Messages requests cost
   audit [--client-id CLID] [--limit N]     newest audit events
   secrets rotate|finish-rotation|status    a new secrets key, every sealed value re-sealed under it while attestd serves

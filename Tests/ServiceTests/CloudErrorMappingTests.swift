@@ -132,7 +132,7 @@ import UpstreamStub
                                                                                              accessKeyID: "AKIAUNKNOWNKEY000001", models: models))
         try await Clouds.addWorkspace(fixture, "gcp-badkey", upstream: Clouds.vertexArguments(fixture, workspace: "gcp-badkey", serviceAccount: "sa-wrong.json",
                                                                                            models: [("claude-haiku-4-5", "claude-haiku-4-5@20251001")]))
-        let workspaces = ["aws-badsig": "InvalidSignatureException", "awsm-badkey": "UnrecognizedClientException", "gcp-badkey": "access token grant failed"]
+        let workspaces = ["aws-badsig": "InvalidSignatureException", "awsm-badkey": "UnrecognizedClientException", "gcp-badkey": "no credential from service-account: the token endpoint answered HTTP 400"]
         for (workspace, _) in workspaces.sorted(by: { $0.key < $1.key }) {
             for stream in [true, false] {
                 let reply = try await fixture.post(workspace, Wire.body(model: "claude-haiku-4-5", messages: [Wire.question], stream: stream),

@@ -128,8 +128,9 @@ import Synchronization
     }
 }
 
-/// The Vertex access-token cache, driven by hand: each set of credentials has its own token and
-/// fetch, every waiter is answered by its own fetch, and a fetch has a deadline.
+/// The credential cache, driven by hand with a service account's grant: each set of credentials
+/// has its own token and fetch, every waiter is answered by its own fetch, a fetch has a
+/// deadline, and a refused token is dropped so the next request fetches a fresh one.
 @Suite struct VertexAccessTokenTests {
     static func account(_ email: String) throws -> GoogleServiceAccount {
         let json = try JSONSerialization.data(withJSONObject: [
@@ -145,22 +146,31 @@ import Synchronization
         delegate.upstreamDidFinish(nil)
     }
 
+    static func identity(_ workspace: Int64, _ sealed: [UInt8]) -> CloudCredentials.Identity {
+        CloudCredentials.Identity(workspace: workspace, sealed: sealed, binding: Array("t".utf8))
+    }
+
+    static func text(_ result: Result<CloudCredential, CredentialFailure>) -> String {
+        if case .success(.bearer(let token)) = result { return token }
+        return "failed"
+    }
+
     @Test func anAccountChangeMidFetchGivesEachCredentialItsOwnTokenAndAnswersEveryWaiter() throws {
-        let tokens = VertexAccessTokens()
+        let tokens = CloudCredentials()
         let (old, new) = (try Self.account("old@p.iam.gserviceaccount.com"), try Self.account("new@p.iam.gserviceaccount.com"))
         let started = Mutex<[(request: UpstreamRequest, delegate: any UpstreamDelegate)]>([])
         let start: @Sendable (UpstreamRequest, any UpstreamDelegate) -> Void = { request, delegate in started.withLock { $0.append((request, delegate)) } }
         let answers = Mutex<[String]>([])
         func ask(_ name: String, sealed: [UInt8], _ account: GoogleServiceAccount) {
-            tokens.token(workspace: 7, sealed: sealed, account: account, tokenURL: "https://t.example/token", start: start) { result in
-                answers.withLock { $0.append(name + ":" + ((try? result.get()) ?? "failed")) }
+            tokens.credential(Self.identity(7, sealed), source: .googleServiceAccount(account, tokenURL: "https://t.example/token"), start: start) { result in
+                answers.withLock { $0.append(name + ":" + Self.text(result)) }
             }
         }
         ask("old-1", sealed: [1], old)
         ask("old-2", sealed: [1], old)     // waits on the same fetch
         ask("new-1", sealed: [2], new)     // the account changed: a fetch of its own
         #expect(started.withLock { $0.count } == 2)
-        #expect(started.withLock { $0.allSatisfy { $0.request.totalTimeout == VertexAccessTokens.fetchDeadline } })
+        #expect(started.withLock { $0.allSatisfy { $0.request.totalTimeout == CloudCredentials.fetchDeadline } })
         let (first, second) = started.withLock { ($0[0].delegate, $0[1].delegate) }
         Self.deliver(second, #"{"access_token":"tok-new","expires_in":3600}"#)
         #expect(answers.withLock { $0 } == ["new-1:tok-new"])
@@ -171,17 +181,51 @@ import Synchronization
         ask("new-2", sealed: [2], new)
         #expect(answers.withLock { $0.last } == "new-2:tok-new")
         #expect(started.withLock { $0.count } == 2)
+        // Refused upstream, it is dropped: the next request fetches once, then has the fresh one.
+        tokens.drop(Self.identity(7, [2]), used: .bearer("tok-new"))
+        ask("new-3", sealed: [2], new)
+        ask("new-4", sealed: [2], new)
+        #expect(started.withLock { $0.count } == 3)
+        Self.deliver(started.withLock { $0[2].delegate }, #"{"access_token":"tok-fresh","expires_in":3600}"#)
+        #expect(answers.withLock { Array($0.suffix(2)) } == ["new-3:tok-fresh", "new-4:tok-fresh"])
+        // Dropping a token that is no longer the cached one changes nothing.
+        tokens.drop(Self.identity(7, [2]), used: .bearer("tok-new"))
+        ask("new-5", sealed: [2], new)
+        #expect(answers.withLock { $0.last } == "new-5:tok-fresh" && started.withLock { $0.count } == 3)
+    }
+
+    /// Two upstreams of one workspace (labels in its list) keep a token each: asked in turn, neither
+    /// evicts the other, so nothing is fetched again.
+    @Test func theUpstreamsOfOneWorkspaceKeepTheirOwnTokens() throws {
+        let tokens = CloudCredentials()
+        let account = try Self.account("a@p.iam.gserviceaccount.com")
+        let started = Mutex<[any UpstreamDelegate]>([])
+        let answers = Mutex<[String]>([])
+        func ask(_ label: String?) {
+            tokens.credential(CloudCredentials.Identity(workspace: 3, label: label, sealed: [UInt8](label.map { Array($0.utf8) } ?? [0]), binding: []),
+                              source: .googleServiceAccount(account, tokenURL: "https://t.example/token"),
+                              start: { _, delegate in started.withLock { $0.append(delegate) } }) { result in
+                answers.withLock { $0.append(Self.text(result)) }
+            }
+        }
+        ask(nil)
+        Self.deliver(started.withLock { $0[0] }, #"{"access_token":"own","expires_in":3600}"#)
+        ask("vertex-b")
+        Self.deliver(started.withLock { $0[1] }, #"{"access_token":"labelled","expires_in":3600}"#)
+        for _ in 0..<3 { ask(nil); ask("vertex-b") }
+        #expect(started.withLock { $0.count } == 2)
+        #expect(answers.withLock { Array($0.suffix(6)) } == ["own", "labelled", "own", "labelled", "own", "labelled"])
     }
 
     @Test func aFetchThatFailsOrTimesOutAnswersItsWaiters() throws {
-        let tokens = VertexAccessTokens()
+        let tokens = CloudCredentials()
         let account = try Self.account("a@p.iam.gserviceaccount.com")
         let started = Mutex<[any UpstreamDelegate]>([])
         let answers = Mutex<[String]>([])
         for _ in 0..<3 {
-            tokens.token(workspace: 1, sealed: [9], account: account, tokenURL: "https://t.example/token",
-                         start: { _, delegate in started.withLock { $0.append(delegate) } }) { result in
-                answers.withLock { $0.append((try? result.get()) ?? "failed") }
+            tokens.credential(Self.identity(1, [9]), source: .googleServiceAccount(account, tokenURL: "https://t.example/token"),
+                              start: { _, delegate in started.withLock { $0.append(delegate) } }) { result in
+                answers.withLock { $0.append(Self.text(result)) }
             }
         }
         let delegate = try #require(started.withLock { $0.first })

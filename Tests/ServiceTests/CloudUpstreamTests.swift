@@ -24,12 +24,12 @@ import Glibc
         let port: UInt16
         let logPath: String
 
-        init(script: String, arguments: [String], directory: URL) throws {
+        init(script: String, arguments: [String], directory: URL, logName: String? = nil) throws {
             let python = ServerProcess.packageRoot.appendingPathComponent(".venv/bin/python").path
             guard FileManager.default.isExecutableFile(atPath: python) else {
                 throw HTTPTestError("\(python) is missing: `make venv` (which `make test` runs) creates it")
             }
-            logPath = directory.appendingPathComponent("\(script).log").path
+            logPath = directory.appendingPathComponent("\(logName ?? script).log").path
             process.executableURL = URL(fileURLWithPath: python)
             process.arguments = [ServerProcess.packageRoot.appendingPathComponent("Tests/Support/cloud-stubs/\(script).py").path]
                 + arguments + ["--log", logPath]
@@ -171,11 +171,7 @@ import Glibc
         }
 
         @discardableResult
-        func ctl(_ arguments: [String]) throws -> String {
-            let (status, output) = try ServerProcess.attestctl(arguments + ["--db", db])
-            guard status == 0 else { throw HTTPTestError("attestctl \(arguments.prefix(2).joined(separator: " ")) exited \(status): \(output)") }
-            return output
-        }
+        func ctl(_ arguments: [String]) throws -> String { try ServerProcess.succeeding(arguments, db: db) }
 
         static func openssl(_ arguments: [String]) throws {
             let process = Process()
@@ -417,7 +413,7 @@ import Glibc
         let reply = try await fixture.post("gcp", Self.request())
         #expect(reply.status == 503)
         #expect((reply.json["error"] as? [String: Any])?["type"] as? String == "api_error")
-        #expect(await fixture.server.waitForLog(containing: "vertex_token_unavailable"))
+        #expect(await fixture.server.waitForLog(containing: "cloud_credentials_unavailable"))
         #expect(fixture.server.log.contains("token endpoint answered HTTP 500"))
         // Requests right after are refused from memory, not each by another call to the endpoint.
         _ = await fixture.vertex.waitForLog { $0["grant"] as? Bool == true && $0["status"] as? Int == 500 }

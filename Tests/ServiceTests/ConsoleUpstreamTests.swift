@@ -49,6 +49,8 @@ import UpstreamStub
         #expect(page.text.contains("<span id=\"upstream-kind\">Amazon Bedrock</span>") && page.text.contains("<code>eu-west-1</code>"))
         #expect(page.text.contains("<code>claude-haiku-4-5</code> → <code>anthropic.claude-haiku-4-5-20251001-v1:0</code>"))
         #expect(page.text.contains("<code id=\"key-last4\">MPLE</code>") && page.text.contains("by \(ConsoleFixture.owner)"))
+        // Where the credentials come from is shown, never the credentials.
+        #expect(page.text.contains("<code id=\"credential-source\">static</code>"))
         #expect(!page.text.contains(Self.secret))
         let shown = try Self.upstream(fixture)
         #expect(shown["kind"] as? String == "bedrock" && shown["region"] as? String == "eu-west-1" && shown["endpoint_url"] as? String == "http://127.0.0.1:9")

@@ -96,6 +96,8 @@ import Testing
         "POST /console/settings/upstream-key on admin: console, 16 KiB of any, worker",
         "POST /console/settings/upstream-bedrock on admin: console, 64 KiB of any, worker",
         "POST /console/settings/upstream-vertex on admin: console, 64 KiB of any, worker",
+        "POST /console/settings/upstreams/remove on admin: console, 16 KiB of any, worker",
+        "POST /console/settings/upstreams/move on admin: console, 16 KiB of any, worker",
     ]
 
     static func describe(_ route: RouteInfo) -> String {

@@ -227,11 +227,17 @@ def parse_authorization(value):
 
 
 def verify_sigv4(handler, app, body, record):
-    """Raises SignatureFailure unless the request is signed for this stub's key, region and service."""
+    """Raises SignatureFailure unless the request is signed for this stub's key, region and service
+    (or, with --api-key-file, carries that Bedrock API key as a bearer token)."""
     headers = handler.headers
     values = headers.get_all("Authorization") or []
     if len(values) != 1:
         raise SignatureFailure(f"{len(values)} Authorization headers", message="Missing Authentication Token")
+    if values[0].startswith("Bearer ") and app.api_key is not None:
+        record["auth"] = "bedrock-api-key"
+        if not hmac.compare_digest(values[0][len("Bearer "):].encode(), app.api_key.encode()):
+            raise SignatureFailure("the Bedrock API key is not the configured one", error_type="UnrecognizedClientException", message=BAD_TOKEN)
+        return
     fields = parse_authorization(values[0])
 
     scope = fields["Credential"].split("/")
@@ -240,8 +246,7 @@ def verify_sigv4(handler, app, body, record):
                                message="Credential should be scoped to a valid region.")
     akid, scope_date, region, service, terminator = scope
     record["access_key_id"] = akid
-    if not hmac.compare_digest(akid.encode(), app.access_key_id.encode()):
-        raise SignatureFailure(f"unknown access key id {akid!r}", error_type="UnrecognizedClientException", message=BAD_TOKEN)
+    secret, session_token = app.credentials_for(akid)
 
     dates = headers.get_all("X-Amz-Date") or []
     if len(dates) != 1 or not AMZ_DATE.match(dates[0]):
@@ -282,8 +287,8 @@ def verify_sigv4(handler, app, body, record):
         raise SignatureFailure(f"signed headers {absent} are not in the request")
 
     tokens = headers.get_all("X-Amz-Security-Token") or []
-    if app.session_token is not None:
-        if len(tokens) != 1 or not hmac.compare_digest(tokens[0].encode(), app.session_token.encode()):
+    if session_token is not None:
+        if len(tokens) != 1 or not hmac.compare_digest(tokens[0].encode(), session_token.encode()):
             raise SignatureFailure(f"X-Amz-Security-Token is {'missing' if not tokens else 'not the configured session token'}",
                                    error_type="UnrecognizedClientException", message=BAD_TOKEN)
         if "x-amz-security-token" not in signed:
@@ -311,7 +316,7 @@ def verify_sigv4(handler, app, body, record):
         for value in headers.get_all(name):
             request.headers[name] = value  # HTTPMessage: a repeated name keeps every value
     request.context["timestamp"] = amz_date
-    signer = SigV4Auth(Credentials(akid, app.secret, app.session_token), SERVICE, region)
+    signer = SigV4Auth(Credentials(akid, secret, session_token), SERVICE, region)
     botocore_signed = signer.signed_headers(signer.headers_to_sign(request))
     if botocore_signed != signed_text:
         refused = sorted(set(signed) - set(botocore_signed.split(";")))
@@ -341,7 +346,27 @@ class BedrockApp(common.App):
         self.access_key_id = args.access_key_id
         self.secret = read_secret(args.secret_key_file)
         self.session_token = read_secret(args.session_token_file) if args.session_token_file else None
+        self.issued_file = args.issued_credentials
+        self.api_key = read_secret(args.api_key_file) if args.api_key_file else None
         self.host = f"bedrock-runtime.{self.region}.amazonaws.com"
+
+    def credentials_for(self, akid):
+        """(secret, session token) of the configured key, or of one credentials_stub.py issued
+        (refused once it has expired, as AWS refuses an expired session token)."""
+        if hmac.compare_digest(akid.encode(), self.access_key_id.encode()):
+            return self.secret, self.session_token
+        if self.issued_file:
+            try:
+                with open(self.issued_file, encoding="utf-8") as f:
+                    entry = json.load(f).get("aws", {}).get(akid)
+            except (OSError, ValueError):
+                entry = None
+            if entry is not None:
+                if entry["expires"] <= time.time():
+                    raise SignatureFailure(f"issued credentials {akid} expired {round(time.time() - entry['expires'], 1)} s ago",
+                                           error_type="ExpiredTokenException", message="The security token included in the request is expired")
+                return entry["secret"], entry["token"]
+        raise SignatureFailure(f"unknown access key id {akid!r}", error_type="UnrecognizedClientException", message=BAD_TOKEN)
 
 
 def error_type_for(status):
@@ -740,6 +765,9 @@ def main():
     parser.add_argument("--access-key-id", required=True)
     parser.add_argument("--secret-key-file", required=True, help="file holding the secret access key")
     parser.add_argument("--session-token-file", help="file holding the session token; requests must then carry and sign it")
+    parser.add_argument("--issued-credentials", help="credentials_stub.py's --issued file: the temporary keys it issued are accepted too, "
+                                                     "until they expire")
+    parser.add_argument("--api-key-file", help="file holding a Bedrock API key, accepted as Authorization: Bearer")
     canonical_uri_self_test()
     common.run("bedrock_stub", parser, BedrockApp, BedrockHandler)
 

@@ -187,6 +187,7 @@ class VertexApp(common.App):
         self.lock = threading.Lock()
         self.tokens = {}  # access token -> monotonic expiry
         self.token_endpoint_fails = False
+        self.issued_file = args.issued_credentials
 
     def audiences(self):
         own = [f"https://127.0.0.1:{self.port}/token", f"https://localhost:{self.port}/token"]
@@ -204,6 +205,15 @@ class VertexApp(common.App):
     def token_state(self, token):
         with self.lock:
             expiry = self.tokens.get(token)
+        if expiry is None and self.issued_file:
+            # A token credentials_stub.py issued (the metadata server's), by its wall-clock expiry.
+            try:
+                with open(self.issued_file, encoding="utf-8") as f:
+                    issued = json.load(f).get("bearer", {}).get(token)
+            except (OSError, ValueError):
+                issued = None
+            if issued is not None:
+                return "valid" if time.time() < issued else "expired"
         if expiry is None:
             return "unknown"
         return "valid" if time.monotonic() < expiry else "expired"
@@ -447,6 +457,8 @@ def main():
     parser.add_argument("--service-account-file", help="service account JSON; its private_key gives the public key")
     parser.add_argument("--client-email", help="the service account's email, the JWT's iss")
     parser.add_argument("--token-lifetime", type=int, default=3600, help="seconds an access token is valid (default 3600)")
+    parser.add_argument("--issued-credentials", help="credentials_stub.py's --issued file: the bearer tokens it issued (the metadata "
+                                                     "server's) are accepted too, until they expire")
     common.run("vertex_stub", parser, VertexApp, VertexHandler)
 
 
