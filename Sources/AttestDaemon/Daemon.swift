@@ -42,7 +42,13 @@ public final class Daemon: Sendable {
         let store = try Stores.open(options.db, connections: options.threads + options.exchangeThreads, synchronous: options.synchronous,
                                     mode: options.migrate ? .apply : .verify, warm: true)
         let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
-        let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
+        // Rules' refusals and would-be refusals, counted by the exchange and the relay alike and
+        // written with the usage ledger's flush; the first of each rule per flush is logged.
+        let ruleTally = PolicyRuleTally { clientID, rule, reason, detail in
+            logger.info("policy_would_refuse", [("client_id", clientID), ("rule", rule.rawValue), ("reason", reason), ("detail", detail)])
+        }
+        let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit,
+                                         ruleTally: options.usageLedger ? ruleTally : nil)
         self.service = service
         // One event loop per --threads: each runs a libmicrohttpd daemon per listener and a curl
         // multi handle, so a relayed request is taken, checked, sent upstream and answered on one thread.
@@ -51,7 +57,7 @@ public final class Daemon: Sendable {
         relayOptions.loops = loops
         let relay = try MessagesRelay(relayOptions)
         let ledger = options.usageLedger
-            ? UsageLedger(store: store, metrics: service.metrics, flushInterval: options.usageFlushInterval,
+            ? UsageLedger(store: store, metrics: service.metrics, flushInterval: options.usageFlushInterval, ruleTally: ruleTally,
                           report: { logger.error("usage_flush_failed", [("error", $0)]) })
             : nil
         let exchangeWorkers = try WorkerPool(threads: options.exchangeThreads, name: "exchange")

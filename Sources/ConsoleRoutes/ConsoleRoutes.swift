@@ -54,6 +54,7 @@ public struct ConsoleRoutes: Sendable {
             route("/integrations/{client_id}", get: { request in try IntegrationPages.overview(request, admin) }),
             route("/integrations/{client_id}/policy", get: { request in try IntegrationPages.policy(request, admin) },
                   post: { request in try IntegrationPages.updatePolicy(request, admin) }),
+            route("/integrations/{client_id}/rule-mode", post: { request in try RuleModesSection.update(request, admin) }),
             route("/integrations/{client_id}/usage", get: { request in try UsagePage.render(request, admin) }),
             route("/integrations/{client_id}/devices", get: { request in try IntegrationPages.devices(request, admin) }),
             route("/integrations/{client_id}/audit", get: { request in try IntegrationPages.audit(request, admin) }),

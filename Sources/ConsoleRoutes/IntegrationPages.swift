@@ -165,8 +165,10 @@ enum IntegrationPages {
 
     static func policy(_ request: ConsoleRequest, _ admin: AdminService) throws -> RouteOutcome {
         let integration = try request.integration(admin)
-        return policyPage(request, integration, PolicyValues(integration), errors: [:], status: 200,
-                          notice: request.query["saved"] != nil ? ConsolePages.notice("Policy saved. Every instance applies it to the next request.") : "")
+        let notice = request.query["saved"] != nil ? ConsolePages.notice("Policy saved. Every instance applies it to the next request.")
+            : request.query["mode"] != nil ? ConsolePages.notice("Rule mode saved. Every instance applies it to the next request.") : ""
+        return policyPage(request, integration, PolicyValues(integration), errors: [:], status: 200, notice: notice,
+                          rules: try RuleModesSection.render(request, integration, admin))
     }
 
     /// The form's fields as text, so a refused form comes back as typed.
@@ -221,7 +223,7 @@ enum IntegrationPages {
     }
 
     static func policyPage(_ request: ConsoleRequest, _ integration: Integration, _ v: PolicyValues, errors: [String: String], status: Int,
-                           notice: HTML = "") -> RouteOutcome {
+                           notice: HTML = "", rules: HTML = "") -> RouteOutcome {
         let editable = request.canManage && !integration.isRevoked
         let readOnly: [(String, String?)] = editable ? [] : [("readonly", "")]
         func number(_ label: String, _ name: String, _ value: String, hint: String) -> HTML {
@@ -277,6 +279,7 @@ enum IntegrationPages {
         if !request.canManage { content += ConsolePages.notice("You can read this policy; changing it needs the admin, owner or primary owner role.") }
         content += editable ? HTML.element("form", [("method", "post"), ("action", base(integration) + "/policy"), ("novalidate", "")], form)
                             : HTML.element("div", [("class", "readonly-form")], form)
+        content += rules
         var outcome = tabbed(request, integration, .policy, notice: notice, content)
         outcome.status = status
         outcome.response?.status = status

@@ -130,6 +130,7 @@ extension PostgresTokenStore {
                               Self.intArray(minutes.map(\.key.minute)), Self.intArray(minutes.map(\.value))])
                 }
                 _ = try db.query("DELETE FROM device_request_minutes WHERE minute < $1", [.int(purgeDeviceMinutesBefore)])
+                try Self.recordRuleCounts(batch.ruleCounts, db)
                 return true
             }
         }

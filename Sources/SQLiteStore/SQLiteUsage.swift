@@ -83,6 +83,7 @@ extension SQLiteTokenStore {
                         """, [.blob(key.keyID), .text(key.clientID), .int(key.minute), .int(requests)])
                 }
                 try db.run("DELETE FROM device_request_minutes WHERE minute < ?", [.int(purgeDeviceMinutesBefore)])
+                try Self.recordRuleCounts(batch.ruleCounts, db)
                 return true
             }
         }

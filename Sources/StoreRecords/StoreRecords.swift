@@ -51,7 +51,8 @@ public enum StoreColumns {
     public static let sealedKey = ["sealed_key", "last4", "set_at", "set_by", "kind", "settings"]
     // Integrations
     public static let policy = ["allowed_models", "max_tokens", "device_requests_per_minute", "monthly_token_budget", "allowed_server_tools",
-                                "max_server_tool_uses", "allowed_betas", "profile_requests_per_minute", "profile_monthly_token_budget"]
+                                "max_server_tool_uses", "allowed_betas", "profile_requests_per_minute", "profile_monthly_token_budget",
+                                "monitored_rules"]
     /// `workspace_name` from the workspace, `bundle_ids` newline-separated in their order.
     public static let devicePolicy = ["distribution_production", "distribution_development", "min_bundle_version", "require_extensions", "platforms",
                                        "risk_limit"]
@@ -152,13 +153,14 @@ extension IntegrationPolicy {
                   betas: IntegrationPolicy.betas(fromColumn: try row.optional("allowed_betas", row.text)),
                   profileRequestsPerMinute: Int(try row.int("profile_requests_per_minute")),
                   profileMonthlyTokenBudget: Int(try row.int("profile_monthly_token_budget")))
+        monitored = PolicyRule.rules(fromColumn: try row.text("monitored_rules"))
     }
 
     /// The values for `StoreColumns.policy`, in its order (NULL as nil).
     public var columnValues: [ColumnValue] {
         [.text(modelsColumn), .int(Int64(maxTokens)), .int(Int64(deviceRequestsPerMinute)), .int(Int64(monthlyTokenBudget)),
          .text(serverToolsColumn), .int(Int64(maxServerToolUses)), .text(betasColumn), .int(Int64(profileRequestsPerMinute)),
-         .int(Int64(profileMonthlyTokenBudget))]
+         .int(Int64(profileMonthlyTokenBudget)), .text(PolicyRule.column(monitored))]
     }
 }
 

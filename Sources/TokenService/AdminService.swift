@@ -159,6 +159,26 @@ public final class AdminService: Sendable {
                      action: "integration.device_policy_updated", describe: \.summary)
     }
 
+    /// Switches rules between `monitor` and `enforce` (the others keep their mode); every instance
+    /// applies it on its next request or exchange. Admin or above; audited with the monitored rules old and new.
+    public func setRuleModes(actor: String, clientID: String, _ modes: [PolicyRule: RuleMode]) throws -> Integration {
+        try changing(actor: actor, clientID: clientID, \.policy, { policy in
+            for (rule, mode) in modes {
+                if mode == .monitor { policy.monitored.insert(rule) } else { policy.monitored.remove(rule) }
+            }
+        }, validate: Validate.policy, write: store.updatePolicy, action: "integration.rule_modes_updated",
+           describe: { "monitor " + ($0.monitored.isEmpty ? "none" : PolicyRule.column($0.monitored)) })
+    }
+
+    /// Each rule's refusals and would-be refusals per integration and day, since `since`.
+    public func ruleUsage(workspace name: String? = nil, clientID: String? = nil, since: Date? = nil, until: Date? = nil) throws -> [RuleUsageRow] {
+        let workspaceID = try name.map { try existingWorkspace($0).id }
+        if let clientID { _ = try integration(clientID) }
+        if let since, let until, until <= since { throw AdminError("--until must be after --since") }
+        return try store.ruleUsage(UsageFilter(workspaceID: workspaceID, clientID: clientID, since: since.map { Int64($0.timeIntervalSince1970) },
+                                               until: until.map { Int64($0.timeIntervalSince1970.rounded(.up)) }))
+    }
+
     /// One of the integration's policies changed: role checked, validated, written, audited as old -> new.
     private func changing<P>(actor: String, clientID: String, _ field: KeyPath<Integration, P>, _ change: (inout P) -> Void,
                              validate: (P) throws -> P, write: (String, P) throws -> Bool, action: String,

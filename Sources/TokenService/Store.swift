@@ -119,6 +119,9 @@ public protocol UsageStore: AnyObject, Sendable {
     func usage(_ filter: UsageFilter) throws -> [UsageRow]
     /// What every instance has flushed for one user profile (its budget's month, its limit's two minutes).
     func recordedProfileUsage(clientID: String, profile: String, month: Int64, minute: Int64) throws -> RecordedProfileUsage
+    /// Each rule's refusals and would-be refusals per integration and day (`policy_rule_days`),
+    /// with the rule's mode now; the filter's `since`/`until` select days.
+    func ruleUsage(_ filter: UsageFilter) throws -> [RuleUsageRow]
 
 }
 

@@ -27,6 +27,10 @@ public struct IntegrationPolicy: Sendable, Equatable {
     public var profileRequestsPerMinute: Int
     /// Tokens per user profile per calendar month (UTC), within the integration.
     public var profileMonthlyTokenBudget: Int
+    /// The rules (relay and device posture alike) that only watch: counted as "would have been
+    /// refused", never refusing. Every other rule is enforced. Kept with the policy because the
+    /// token check reads the policy on every request, so a switch applies on the next one.
+    public var monitored: Set<PolicyRule> = []
 
     public init(models: [String]? = nil, maxTokens: Int = 0, deviceRequestsPerMinute: Int = defaultDeviceRequestsPerMinute,
                 monthlyTokenBudget: Int = 0, serverTools: Set<String>? = nil, maxServerToolUses: Int = 0, betas: [String]? = nil,
@@ -41,6 +45,8 @@ public struct IntegrationPolicy: Sendable, Equatable {
         self.profileRequestsPerMinute = profileRequestsPerMinute
         self.profileMonthlyTokenBudget = profileMonthlyTokenBudget
     }
+
+    public func mode(_ rule: PolicyRule) -> RuleMode { monitored.contains(rule) ? .monitor : .enforce }
 
     /// Whether the policy reads a profile's recorded usage (the store, by key) to admit a request.
     public var readsProfileUsage: Bool { profileRequestsPerMinute > 0 || profileMonthlyTokenBudget > 0 }
@@ -313,11 +319,13 @@ public struct UsageBatch: Sendable {
     public var deviceMinutes: [DeviceMinuteKey: Int64] = [:]
     public var profileMinutes: [ProfileMinuteKey: Int64] = [:]
     public var profileMonthTokens: [ProfileMonthKey: Int64] = [:]
+    /// Refusals and would-be refusals by rule and day (`PolicyRuleTally`).
+    public var ruleCounts: [RuleDayKey: RuleCount] = [:]
 
     public init() {}
 
     public var isEmpty: Bool {
-        usage.isEmpty && monthTokens.isEmpty && deviceMinutes.isEmpty && profileMinutes.isEmpty && profileMonthTokens.isEmpty
+        usage.isEmpty && monthTokens.isEmpty && deviceMinutes.isEmpty && profileMinutes.isEmpty && profileMonthTokens.isEmpty && ruleCounts.isEmpty
     }
 
     public mutating func merge(_ other: UsageBatch) {
@@ -326,6 +334,7 @@ public struct UsageBatch: Sendable {
         deviceMinutes.merge(other.deviceMinutes, uniquingKeysWith: Int64.saturatingSum)
         profileMinutes.merge(other.profileMinutes, uniquingKeysWith: Int64.saturatingSum)
         profileMonthTokens.merge(other.profileMonthTokens, uniquingKeysWith: Int64.saturatingSum)
+        for (key, count) in other.ruleCounts { ruleCounts[key, default: RuleCount()] += count }
     }
 }
 

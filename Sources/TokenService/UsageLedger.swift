@@ -137,6 +137,9 @@ public final class UsageLedger: Service {
 
     let store: UsageStore
     let metrics: Metrics
+    /// Refusals and would-be refusals by rule (the device exchange counts into it too); taken
+    /// into each flush's batch.
+    public let ruleTally: PolicyRuleTally
     let flushInterval: TimeInterval
     private let report: @Sendable (String) -> Void
     private let state = Mutex(State())
@@ -147,13 +150,16 @@ public final class UsageLedger: Service {
     /// The periodic flush, while it runs.
     private let timer = Mutex<PeriodicTask?>(nil)
 
-    public init(store: UsageStore, metrics: Metrics, flushInterval: TimeInterval = 1, report: @escaping @Sendable (String) -> Void = { _ in }) {
+    public init(store: UsageStore, metrics: Metrics, flushInterval: TimeInterval = 1, ruleTally: PolicyRuleTally = PolicyRuleTally(),
+                report: @escaping @Sendable (String) -> Void = { _ in }) {
         self.store = store
         self.metrics = metrics
+        self.ruleTally = ruleTally
         self.flushInterval = flushInterval
         self.report = report
         metrics.describe("attestd_upstream_tokens_total", "Tokens the upstream reported in relayed replies, by kind.")
         metrics.describe("attestd_policy_refusals_total", "Messages requests the integration's policy refused, by reason.")
+        metrics.describe("attestd_policy_would_refuse_total", "Messages requests a monitored rule of the integration's policy would have refused, by rule.")
         metrics.describe("attestd_usage_flush_failures_total", "Usage flushes the store refused (the batch is kept and retried).")
     }
 
@@ -169,7 +175,9 @@ public final class UsageLedger: Service {
     ///   - commitsBeforeRead: `commitCount` taken before the query that produced `grant`.
     public func admit(_ grant: TokenGrant, _ input: PolicyInput, commitsBeforeRead: Int, at time: Date) -> Result<UsageTicket, PolicyRefusal> {
         let policy = grant.policy
-        if let refusal = Self.requestRefusal(policy, input) { return refuse(refusal, grant, input, at: time) }
+        var watched: [PolicyRefusal] = []
+        defer { if !watched.isEmpty { wouldRefuse(watched, grant, at: time) } }
+        if let refusal = Self.requestRefusal(policy, input, watched: &watched) { return refuse(refusal, grant, input, at: time) }
         // A profile's limits read what every instance flushed for it: one read by key, only when they are on.
         var recordedProfile = RecordedProfileUsage()
         var commitsBeforeProfileRead = commitsBeforeRead
@@ -202,8 +210,9 @@ public final class UsageLedger: Service {
             if policy.deviceRequestsPerMinute > 0 {
                 let current = grant.recorded.deviceRequestsThisMinute + unflushed(\.deviceMinutes, thisMinute, since: commitsBeforeRead)
                 let previous = grant.recorded.deviceRequestsLastMinute + unflushed(\.deviceMinutes, lastMinute, since: commitsBeforeRead)
-                if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.deviceRequestsPerMinute, at: time) {
-                    return .failure(.deviceRateLimited(limit: policy.deviceRequestsPerMinute, retryAfter: retry))
+                if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.deviceRequestsPerMinute, at: time),
+                   let refusal = Self.enforced(.deviceRateLimited(limit: policy.deviceRequestsPerMinute, retryAfter: retry), policy, &watched) {
+                    return .failure(refusal)
                 }
             }
             let profileMinute = input.profile.map { ProfileMinuteKey(clientID: grant.clientID, profile: $0, minute: minute) }
@@ -211,21 +220,24 @@ public final class UsageLedger: Service {
                 let previousKey = ProfileMinuteKey(clientID: grant.clientID, profile: profileMinute.profile, minute: minute - 1)
                 let current = recordedProfile.requestsThisMinute + unflushed(\.profileMinutes, profileMinute, since: commitsBeforeProfileRead)
                 let previous = recordedProfile.requestsLastMinute + unflushed(\.profileMinutes, previousKey, since: commitsBeforeProfileRead)
-                if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.profileRequestsPerMinute, at: time) {
-                    return .failure(.profileRateLimited(limit: policy.profileRequestsPerMinute, retryAfter: retry))
+                if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.profileRequestsPerMinute, at: time),
+                   let refusal = Self.enforced(.profileRateLimited(limit: policy.profileRequestsPerMinute, retryAfter: retry), policy, &watched) {
+                    return .failure(refusal)
                 }
             }
             if input.spendsTokens {
                 let renews = { max(1, Int(UsageClock.nextMonthStart(after: time).timeIntervalSince(time).rounded(.up))) }
                 if policy.monthlyTokenBudget > 0,
-                   Int64.saturatingSum(grant.recorded.monthTokens, unflushed(\.monthTokens, month, since: commitsBeforeRead)) >= Int64(policy.monthlyTokenBudget) {
-                    return .failure(.monthlyBudgetSpent(budget: policy.monthlyTokenBudget, retryAfter: renews()))
+                   Int64.saturatingSum(grant.recorded.monthTokens, unflushed(\.monthTokens, month, since: commitsBeforeRead)) >= Int64(policy.monthlyTokenBudget),
+                   let refusal = Self.enforced(.monthlyBudgetSpent(budget: policy.monthlyTokenBudget, retryAfter: renews()), policy, &watched) {
+                    return .failure(refusal)
                 }
                 if let profile = input.profile, policy.profileMonthlyTokenBudget > 0 {
                     let key = ProfileMonthKey(clientID: grant.clientID, profile: profile, month: month.month)
                     if Int64.saturatingSum(recordedProfile.monthTokens, unflushed(\.profileMonthTokens, key, since: commitsBeforeProfileRead))
-                        >= Int64(policy.profileMonthlyTokenBudget) {
-                        return .failure(.profileBudgetSpent(budget: policy.profileMonthlyTokenBudget, retryAfter: renews()))
+                        >= Int64(policy.profileMonthlyTokenBudget),
+                       let refusal = Self.enforced(.profileBudgetSpent(budget: policy.profileMonthlyTokenBudget, retryAfter: renews()), policy, &watched) {
+                        return .failure(refusal)
                     }
                 }
             }
@@ -243,29 +255,65 @@ public final class UsageLedger: Service {
     /// What the request itself asks that the policy refuses (its shape, models, fallbacks,
     /// max_tokens, server tools, betas), before any count is read. Nil: admitted so far.
     public static func requestRefusal(_ policy: IntegrationPolicy, _ input: PolicyInput) -> PolicyRefusal? {
+        var watched: [PolicyRefusal] = []
+        return requestRefusal(policy, input, watched: &watched)
+    }
+
+    /// The same, each monitored rule's refusal added to `watched` (at most one per rule) instead
+    /// of returned: the request then goes on as if that rule were absent.
+    public static func requestRefusal(_ policy: IntegrationPolicy, _ input: PolicyInput, watched: inout [PolicyRefusal]) -> PolicyRefusal? {
         if let malformed = input.malformed { return .malformed(malformed) }
         let readsBody = policy.models != nil || policy.maxTokens > 0 || policy.serverTools != nil || policy.maxServerToolUses > 0
         if readsBody, let problem = input.problem { return .unreadableBody(problem) }
         if let models = policy.models {
-            guard let model = input.model, models.contains(model) else { return .modelNotAllowed(input.model ?? "") }
-            switch input.fallbacks {
-            case .none: break
-            case .serverDefault: return .defaultFallbackNotAllowed
-            case .models(let fallbacks):
-                if let refused = fallbacks.first(where: { !models.contains($0) }) { return .fallbackNotAllowed(refused) }
+            let refusal: PolicyRefusal? = if let model = input.model, models.contains(model) {
+                switch input.fallbacks {
+                case .none: nil
+                case .serverDefault: .defaultFallbackNotAllowed
+                case .models(let fallbacks): fallbacks.first(where: { !models.contains($0) }).map { .fallbackNotAllowed($0) }
+                }
+            } else {
+                .modelNotAllowed(input.model ?? "")
             }
+            if let refusal, let enforced = enforced(refusal, policy, &watched) { return enforced }
         }
-        if policy.maxTokens > 0, let requested = input.maxTokens, requested > policy.maxTokens {
-            return .maxTokensOverLimit(requested: requested, limit: policy.maxTokens)
+        if policy.maxTokens > 0, let requested = input.maxTokens, requested > policy.maxTokens,
+           let enforced = enforced(.maxTokensOverLimit(requested: requested, limit: policy.maxTokens), policy, &watched) {
+            return enforced
         }
         for tool in input.serverTools {
-            if let allowed = policy.serverTools, !(tool.name.map(allowed.contains) ?? false) { return .serverToolNotAllowed(tool.type) }
-            if policy.maxServerToolUses > 0, (tool.maxUses ?? Int.max) > policy.maxServerToolUses {
-                return .serverToolUsesOverLimit(type: tool.type, requested: tool.maxUses, limit: policy.maxServerToolUses)
+            if let allowed = policy.serverTools, !(tool.name.map(allowed.contains) ?? false),
+               let enforced = enforced(.serverToolNotAllowed(tool.type), policy, &watched) {
+                return enforced
+            }
+            if policy.maxServerToolUses > 0, (tool.maxUses ?? Int.max) > policy.maxServerToolUses,
+               let enforced = enforced(.serverToolUsesOverLimit(type: tool.type, requested: tool.maxUses, limit: policy.maxServerToolUses), policy, &watched) {
+                return enforced
             }
         }
-        if let betas = policy.betas, let refused = input.betas.first(where: { !betas.contains($0) }) { return .betaNotAllowed(refused) }
+        if let betas = policy.betas, let refused = input.betas.first(where: { !betas.contains($0) }),
+           let enforced = enforced(.betaNotAllowed(refused), policy, &watched) {
+            return enforced
+        }
         return nil
+    }
+
+    /// The refusal when its rule is enforced; nil when the rule is monitored, the refusal then
+    /// noted in `watched` (once per rule: a request is counted once by each rule it trips).
+    static func enforced(_ refusal: PolicyRefusal, _ policy: IntegrationPolicy, _ watched: inout [PolicyRefusal]) -> PolicyRefusal? {
+        guard !policy.monitored.isEmpty, let rule = PolicyRule(refusal), policy.monitored.contains(rule) else { return refusal }
+        if !watched.contains(where: { PolicyRule($0) == rule }) { watched.append(refusal) }
+        return nil
+    }
+
+    /// Counts what monitored rules would have refused (by rule and day) and in the metrics; the
+    /// tally logs the first of each rule per flush.
+    private func wouldRefuse(_ watched: [PolicyRefusal], _ grant: TokenGrant, at time: Date) {
+        for refusal in watched {
+            guard let rule = PolicyRule(refusal) else { continue }
+            ruleTally.count(clientID: grant.clientID, rule: rule, monitored: true, reason: refusal.reason, detail: "\(refusal)", at: time)
+            metrics.increment("attestd_policy_would_refuse_total", labels: [("rule", rule.rawValue)])
+        }
     }
 
     /// Counts the refusal in the ledger (by reason, not as a request) and in the metrics. Its row's
@@ -280,6 +328,9 @@ public final class UsageLedger: Service {
                 .refusals[refusal.reason, default: 0] += 1
         }
         metrics.increment("attestd_policy_refusals_total", labels: [("reason", refusal.reason)])
+        if let rule = PolicyRule(refusal) {
+            ruleTally.count(clientID: grant.clientID, rule: rule, monitored: false, reason: refusal.reason, detail: "\(refusal)", at: time)
+        }
         return .failure(refusal)
     }
 
@@ -394,6 +445,7 @@ public final class UsageLedger: Service {
             for _ in 0..<2 {
                 let batch: UsageBatch? = state.withLock { state in
                     if let unconfirmed = state.flushing { return unconfirmed }
+                    for (key, count) in ruleTally.drain() { state.pending.ruleCounts[key, default: RuleCount()] += count }
                     guard !state.pending.isEmpty else { return nil }
                     var batch = state.pending
                     batch.id = Self.newBatchID()

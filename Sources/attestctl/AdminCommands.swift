@@ -83,6 +83,11 @@ enum AdminCommands {
                --betas LIST                    anthropic-beta values a request may name, comma-separated ('*' any, the default)
                --profile-requests-per-minute N relayed requests per user profile (anthropic-user-profile-id) per minute (default none)
                --profile-monthly-token-budget N tokens per user profile per calendar month, UTC (default none)
+             --rule-mode RULE=monitor|enforce  (repeatable) a monitored rule refuses nothing: the request or registration
+                                               goes through as if it were absent and is counted as would_refuse
+                                               (attestctl usage --by rule); RULE is the rule's flag without the dashes:
+                                               models, max-tokens, device-requests-per-minute, monthly-budget-usd,
+                                               distribution, min-bundle-version, platforms, risk-limit, …
              every attestd applies a change on its next request, without a restart
            attestctl integrations list [--workspace NAME] [--json]
            attestctl integrations show CLIENT_ID [--json]
@@ -92,9 +97,11 @@ enum AdminCommands {
            attestctl devices show KEY_ID [--json]   (KEY_ID in base64 or hex)
            attestctl audit [--client-id CLIENT_ID] [--limit N] [--json]
            attestctl usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE]
-             [--by hour|day|model|integration|profile] [--json]
+             [--by hour|day|model|integration|profile|rule] [--json]
              what relayed requests cost: requests, tokens, server-tool uses, errors by status, cut streams, policy
              refusals; by the model that served. --by profile: rows carry user_profile (null: no profile).
+             --by rule: what each policy rule refused and would have refused (monitor), by integration and day:
+             {"rule", "mode", "refused", "would_refuse", "day", "client_id", "workspace"}.
              DATE: 2026-12-01 or 2026-12-01T13:00:00Z (UTC); the ledger is hourly, so every hour that
              overlaps [since, until) counts whole. Without them: everything, the current hour included
              (attestd writes usage every second). --json: one object per line.
@@ -537,14 +544,16 @@ enum AdminCommands {
     }
 
     static func updateIntegration(_ argv: [String]) throws {
-        let arguments = try parse(argv, options: Set(["actor"]).union(policyOptions).union(devicePolicyOptions),
+        let arguments = try parse(argv, options: Set(["actor", "rule-mode"]).union(policyOptions).union(devicePolicyOptions),
                                   flags: Set(["json"]).union(devicePolicyFlags), positional: 1)
         let clientID = arguments.positional[0]
         let actor = try Validate.email(try arguments.required("actor"))
         let changesPolicy = policyOptions.contains(where: arguments.has(option:))
-        guard changesPolicy || givesDevicePolicy(arguments) else {
+        let ruleModes = try ruleModes(arguments.all("rule-mode"))
+        guard changesPolicy || givesDevicePolicy(arguments) || !ruleModes.isEmpty else {
             throw UsageError("nothing to change: give one or more of "
-                             + (policyOptions.union(devicePolicyOptions).union(devicePolicyFlags)).sorted().map { "--" + $0 }.joined(separator: ", "))
+                             + (policyOptions.union(devicePolicyOptions).union(devicePolicyFlags)).union(["rule-mode"]).sorted()
+                                .map { "--" + $0 }.joined(separator: ", "))
         }
         var change = IntegrationPolicy()
         try applyPolicyOptions(arguments, to: &change)
@@ -572,11 +581,27 @@ enum AdminCommands {
                 if arguments.has(option: "profile-monthly-token-budget") { policy.profileMonthlyTokenBudget = change.profileMonthlyTokenBudget }
             }
         }
+        if !ruleModes.isEmpty { integration = try service.setRuleModes(actor: actor, clientID: clientID, ruleModes) }
         if arguments.has("json") {
             printJSON(record(integration))
         } else {
             print("updated \(clientID): devices: \(integration.devicePolicy.summary); policy: \(AdminService.describe(integration.policy))")
         }
+    }
+
+    /// `--rule-mode RULE=monitor|enforce`, each given once at most.
+    static func ruleModes(_ texts: [String]) throws -> [PolicyRule: RuleMode] {
+        var modes: [PolicyRule: RuleMode] = [:]
+        for text in texts {
+            let parts = text.split(separator: "=", maxSplits: 1).map { String($0).trimmingCharacters(in: .whitespaces) }
+            guard parts.count == 2, let rule = PolicyRule(rawValue: parts[0].hasPrefix("--") ? String(parts[0].dropFirst(2)) : parts[0]),
+                  let mode = RuleMode(rawValue: parts[1]) else {
+                throw UsageError("--rule-mode \(text.prefix(80)): use RULE=monitor or RULE=enforce, RULE one of "
+                                 + PolicyRule.allCases.map(\.rawValue).joined(separator: ", "))
+            }
+            guard modes.updateValue(mode, forKey: rule) == nil else { throw UsageError("--rule-mode names \(rule.rawValue) twice") }
+        }
+        return modes
     }
 
     static func listIntegrations(_ argv: [String]) throws {
@@ -695,7 +720,8 @@ enum AdminCommands {
         ["models": policy.models ?? ["*"], "max_tokens": policy.maxTokens, "device_requests_per_minute": policy.deviceRequestsPerMinute,
          "monthly_token_budget": policy.monthlyTokenBudget, "server_tools": policy.serverTools.map { $0.sorted() } ?? ["*"],
          "max_server_tool_uses": policy.maxServerToolUses, "betas": policy.betas ?? ["*"],
-         "profile_requests_per_minute": policy.profileRequestsPerMinute, "profile_monthly_token_budget": policy.profileMonthlyTokenBudget]
+         "profile_requests_per_minute": policy.profileRequestsPerMinute, "profile_monthly_token_budget": policy.profileMonthlyTokenBudget,
+         "monitored_rules": policy.monitored.sorted().map(\.rawValue)]
     }
 
     static func devicePolicyRecord(_ policy: DevicePolicy) -> [String: Any] {

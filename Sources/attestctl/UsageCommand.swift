@@ -9,10 +9,14 @@ enum UsageCommand {
 
     static func run(_ arguments: Arguments) throws {
         var groupings = Set<UsageGrouping>()
+        if let by = try arguments.value("by"), by.split(separator: ",").contains(where: { $0.trimmingCharacters(in: .whitespaces) == "rule" }) {
+            guard by.trimmingCharacters(in: .whitespaces) == "rule" else { throw UsageError("--by rule is given alone") }
+            return try runByRule(arguments)
+        }
         if let by = try arguments.value("by") {
             for part in by.split(separator: ",") {
                 guard let grouping = UsageGrouping(rawValue: part.trimmingCharacters(in: .whitespaces)) else {
-                    throw UsageError("--by \(by): use hour, day, model, integration or profile")
+                    throw UsageError("--by \(by): use hour, day, model, integration, profile or rule")
                 }
                 groupings.insert(grouping)
             }
@@ -28,6 +32,34 @@ enum UsageCommand {
         } else {
             printTable(groups)
         }
+    }
+
+    /// `--by rule`: each rule's refusals (enforced) and would-be refusals (monitored) per integration and day.
+    static func runByRule(_ arguments: Arguments) throws {
+        let since = try arguments.value("since").map { try date($0, "since") }
+        let until = try arguments.value("until").map { try date($0, "until") }
+        let (service, _) = try AdminCommands.open(arguments)
+        let rows = try service.ruleUsage(workspace: try arguments.value("workspace"), clientID: try arguments.value("client-id"),
+                                         since: since, until: until)
+        if arguments.has("json") {
+            for row in rows { print(JSONText.object(ruleFields(row))) }
+            return
+        }
+        guard !rows.isEmpty else { return print("no rule refused or would have refused anything") }
+        let lines = [["DAY", "CLIENT_ID", "RULE", "MODE", "REFUSED", "WOULD_REFUSE"]]
+            + rows.map { [UsageClock.dayText($0.key.day), $0.key.clientID, $0.key.rule.rawValue, $0.mode.rawValue,
+                          String($0.count.refused), String($0.count.wouldRefuse)] }
+        let widths = lines[0].indices.map { column in lines.map { $0[column].count }.max()! }
+        for line in lines {
+            print(line.enumerated().map { $0.element.padding(toLength: widths[$0.offset], withPad: " ", startingAt: 0) }
+                .joined(separator: "  ").trimmingCharacters(in: .whitespaces))
+        }
+    }
+
+    /// The `--by rule --json` line: the fields, then which integration.
+    static func ruleFields(_ row: RuleUsageRow) -> [(String, Any)] {
+        [("rule", row.key.rule.rawValue), ("mode", row.mode.rawValue), ("refused", row.count.refused), ("would_refuse", row.count.wouldRefuse),
+         ("day", UsageClock.dayText(row.key.day)), ("client_id", row.key.clientID), ("workspace", row.workspace)]
     }
 
     /// 2026-12-01 (midnight UTC) or an ISO 8601 time.
