@@ -58,7 +58,7 @@ public final class Daemon: Sendable {
         let relay = try MessagesRelay(relayOptions)
         let ledger = options.usageLedger
             ? UsageLedger(store: store, metrics: service.metrics, flushInterval: options.usageFlushInterval, ruleTally: ruleTally,
-                          report: { logger.error("usage_flush_failed", [("error", $0)]) })
+                          prices: PriceBook(store: store), report: { logger.error("usage_flush_failed", [("error", $0)]) })
             : nil
         let exchangeWorkers = try WorkerPool(threads: options.exchangeThreads, name: "exchange")
         // PostgreSQL: each loop checks tokens on a connection of its own, never blocking on it.

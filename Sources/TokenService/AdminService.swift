@@ -209,6 +209,14 @@ public final class AdminService: Sendable {
 
     public func deviceCounts(_ clientID: String) throws -> DeviceCounts { try store.deviceCounts(clientID: clientID) }
 
+    /// The budgets in money, when any is set (`, monthly_budget_usd $2000.00, …`).
+    static func describeMoney(_ policy: IntegrationPolicy) -> String {
+        let budgets = [("monthly_budget_usd", policy.monthlyBudgetMicroUSD), ("daily_budget_usd", policy.dailyBudgetMicroUSD),
+                       ("profile_monthly_budget_usd", policy.profileMonthlyBudgetMicroUSD), ("profile_daily_budget_usd", policy.profileDailyBudgetMicroUSD)]
+        guard budgets.contains(where: { $0.1 > 0 }) else { return "" }
+        return budgets.map { ", \($0.0) " + ($0.1 == 0 ? "none" : MoneyText.usd($0.1)) }.joined()
+    }
+
     /// The policy in one line, for the audit trail and the CLI.
     public static func describe(_ policy: IntegrationPolicy) -> String {
         func limit(_ n: Int) -> String { n == 0 ? "none" : String(n) }
@@ -218,6 +226,7 @@ public final class AdminService: Sendable {
             + "server_tools \(tools), max_server_tool_uses \(limit(policy.maxServerToolUses)), betas \(policy.betas?.joined(separator: ",") ?? "*"), "
             + "profile_requests_per_minute \(limit(policy.profileRequestsPerMinute)), "
             + "profile_monthly_token_budget \(limit(policy.profileMonthlyTokenBudget))"
+            + Self.describeMoney(policy)
     }
 
     // MARK: Usage

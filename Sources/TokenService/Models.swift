@@ -217,6 +217,11 @@ public struct TokenGrant: Sendable, Equatable {
     public let policy: IntegrationPolicy
     /// The usage every instance has recorded so far, read in the same query.
     public let recorded: RecordedUsage
+    /// The workspace's budgets in money, read in the same query.
+    public var workspaceBudget = MoneyBudget()
+    /// When the workspace's newest price override took effect (Unix time), nil without one: the
+    /// relay's `PriceBook` reloads the workspace's table when it changes.
+    public var pricesAt: Double?
 
     public init(clientID: String, workspaceID: Int64 = 0, workspaceName: String, issuedAt: Date, expiresAt: Date,
                 upstreamKey: SealedUpstreamKey? = nil, keyID: [UInt8] = [], policy: IntegrationPolicy = IntegrationPolicy(),

@@ -31,6 +31,9 @@ public enum PolicyRule: String, Sendable, CaseIterable, Comparable {
         case .profileRateLimited: self = .profileRequestsPerMinute
         case .monthlyBudgetSpent: self = .monthlyTokenBudget
         case .profileBudgetSpent: self = .profileMonthlyTokenBudget
+        case .moneyBudgetSpent(let budget):
+            guard let rule = budget.rule else { return nil }
+            self = rule
         case .malformed, .unreadableBody, .limitsUnavailable: return nil
         }
     }

@@ -166,7 +166,7 @@ public typealias DeviceExchangeStore = ExchangeStore & IntegrationStore & StoreH
 
 /// What the operators' service reads and changes (attestctl, the console).
 public typealias AdministrationStore = OrganisationStore & IntegrationStore & DeviceInventoryStore & UsageStore & AuditStore
-    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore & SecretsKeyReadStore & CloudEndpointPinStore & InstanceStore
+    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore & SecretsKeyReadStore & CloudEndpointPinStore & InstanceStore & PriceStore
 
 /// Where each attestd listens (a row per host and public listener, written by the instance when
 /// its listeners open, read by `attestctl console-login`).

@@ -34,6 +34,8 @@ public enum PolicyRefusal: Error, Sendable, Equatable {
     case profileBudgetSpent(budget: Int, retryAfter: Int)
     /// The profile's recorded usage could not be read: its limits cannot be checked.
     case limitsUnavailable(String)
+    /// A budget in money (the workspace's, the integration's or the profile's) is spent.
+    case moneyBudgetSpent(MoneyBudgetRefusal)
 
     /// The `reason` in the ledger, the metrics and the log.
     public var reason: String {
@@ -51,6 +53,7 @@ public enum PolicyRefusal: Error, Sendable, Equatable {
         case .monthlyBudgetSpent: "monthly_budget_spent"
         case .profileBudgetSpent: "profile_budget_spent"
         case .limitsUnavailable: "limits_unavailable"
+        case .moneyBudgetSpent(let budget): budget.reason
         }
     }
 }
@@ -72,6 +75,27 @@ public struct UsageTicket: Sendable {
     /// The profile as sent, and its ledger label (folded into `other` past the hour's cap).
     let profile: String?
     let profileLabel: String
+    /// How its cost is priced and whose spend it counts in.
+    var spending: Spending?
+}
+
+/// What the ledger needs to price a request and count its cost against every budget it falls
+/// under: the table in force when it was admitted, and one slot per scope and period.
+struct Spending: Sendable {
+    struct Slot: Sendable {
+        let scope: BudgetScope
+        let period: BudgetPeriod
+        let key: SpendKey
+        let budget: Int64
+        /// Flushed spend as the admission read it, and the commit count before that read.
+        let recorded: Int64
+        let commitsBeforeRead: Int
+    }
+    let workspaceID: Int64
+    let workspaceName: String
+    let table: PriceTable
+    let regional: Bool
+    var slots: [Slot]
 }
 
 extension TokenUsage {
@@ -140,6 +164,20 @@ public final class UsageLedger: Service {
     /// Refusals and would-be refusals by rule (the device exchange counts into it too); taken
     /// into each flush's batch.
     public let ruleTally: PolicyRuleTally
+    /// The price tables in force, per workspace: each recorded request's cost comes from it.
+    public let prices: PriceBook
+    /// Told each budget's use after every recorded request that cost something (the threshold
+    /// alerts); called outside the ledger's lock, on the thread that ended the request.
+    private let budgetObserver = Mutex<(@Sendable ([BudgetUse]) -> Void)?>(nil)
+    private let budgetObserved = Atomic<Bool>(false)
+
+    /// Sets the function told each budget's use (`BudgetUse`, budgets that are on only) after
+    /// every recorded request that cost something: the threshold alerts. Called outside the
+    /// ledger's lock, on the thread that ended the request; it must not block.
+    public func observeBudgets(_ observer: @escaping @Sendable ([BudgetUse]) -> Void) {
+        budgetObserver.withLock { $0 = observer }
+        budgetObserved.store(true, ordering: .releasing)
+    }
     let flushInterval: TimeInterval
     private let report: @Sendable (String) -> Void
     private let state = Mutex(State())
@@ -151,10 +189,11 @@ public final class UsageLedger: Service {
     private let timer = Mutex<PeriodicTask?>(nil)
 
     public init(store: UsageStore, metrics: Metrics, flushInterval: TimeInterval = 1, ruleTally: PolicyRuleTally = PolicyRuleTally(),
-                report: @escaping @Sendable (String) -> Void = { _ in }) {
+                prices: PriceBook = PriceBook(store: nil), report: @escaping @Sendable (String) -> Void = { _ in }) {
         self.store = store
         self.metrics = metrics
         self.ruleTally = ruleTally
+        self.prices = prices
         self.flushInterval = flushInterval
         self.report = report
         metrics.describe("attestd_upstream_tokens_total", "Tokens the upstream reported in relayed replies, by kind.")
@@ -192,6 +231,8 @@ public final class UsageLedger: Service {
                 return refuse(.limitsUnavailable("\(error)"), grant, input, at: time)
             }
         }
+        let spending = spending(grant, input, recordedProfile, commitsBeforeProfileRead: commitsBeforeProfileRead,
+                                commitsBeforeRead: commitsBeforeRead, at: time)
         let hour = UsageClock.hour(time)
         let thisMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute)
         let lastMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute - 1)
@@ -241,15 +282,60 @@ public final class UsageLedger: Service {
                     }
                 }
             }
+            if input.spendsTokens {
+                for slot in spending.slots where slot.budget > 0 {
+                    guard Int64.saturatingSum(slot.recorded, unflushed(\.spend, slot.key, since: slot.commitsBeforeRead)) >= slot.budget else { continue }
+                    let refusal = PolicyRefusal.moneyBudgetSpent(MoneyBudgetRefusal(scope: slot.scope, period: slot.period, budgetMicroUSD: slot.budget,
+                                                                                    retryAfter: slot.period.secondsToRenewal(from: time)))
+                    if let enforced = Self.enforced(refusal, policy, &watched) { return .failure(enforced) }
+                }
+            }
             state.pending.deviceMinutes[thisMinute, default: 0] += 1
             if let profileMinute, policy.profileRequestsPerMinute > 0 { state.pending.profileMinutes[profileMinute, default: 0] += 1 }
             let profileLabel = Self.profileLabel(input.profile, clientID: grant.clientID, hour: hour, seen: &state.profilesSeen)
             return .success(UsageTicket(clientID: grant.clientID, hour: hour, month: month, requestedModel: input.model,
                                         requestedModelListed: input.model.map { policy.models?.contains($0) ?? false } ?? false,
-                                        profile: input.profile, profileLabel: profileLabel))
+                                        profile: input.profile, profileLabel: profileLabel, spending: spending))
         }
         if case .failure(let refusal) = outcome { return refuse(refusal, grant, input, at: time) }
         return outcome
+    }
+
+    /// The request's price table and budget slots: the workspace's, the integration's and (with
+    /// a profile) the profile's, daily and monthly, each with the spend its read found.
+    private func spending(_ grant: TokenGrant, _ input: PolicyInput, _ recordedProfile: RecordedProfileUsage, commitsBeforeProfileRead: Int,
+                          commitsBeforeRead: Int, at time: Date) -> Spending {
+        let policy = grant.policy
+        let day = UsageClock.day(time), month = UsageClock.month(time)
+        func slot(_ scope: BudgetScope, _ period: BudgetPeriod, _ name: String, _ budget: Int64, _ recorded: Int64, _ commits: Int) -> Spending.Slot {
+            Spending.Slot(scope: scope, period: period, key: SpendKey(scope: name, period: period == .daily ? day : month), budget: budget,
+                          recorded: recorded, commitsBeforeRead: commits)
+        }
+        let workspace = SpendKey.workspace(grant.workspaceID), integration = SpendKey.integration(grant.clientID)
+        var slots = [slot(.workspace, .daily, workspace, grant.workspaceBudget.dailyMicroUSD, grant.recorded.workspaceDaySpend, commitsBeforeRead),
+                     slot(.workspace, .monthly, workspace, grant.workspaceBudget.monthlyMicroUSD, grant.recorded.workspaceMonthSpend, commitsBeforeRead),
+                     slot(.integration, .daily, integration, policy.dailyBudgetMicroUSD, grant.recorded.daySpend, commitsBeforeRead),
+                     slot(.integration, .monthly, integration, policy.monthlyBudgetMicroUSD, grant.recorded.monthSpend, commitsBeforeRead)]
+        if let profile = input.profile {
+            let name = SpendKey.profile(grant.clientID, profile)
+            slots.append(slot(.profile, .daily, name, policy.profileDailyBudgetMicroUSD, recordedProfile.daySpend, commitsBeforeProfileRead))
+            slots.append(slot(.profile, .monthly, name, policy.profileMonthlyBudgetMicroUSD, recordedProfile.monthSpend, commitsBeforeProfileRead))
+        }
+        return Spending(workspaceID: grant.workspaceID, workspaceName: grant.workspaceName,
+                        table: prices.table(workspaceID: grant.workspaceID, pricesAt: grant.pricesAt),
+                        regional: Self.regional(grant.upstreamKey, model: input.model), slots: slots)
+    }
+
+    /// Whether the workspace's cloud serves the model from a regional endpoint, which costs more
+    /// than the global one: Vertex AI at any location but `global`, Bedrock with any model ID
+    /// that is not a `global.` inference profile. The Anthropic API has no such uplift.
+    static func regional(_ upstream: SealedUpstreamKey?, model: String?) -> Bool {
+        guard let upstream, let settings = upstream.settings else { return false }
+        switch upstream.kind {
+        case .anthropic: return false
+        case .vertex: return settings.region != "global"
+        case .bedrock: return !(model.flatMap { settings.models[$0] }?.hasPrefix("global.") ?? false)
+        }
     }
 
     /// What the request itself asks that the policy refuses (its shape, models, fallbacks,
@@ -383,7 +469,7 @@ public final class UsageLedger: Service {
     /// for only when the integration lists it, otherwise under `unknown`.
     public func finish(_ ticket: UsageTicket, _ outcome: RelayOutcome) {
         let usage = outcome.usage
-        state.withLock { state in
+        let uses: [BudgetUse] = state.withLock { state in
             let confirmed = outcome.status < 400 ? (outcome.servingModel ?? ticket.requestedModel) : nil
             let model: String = if let confirmed, ticket.requestedModelListed, confirmed == ticket.requestedModel {
                 confirmed   // a listed name needs no cap
@@ -394,6 +480,8 @@ public final class UsageLedger: Service {
             } else {
                 "unknown"
             }
+            // Priced by the model that served, under its own name (the row's may be `other`).
+            let cost = ticket.spending.map { $0.table.cost(model: confirmed ?? model, usage: usage, regional: $0.regional) } ?? 0
             // Updated in place: one lookup of the key, and no copy of the counters' tables.
             func record(_ counters: inout UsageCounters) {
                 counters.requests &+= 1
@@ -401,6 +489,8 @@ public final class UsageLedger: Service {
                 counters.outputTokens.saturatingAdd(usage.outputTokens)
                 counters.cacheCreationInputTokens.saturatingAdd(usage.cacheCreationInputTokens)
                 counters.cacheReadInputTokens.saturatingAdd(usage.cacheReadInputTokens)
+                counters.cacheCreation1hInputTokens.saturatingAdd(usage.cacheCreation1hInputTokens)
+                counters.costMicroUSD.saturatingAdd(cost)
                 for (name, count) in usage.serverToolUse where count > 0 { counters.serverToolUse[name, default: 0].saturatingAdd(count) }
                 if outcome.incomplete { counters.incomplete += 1 }
                 if outcome.abandoned { counters.abandoned += 1 }
@@ -420,7 +510,20 @@ public final class UsageLedger: Service {
                                                      default: 0].saturatingAdd(spent)
                 }
             }
+            guard cost > 0, let spending = ticket.spending else { return [] }
+            for slot in spending.slots { state.pending.spend[slot.key, default: 0].saturatingAdd(cost) }
+            guard budgetObserved.load(ordering: .relaxed) else { return [] }
+            return spending.slots.compactMap { slot -> BudgetUse? in
+                guard slot.budget > 0 else { return nil }
+                var spent = slot.recorded
+                for batch in [state.pending, state.flushing].compactMap({ $0 }) { spent.saturatingAdd(batch.spend[slot.key] ?? 0) }
+                for flushed in state.recentlyFlushed where flushed.commit > slot.commitsBeforeRead { spent.saturatingAdd(flushed.batch.spend[slot.key] ?? 0) }
+                return BudgetUse(scope: slot.scope, period: slot.period, periodKey: slot.key.period, workspaceID: spending.workspaceID,
+                                 workspaceName: spending.workspaceName, clientID: ticket.clientID,
+                                 profile: slot.scope == .profile ? ticket.profile : nil, budgetMicroUSD: slot.budget, spentMicroUSD: spent)
+            }
         }
+        if !uses.isEmpty, let observer = budgetObserver.withLock({ $0 }) { observer(uses) }
         var counts: [(labels: [(String, String)], value: Double)] = []
         for (labels, value) in zip(Self.tokenKindLabels, [usage.inputTokens, usage.outputTokens, usage.cacheCreationInputTokens, usage.cacheReadInputTokens])
         where value > 0 {

@@ -27,10 +27,14 @@ enum UsageCommand {
         let rows = try service.usage(workspace: try arguments.value("workspace"), clientID: try arguments.value("client-id"),
                                      since: since, until: until)
         let groups = UsageReport.group(rows, by: groupings)
+        let forecast = try service.forecast(workspace: try arguments.value("workspace"), clientID: try arguments.value("client-id"))
         if arguments.has("json") {
             for group in groups { print(JSONText.object(fields(group))) }
+            print(JSONText.object(forecastFields(forecast)))
         } else {
             printTable(groups)
+            print("this month (\(monthText(forecast.month))): \(MoneyText.usd(forecast.monthToDateMicroUSD)) so far, "
+                  + "\(MoneyText.usd(forecast.projectedMicroUSD)) projected to its end")
         }
     }
 
@@ -82,14 +86,26 @@ enum UsageCommand {
         if let day = group.day { fields.append(("day", day)) }
         if let profile = group.profile { fields.append(("user_profile", profile.isEmpty ? NSNull() : profile)) }
         let c = group.counters
-        fields += [("requests", c.requests), ("input_tokens", c.inputTokens), ("output_tokens", c.outputTokens),
-                   ("cache_creation_input_tokens", c.cacheCreationInputTokens), ("cache_read_input_tokens", c.cacheReadInputTokens),
+        fields += [("requests", c.requests), ("cost_micro_usd", c.costMicroUSD), ("input_tokens", c.inputTokens), ("output_tokens", c.outputTokens),
+                   ("cache_creation_input_tokens", c.cacheCreationInputTokens),
+                   ("cache_creation_1h_input_tokens", c.cacheCreation1hInputTokens), ("cache_read_input_tokens", c.cacheReadInputTokens),
                    ("server_tool_use", c.serverToolUse.sorted { $0.key < $1.key }.map { ($0.key, $0.value as Any) }),
                    ("errors", c.errors.sorted { $0.key < $1.key }.map { (String($0.key), $0.value as Any) }),
                    ("incomplete", c.incomplete), ("abandoned", c.abandoned),
                    ("refused", c.refusals.sorted { $0.key < $1.key }.map { ($0.key, $0.value as Any) })]
         return fields
     }
+
+    /// The last `--json` line: the month's spend so far (whatever --since/--until say) and its
+    /// projection to the month's end, for the same workspace or integration.
+    static func forecastFields(_ forecast: SpendForecast) -> [(String, Any)] {
+        [("forecast", [("month", monthText(forecast.month) as Any), ("cost_micro_usd", forecast.monthToDateMicroUSD as Any),
+                       ("projected_cost_micro_usd", forecast.projectedMicroUSD as Any)]),
+         ("cost_micro_usd", forecast.monthToDateMicroUSD)]
+    }
+
+    /// `2026-12` for 202612.
+    static func monthText(_ month: Int64) -> String { "\(month / 100)-" + (month % 100 < 10 ? "0" : "") + "\(month % 100)" }
 
     static func printTable(_ groups: [UsageGroup]) {
         guard !groups.isEmpty else {
@@ -101,13 +117,13 @@ enum UsageCommand {
             ("HOUR", { $0.hour.map(hourText) }), ("DAY", { $0.day }), ("USER_PROFILE", { $0.profile.map { $0.isEmpty ? "(none)" : $0 } }),
         ].filter { _, get in groups.contains { get($0) != nil } }
         func counts(_ c: UsageCounters) -> [String] {
-            [String(c.requests), String(c.inputTokens), String(c.outputTokens), String(c.cacheCreationInputTokens), String(c.cacheReadInputTokens),
+            [String(c.requests), String(MoneyText.usd(c.costMicroUSD).dropFirst()), String(c.inputTokens), String(c.outputTokens), String(c.cacheCreationInputTokens), String(c.cacheReadInputTokens),
              c.serverToolUse.isEmpty ? "-" : c.serverToolUse.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","),
              c.errors.isEmpty ? "-" : c.errors.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","),
              String(c.incomplete), String(c.abandoned),
              c.refusals.isEmpty ? "-" : c.refusals.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ",")]
         }
-        let header = keys.map(\.0) + ["REQUESTS", "INPUT", "OUTPUT", "CACHE_WRITE", "CACHE_READ", "SERVER_TOOLS", "ERRORS", "INCOMPLETE", "ABANDONED", "REFUSED"]
+        let header = keys.map(\.0) + ["REQUESTS", "COST_USD", "INPUT", "OUTPUT", "CACHE_WRITE", "CACHE_READ", "SERVER_TOOLS", "ERRORS", "INCOMPLETE", "ABANDONED", "REFUSED"]
         var lines = groups.map { group in keys.map { $0.1(group) ?? "-" } + counts(group.counters) }
         lines.append(keys.enumerated().map { $0.offset == 0 ? "TOTAL" : "" } + counts(UsageReport.total(groups)))
         let widths = header.indices.map { column in ([header] + lines).map { $0[column].count }.max()! }

@@ -16,6 +16,7 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   integrations create|list|show|update|revoke  manage app integrations, which builds they admit and what they may spend
   devices list --client-id CLID [--risk-over N] | show KEY_ID  the devices that registered: platform, distribution,
                                            versions, Apple's risk metric
+  prices show|set|import                   the price table usage costs are computed with, per workspace
   usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE] [--by hour|day|model|integration] [--json]
                                            what relayed Messages requests cost
   audit [--client-id CLID] [--limit N]     newest audit events
@@ -32,7 +33,7 @@ runTool("attestctl") {
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
     case "secrets": return try SecretsCommands.run(rest)
-    case "init", "migrate", "backup", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage", "cloud-endpoints": return try AdminCommands.run(argv[0], rest)
+    case "init", "migrate", "backup", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage", "cloud-endpoints", "prices": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     case "--version", "version": print(BuildInfo.line("attestctl")); return 0
     default: throw UsageError(usage)
