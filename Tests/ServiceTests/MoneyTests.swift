@@ -33,6 +33,12 @@ import UpstreamStub
         return UsageTests.total(lines, "cost_micro_usd")
     }
 
+    /// Micro-dollars as `--…-budget-usd` takes them.
+    static func usdText(_ micro: Int) -> String {
+        let fraction = String(micro % 1_000_000)
+        return "\(micro / 1_000_000)." + String(repeating: "0", count: 6 - fraction.count) + fraction
+    }
+
     static func body(model: String, stream: Bool, tools: Bool = false) -> String {
         let toolList = tools ? #","tools":[{"type":"web_search_20260209","name":"web_search","max_uses":2},{"type":"web_fetch_20260209","name":"web_fetch","max_uses":2}]"# : ""
         return #"{"model":"\#(model)","max_tokens":64,"stream":\#(stream)\#(toolList),"messages":[{"role":"user","content":"What does it cost?"}]}"#
@@ -229,5 +235,104 @@ import UpstreamStub
         #expect(UsageTests.errorMessage(refused).contains("workspace has used its daily budget"))
         Self.expectBudgetRefusal(try await Self.send(fixture, otherToken, profile: "uprof_x"), renewsAt: Self.midnight, "the other integration")
         #expect(try await Self.send(fixture, fixture.tokenB, profile: nil).status == 200, "another workspace")
+    }
+}
+
+/// A budget in money on two attestd instances sharing one PostgreSQL database: the spend both
+/// record adds up in one ledger, and the overshoot past the budget stays within the bound
+/// docs/usage-and-policy.md states.
+@Suite(.serialized) struct MoneyScaleOutTests {
+    @Test func twoInstancesOvershootTheBudgetByNoMoreThanTheDocumentedBound() async throws {
+        // Each request takes 100 ms upstream, so requests are in flight when the budget is reached.
+        let stub = try UpstreamStubServer(UpstreamStubConfiguration(latency: .milliseconds(100)))
+        defer { stub.stop() }
+        let deployment = try ScaleOutTests.Deployment(instanceArguments: ["--upstream-url", stub.baseURL])
+        defer { deployment.stop() }
+        func ctl(_ arguments: [String]) throws -> String {
+            let (status, output) = try ServerProcess.attestctl(["--db", deployment.url, "--secrets-key-file", deployment.keyFile] + arguments)
+            try #require(status == 0, "attestctl \(arguments): \(output)")
+            return output
+        }
+        try Data("pg-money-upstream-key\n".utf8).write(to: URL(fileURLWithPath: deployment.upstreamKeyFile))
+        _ = try ctl(["workspaces", "set-upstream-key", "--actor", "owner@example.com", "--workspace", "default", "--key-file", deployment.upstreamKeyFile])
+        // Every request is the same, so it costs the same: its cost, then a budget of 40 of them.
+        let http = deployment.http
+        let workers = 8   // per instance
+        var tokens: [String] = []
+        for _ in 0..<(2 * workers) {
+            tokens.append(try #require(try await http[0].registerFresh(try ManualDevice(clientID: deployment.clientID)).json["access_token"] as? String))
+        }
+        let body = Data(MoneyTests.body(model: "claude-sonnet-4-6", stream: false).utf8)
+        let first = try await http[0].send("POST", "/v1/messages", body: body, contentType: "application/json", headers: ["authorization": "Bearer \(tokens[0])"])
+        try #require(first.status == 200)
+        let cost = MoneyTests.expectedCost(try #require(stub.requests.last?.usage), .sonnet46)
+        try #require(cost > 0)
+        let budget = 40 * cost
+        _ = try ctl(["integrations", "update", deployment.clientID, "--actor", "owner@example.com", "--device-requests-per-minute", "0",
+                     "--daily-budget-usd", MoneyTests.usdText(budget)])
+
+        // Both instances, 8 clients each, sending until refused.
+        let started = ContinuousClock.now
+        struct Refusal: Sendable {
+            let status: Int
+            let type: String?
+            let retryAfter: String?
+        }
+        let results = try await withThrowingTaskGroup(of: (instance: Int, admitted: [Duration], refusal: Refusal?).self) { group in
+            for worker in 0..<(2 * workers) {
+                let instance = worker % 2, token = tokens[worker], target = http[instance]
+                group.addTask {
+                    var admitted: [Duration] = []
+                    while ContinuousClock.now - started < .seconds(30) {
+                        let reply = try await target.send("POST", "/v1/messages", body: body, contentType: "application/json",
+                                                          headers: ["authorization": "Bearer \(token)"])
+                        if reply.status != 200 {
+                            return (instance, admitted, Refusal(status: reply.status, type: UsageTests.errorType(reply), retryAfter: reply.header("retry-after")))
+                        }
+                        admitted.append(ContinuousClock.now - started)
+                    }
+                    return (instance, admitted, nil)
+                }
+            }
+            var all: [(instance: Int, admitted: [Duration], refusal: Refusal?)] = []
+            for try await result in group { all.append(result) }
+            return all
+        }
+        for result in results {
+            let refusal = try #require(result.refusal, "every client was refused in the end")
+            #expect(refusal.status == 429 && refusal.type == "rate_limit_error")
+            #expect(refusal.retryAfter != nil)
+        }
+        let admitted = 1 + results.reduce(0) { $0 + $1.admitted.count }
+        // Both instances' spend in one ledger, once flushed.
+        var spent = 0
+        for _ in 0..<50 {
+            let lines = try ctl(["usage", "--json", "--by", "integration"]).split(separator: "\n")
+                .compactMap { (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any] }.filter { $0["forecast"] == nil }
+            if UsageTests.total(lines, "requests") >= admitted {
+                spent = UsageTests.total(lines, "cost_micro_usd")
+                break
+            }
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        #expect(spent == admitted * cost, "every admitted request's cost is recorded")
+        #expect(spent >= budget, "the budget was reached before anything was refused")
+        // The bound: the requests in flight when the budget was reached (at most one per client)
+        // plus what the other instance admitted within one flush interval and one database read
+        // (1.5 s), each at most one request's cost.
+        func mostWithin(_ window: Duration, _ times: [Duration]) -> Int {
+            let sorted = times.sorted()
+            var most = 0, start = 0
+            for end in sorted.indices {
+                while sorted[end] - sorted[start] > window { start += 1 }
+                most = max(most, end - start + 1)
+            }
+            return most
+        }
+        let perInstance = (0..<2).map { instance in results.filter { $0.instance == instance }.flatMap(\.admitted) }
+        let otherInstance = max(mostWithin(.milliseconds(1500), perInstance[0]), mostWithin(.milliseconds(1500), perInstance[1]))
+        let bound = (2 * workers + otherInstance) * cost
+        #expect(spent - budget <= bound, "overshoot \(spent - budget) µ$ (\((spent - budget) / cost) requests) within \(bound) µ$")
+        print("money budget on 2 instances: budget \(budget) µ$, spent \(spent) µ$, overshoot \((spent - budget) / cost) requests, bound \(bound / cost)")
     }
 }
