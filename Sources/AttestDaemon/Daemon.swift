@@ -128,6 +128,17 @@ public final class Daemon: Sendable {
         services += extraServices
         services.append(audit)
         if let ledger { services.append(ledger) }
+        // Budget alerts: the ledger tells each budget's use, thresholds reached are written with
+        // their webhook deliveries in one transaction, and a worker delivers the outbox.
+        if let ledger, let webhooks = store as? any WebhookStore {
+            let alerts = BudgetAlerts(store: webhooks, metrics: service.metrics, log: { logger.info($0, $1) })
+            ledger.observeBudgets { alerts.observe($0) }
+            services.append(alerts)
+            services.append(try WebhookDeliveryWorker(store: webhooks, secrets: relayOptions.secrets, metrics: service.metrics,
+                                                      caFile: options.webhookCAFile, log: { event, fields, isError in
+                if isError { logger.error(event, fields) } else { logger.info(event, fields) }
+            }))
+        }
         services.append(purgeJob(store: store, logger: logger, auditRetentionDays: options.auditRetentionDays))
         // The key files: looked at once a second (a refused file is logged, and never replaces the
         // keys held), and what this instance holds written to the database for attestctl secrets

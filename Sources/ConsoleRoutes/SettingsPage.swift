@@ -29,6 +29,8 @@ enum SettingsPage {
 
         content += HTML.element("section", [("aria-labelledby", "key-heading")], UpstreamSettings.section(request, key, errors: errors, typed: typed))
 
+        content += try WebhooksSection.render(request, admin)
+
         // Members.
         let members = try admin.members(workspace: workspace.name)
         let rows: [[HTML]] = members.map { member in

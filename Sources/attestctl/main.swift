@@ -20,6 +20,7 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE] [--by hour|day|model|integration] [--json]
                                            what relayed Messages requests cost
   audit [--client-id CLID] [--limit N]     newest audit events
+  webhooks add|list|remove                 where a workspace's budget alerts are POSTed, signed, with their last delivery
   secrets rotate|finish-rotation|status    a new secrets key, every sealed value re-sealed under it while attestd serves
   verify attestation|assertion|receipt …   verify an App Attest object or receipt offline
 every command answers --help (attestctl COMMAND --help: that command alone); --version prints the version and commit; --db PATH|URL (a SQLite file or a postgresql:// URL; default: $ATTESTD_DB, else ./attestd.sqlite) and
@@ -33,6 +34,7 @@ runTool("attestctl") {
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
     case "secrets": return try SecretsCommands.run(rest)
+    case "webhooks": return try WebhookCommands.run(rest)
     case "init", "migrate", "backup", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage", "cloud-endpoints", "prices": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     case "--version", "version": print(BuildInfo.line("attestctl")); return 0
