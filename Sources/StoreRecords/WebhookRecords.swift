@@ -101,3 +101,12 @@ extension WebhookDelivery {
                   attempts: Int(try row.int("attempts")))
     }
 }
+
+extension SealedSecret {
+    /// A webhook endpoint's secret (`id, workspace_id, url, sealed_secret`), for a rotation. Removed
+    /// endpoints too: their rows still hold a value sealed under the old key.
+    public init(webhookRow row: some StoreRow) throws {
+        self.init(owner: .webhook(endpointID: try row.int("id"), workspaceID: try row.int("workspace_id"), url: try row.text("url")),
+                  sealed: try row.bytes("sealed_secret"))
+    }
+}

@@ -211,11 +211,14 @@ public struct SealedSecret: Sendable, Equatable {
         case upstream(workspaceID: Int64)
         /// A team's App Attest data-service key.
         case appleKey(teamID: String, keyID: String)
+        /// A webhook endpoint's signing secret (sealed to its workspace and URL).
+        case webhook(endpointID: Int64, workspaceID: Int64, url: String)
 
         public var description: String {
             switch self {
             case .upstream(let id): "the upstream credentials of workspace #\(id)"
             case .appleKey(let team, let key): "Apple key \(key) of team \(team)"
+            case .webhook(let id, _, let url): "the signing secret of webhook #\(id) (\(url))"
             }
         }
     }
@@ -242,6 +245,7 @@ public struct SealedSecret: Sendable, Equatable {
         switch owner {
         case .upstream(let id): SealedUpstreamKey.associatedData(workspaceID: id, kind: upstreamKind, settings: upstreamSettings)
         case .appleKey(let team, let key): SealedAppleKey.associatedData(teamID: team, keyID: key)
+        case .webhook(_, let workspaceID, let url): WebhookEndpoint.associatedData(workspaceID: workspaceID, url: url)
         }
     }
 

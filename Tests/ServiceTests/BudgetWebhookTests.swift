@@ -141,6 +141,24 @@ import Glibc
         #expect(receiver.log.count == log.count, "no second delivery")
     }
 
+    @Test func theSigningSecretSurvivesASecretsKeyRotation() async throws {
+        let fixture = try await Fixture()
+        defer { fixture.stop() }
+        let (receiver, secretFile) = try Self.receiver(fixture.directory)
+        defer { receiver.stop() }
+        try Self.addWebhook(db: fixture.db, url: "http://127.0.0.1:\(receiver.port)/hook", secretFile: secretFile, thresholds: "100")
+        // The webhook's secret is one of the sealed values: re-sealed under the new key, so the
+        // previous key can go while the secret still opens.
+        let (rotated, rotation) = try ServerProcess.attestctl(["secrets", "rotate", "--db", fixture.db, "--actor", "owner@example.com"])
+        #expect(rotated == 0 && rotation.contains("re-sealed 2 values"), "the workspace's upstream key and the webhook's secret: \(rotation)")
+        let (finished, finishing) = try ServerProcess.attestctl(["secrets", "finish-rotation", "--db", fixture.db, "--actor", "owner@example.com"])
+        #expect(finished == 0, "\(finishing)")
+        _ = try UsageTests.ctl(fixture, ["integrations", "update", fixture.clientA, "--actor", "owner@example.com", "--monthly-budget-usd", "0.000001"])
+        #expect(try await fixture.post(token: fixture.tokenA, body: Self.request()).status == 200)
+        _ = try await Self.waitDelivered(db: fixture.db)
+        #expect(receiver.log.count == 1 && receiver.log.allSatisfy { $0["signature_ok"] as? Bool == true }, "\(receiver.log)")
+    }
+
     @Test func twoInstancesOnPostgreSQLDeliverTheEventOnce() async throws {
         let stub = try UpstreamStubServer(UpstreamStubConfiguration())
         defer { stub.stop() }
