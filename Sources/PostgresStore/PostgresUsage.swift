@@ -188,9 +188,12 @@ extension PostgresTokenStore {
         }
     }
 
+    /// Built once, not per request that reads a profile.
+    static let profileUsageSQL = RecordedProfileUsage.query(clientID: "$1", profile: "$2", month: "$3", minute: "$4", previousMinute: "$5")
+
     public func recordedProfileUsage(clientID: String, profile: String, month: Int64, minute: Int64) throws -> RecordedProfileUsage {
         try run { db in
-            try db.query(RecordedProfileUsage.query(clientID: "$1", profile: "$2", month: "$3", minute: "$4", previousMinute: "$5"),
+            try db.query(Self.profileUsageSQL,
                          [.text(clientID), .text(profile), .int(month), .int(minute), .int(minute - 1)]).first(RecordedProfileUsage.init(row:))
                 ?? RecordedProfileUsage()
         }

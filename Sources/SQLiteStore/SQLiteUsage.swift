@@ -129,9 +129,12 @@ extension SQLiteTokenStore {
         }
     }
 
+    /// Built once: the statement cache is keyed by the SQL text, hashed on every request that reads a profile.
+    static let profileUsageSQL = RecordedProfileUsage.query(clientID: "?1", profile: "?2", month: "?3", minute: "?4", previousMinute: "?5")
+
     public func recordedProfileUsage(clientID: String, profile: String, month: Int64, minute: Int64) throws -> RecordedProfileUsage {
         try read { db in
-            try db.first(RecordedProfileUsage.query(clientID: "?1", profile: "?2", month: "?3", minute: "?4", previousMinute: "?5"),
+            try db.first(Self.profileUsageSQL,
                          [.text(clientID), .text(profile), .int(month), .int(minute), .int(minute - 1)], RecordedProfileUsage.init(row:))
                 ?? RecordedProfileUsage()
         }

@@ -345,7 +345,7 @@ public struct SpendKey: Hashable, Sendable {
         self.period = period
     }
 
-    public static func workspace(_ id: Int64) -> String { "w:\(id)" }
+    public static func workspace(_ id: Int64) -> String { "w:" + String(id) }
     public static func integration(_ clientID: String) -> String { "i:" + clientID }
     public static func profile(_ clientID: String, _ profile: String) -> String { "p:" + clientID + ":" + profile }
 }
