@@ -64,6 +64,7 @@ public struct ConsoleRoutes: Sendable {
             route("/settings/upstream-key", post: { request in try UpstreamSettings.set(request, admin, secrets, .anthropic) }),
             route("/settings/upstream-bedrock", bodyLimit: Self.cloudFormLimit, post: { request in try UpstreamSettings.set(request, admin, secrets, .bedrock) }),
             route("/settings/upstream-vertex", bodyLimit: Self.cloudFormLimit, post: { request in try UpstreamSettings.set(request, admin, secrets, .vertex) }),
+            route("/settings/budget", post: { request in try WorkspaceBudgetSection.update(request, admin) }),
             route("/settings/members", post: { request in try SettingsPage.addMember(request, admin) }),
             route("/settings/members/remove", post: { request in try SettingsPage.removeMember(request, admin) }),
             // Any other path under the console: its own not-found page.

@@ -177,6 +177,8 @@ enum IntegrationPages {
         var serverTools: String, maxServerToolUses: String, betas: String, profileRequestsPerMinute: String, profileMonthlyTokenBudget: String
         var distribution: [AttestationEnvironment: Set<Distribution>]
         var minBundleVersion: String, requireExtensions: Bool, platforms: Set<DevicePlatform>, riskLimit: String
+        /// The budgets in money, in USD as typed (`MoneyBudgetFields.names` order).
+        var moneyBudgets: [String] = []
 
         init(_ integration: Integration) {
             let p = integration.policy, d = integration.devicePolicy
@@ -194,6 +196,7 @@ enum IntegrationPages {
             requireExtensions = d.requireExtensions
             platforms = d.platforms
             riskLimit = String(d.riskLimit)
+            moneyBudgets = MoneyBudgetFields.values(p)
         }
 
         init(form: [String: String]) {
@@ -215,6 +218,7 @@ enum IntegrationPages {
             requireExtensions = form["require_extensions"] != nil
             platforms = Set(DevicePlatform.allCases.filter { form["platform_\($0.rawValue)"] != nil })
             riskLimit = form["risk_limit"] ?? ""
+            moneyBudgets = MoneyBudgetFields.names.map { form[$0.name] ?? "" }
         }
 
         static func distributionField(_ environment: AttestationEnvironment, _ distribution: Distribution) -> String {
@@ -249,6 +253,7 @@ enum IntegrationPages {
                         hint: "Relayed requests each user profile (anthropic-user-profile-id) may make per minute; 0 for no limit.")
         spend += number("User profile monthly token budget", "profile_monthly_token_budget", v.profileMonthlyTokenBudget,
                         hint: "Tokens each user profile may use per calendar month (UTC); 0 for none.")
+        spend += MoneyBudgetFields.render(v.moneyBudgets, errors: errors, readOnly: readOnly)
         var devices = HTML.element("legend", [], "Which builds may sign in (iOS 27 and macOS 27)")
         for environment in AttestationEnvironment.allCases.reversed() {
             let boxes = HTML.join(Distribution.admissible.map { distribution in
@@ -307,6 +312,7 @@ enum IntegrationPages {
         policy.maxServerToolUses = count(v.maxServerToolUses, "max_server_tool_uses")
         policy.profileRequestsPerMinute = count(v.profileRequestsPerMinute, "profile_requests_per_minute")
         policy.profileMonthlyTokenBudget = count(v.profileMonthlyTokenBudget, "profile_monthly_token_budget")
+        MoneyBudgetFields.apply(v.moneyBudgets, to: &policy, errors: &errors)
         do { policy.serverTools = try Validate.serverTools(v.serverTools.isEmpty ? "*" : v.serverTools) } catch {
             errors["server_tools"] = String(describing: error)
         }

@@ -12,6 +12,8 @@ enum SettingsPage {
             notice = ConsolePages.notice("Upstream API key saved. Relayed requests use it from now on.")
         } else if let kind = query["upstream"].flatMap(UpstreamKind.init(rawValue:)) {
             notice = ConsolePages.notice("Upstream set to \(UpstreamSettings.name(kind)). Relayed requests use it from now on.")
+        } else if query["budget"] != nil {
+            notice = ConsolePages.notice("Budgets saved. Every instance applies them to the next request.")
         } else if query["added"] != nil {
             notice = ConsolePages.notice("Member added.")
         } else if query["removed"] != nil {
@@ -29,6 +31,7 @@ enum SettingsPage {
 
         content += HTML.element("section", [("aria-labelledby", "key-heading")], UpstreamSettings.section(request, key, errors: errors, typed: typed))
 
+        content += try WorkspaceBudgetSection.render(request, admin, errors: errors, typed: typed)
         content += try WebhooksSection.render(request, admin)
 
         // Members.
