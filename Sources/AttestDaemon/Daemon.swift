@@ -42,7 +42,13 @@ public final class Daemon: Sendable {
         let store = try Stores.open(options.db, connections: options.threads + options.exchangeThreads, synchronous: options.synchronous,
                                     mode: options.migrate ? .apply : .verify, warm: true)
         let audit = BufferedAuditLog(store: store, onError: { logger.error("audit_write_failed", [("error", $0)]) })
-        let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit)
+        // Rules' refusals and would-be refusals, counted by the exchange and the relay alike and
+        // written with the usage ledger's flush; the first of each rule per flush is logged.
+        let ruleTally = PolicyRuleTally { clientID, rule, reason, detail in
+            logger.info("policy_would_refuse", [("client_id", clientID), ("rule", rule.rawValue), ("reason", reason), ("detail", detail)])
+        }
+        let service = DeviceTokenService(store: store, verifier: verifier, configuration: options.exchange, audit: audit,
+                                         ruleTally: options.usageLedger ? ruleTally : nil)
         self.service = service
         // One event loop per --threads: each runs a libmicrohttpd daemon per listener and a curl
         // multi handle, so a relayed request is taken, checked, sent upstream and answered on one thread.
@@ -51,8 +57,8 @@ public final class Daemon: Sendable {
         relayOptions.loops = loops
         let relay = try MessagesRelay(relayOptions)
         let ledger = options.usageLedger
-            ? UsageLedger(store: store, metrics: service.metrics, flushInterval: options.usageFlushInterval,
-                          report: { logger.error("usage_flush_failed", [("error", $0)]) })
+            ? UsageLedger(store: store, metrics: service.metrics, flushInterval: options.usageFlushInterval, ruleTally: ruleTally,
+                          prices: PriceBook(store: store), report: { logger.error("usage_flush_failed", [("error", $0)]) })
             : nil
         let exchangeWorkers = try WorkerPool(threads: options.exchangeThreads, name: "exchange")
         // PostgreSQL: each loop checks tokens on a connection of its own, never blocking on it.
@@ -122,6 +128,17 @@ public final class Daemon: Sendable {
         services += extraServices
         services.append(audit)
         if let ledger { services.append(ledger) }
+        // Budget alerts: the ledger tells each budget's use, thresholds reached are written with
+        // their webhook deliveries in one transaction, and a worker delivers the outbox.
+        if let ledger, let webhooks = store as? any WebhookStore {
+            let alerts = BudgetAlerts(store: webhooks, metrics: service.metrics, log: { logger.info($0, $1) })
+            ledger.observeBudgets { alerts.observe($0) }
+            services.append(alerts)
+            services.append(try WebhookDeliveryWorker(store: webhooks, secrets: relayOptions.secrets, metrics: service.metrics,
+                                                      caFile: options.webhookCAFile, log: { event, fields, isError in
+                if isError { logger.error(event, fields) } else { logger.info(event, fields) }
+            }))
+        }
         services.append(purgeJob(store: store, logger: logger, auditRetentionDays: options.auditRetentionDays))
         // The key files: looked at once a second (a refused file is logged, and never replaces the
         // keys held), and what this instance holds written to the database for attestctl secrets

@@ -37,6 +37,7 @@ defaults: --db ./attestd.sqlite --listen 127.0.0.1:8080 --token-ttl 3600 --mint-
           --secrets-key-file (the same file on every instance). --upstream-key-file: the key for
           workspaces without one (whitespace around it trimmed). With neither, /v1/messages answers 503.
 --upstream-ca-file: extra trusted roots for the upstream (a local TLS upstream in tests); system roots otherwise.
+--webhook-ca-file: extra trusted roots for webhook receivers (attestctl webhooks add); system roots otherwise.
 --upstream-connect-to HOST:PORT:ADDRESS:PORT (repeatable; tests only): every upstream request for HOST:PORT
           (the Anthropic API, a cloud's API or token endpoint) connects to ADDRESS:PORT instead, a loopback
           address (127.0.0.1, [::1]), while Host, SNI and the certificate check keep HOST: a stub standing in
@@ -154,6 +155,8 @@ public struct ServeOptions: Sendable {
     public var synchronous = "FULL"
     public var upstreamURL = "https://api.anthropic.com"
     public var upstreamCAFile: String?
+    /// Extra trusted roots (PEM) for webhook receivers (tests with a TLS receiver on loopback).
+    public var webhookCAFile: String?
     public var upstreamKeyFile: String?
     /// `--upstream-connect-to` entries (tests only), each checked: `HOST:PORT:ADDRESS:PORT` with a loopback ADDRESS.
     public var upstreamConnectTo: [String] = []
@@ -231,6 +234,7 @@ public struct ServeOptions: Sendable {
                 }
                 upstreamURL = text.hasSuffix("/") ? String(text.dropLast()) : text
             case "--upstream-ca-file": upstreamCAFile = try value()
+            case "--webhook-ca-file": webhookCAFile = try value()
             case "--upstream-key-file": upstreamKeyFile = try value()
             case "--upstream-connect-to": upstreamConnectTo.append(try Self.connectTo(try value()))
             case "--upstream-cooldown", "--upstream-cooldown-max":

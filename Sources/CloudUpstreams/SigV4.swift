@@ -96,8 +96,8 @@ public struct SigV4Signer: Sendable {
         let scope = "\(dateStamp)/\(region)/\(service)/aws4_request"
         let stringToSign = ["AWS4-HMAC-SHA256", amzDate, scope, hexString(sha256(Array(canonicalRequest.utf8)))].joined(separator: "\n")
         var key = Array("AWS4\(credentials.secretAccessKey)".utf8)
-        for part in [dateStamp, region, service, "aws4_request"] { key = hmacSHA256(key: key, Array(part.utf8)) }
-        let signature = hexString(hmacSHA256(key: key, Array(stringToSign.utf8)))
+        for part in [dateStamp, region, service, "aws4_request"] { key = hmacSHA256(key: key, message: Array(part.utf8)) }
+        let signature = hexString(hmacSHA256(key: key, message: Array(stringToSign.utf8)))
         let authorization = "AWS4-HMAC-SHA256 Credential=\(credentials.accessKeyID)/\(scope), SignedHeaders=\(signedHeaderList), Signature=\(signature)"
         return SigV4Signature(canonicalRequest: canonicalRequest, stringToSign: stringToSign, signature: signature,
                               authorization: authorization, headers: [])
@@ -246,20 +246,4 @@ func hexString(_ bytes: [UInt8]) -> String {
     out.reserveCapacity(bytes.count * 2)
     for byte in bytes { out += [hexDigits[Int(byte >> 4)], hexDigits[Int(byte & 0xf)]] }
     return String(decoding: out, as: UTF8.self)
-}
-
-/// HMAC-SHA256 through OpenSSL's one-shot `HMAC()`.
-func hmacSHA256(key: [UInt8], _ data: [UInt8]) -> [UInt8] {
-    var out = [UInt8](repeating: 0, count: 32)
-    var length: UInt32 = 0
-    let ok = key.withUnsafeBufferPointer { key in
-        data.withUnsafeBufferPointer { data in
-            out.withUnsafeMutableBufferPointer { out in
-                HMAC(EVP_sha256(), key.baseAddress, Int32(key.count), data.baseAddress, data.count, out.baseAddress, &length) != nil
-            }
-        }
-    }
-    // Fails only without memory: a MAC of the right length is the contract here.
-    guard ok, length == 32 else { fatalError("HMAC-SHA256 failed") }
-    return out
 }

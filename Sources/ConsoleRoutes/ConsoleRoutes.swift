@@ -58,6 +58,7 @@ public struct ConsoleRoutes: Sendable {
             route("/integrations/{client_id}", get: { request in try IntegrationPages.overview(request, admin) }),
             route("/integrations/{client_id}/policy", get: { request in try IntegrationPages.policy(request, admin) },
                   post: { request in try IntegrationPages.updatePolicy(request, admin) }),
+            route("/integrations/{client_id}/rule-mode", post: { request in try RuleModesSection.update(request, admin) }),
             route("/integrations/{client_id}/usage", get: { request in try UsagePage.render(request, admin) }),
             route("/integrations/{client_id}/devices", get: { request in try IntegrationPages.devices(request, admin) }),
             route("/integrations/{client_id}/audit", get: { request in try IntegrationPages.audit(request, admin) }),
@@ -69,6 +70,7 @@ public struct ConsoleRoutes: Sendable {
             route("/settings/upstream-vertex", bodyLimit: Self.cloudFormLimit, post: { request in try UpstreamSettings.set(request, admin, secrets, .vertex) }),
             route("/settings/upstreams/move", post: { request in try UpstreamList.move(request, admin) }),
             route("/settings/upstreams/remove", post: { request in try UpstreamList.remove(request, admin) }),
+            route("/settings/budget", post: { request in try WorkspaceBudgetSection.update(request, admin) }),
             route("/settings/members", post: { request in try SettingsPage.addMember(request, admin) }),
             route("/settings/members/remove", post: { request in try SettingsPage.removeMember(request, admin) }),
             // Any other path under the console: its own not-found page.

@@ -165,8 +165,10 @@ enum IntegrationPages {
 
     static func policy(_ request: ConsoleRequest, _ admin: AdminService) throws -> RouteOutcome {
         let integration = try request.integration(admin)
-        return policyPage(request, integration, PolicyValues(integration), errors: [:], status: 200,
-                          notice: request.query["saved"] != nil ? ConsolePages.notice("Policy saved. Every instance applies it to the next request.") : "")
+        let notice = request.query["saved"] != nil ? ConsolePages.notice("Policy saved. Every instance applies it to the next request.")
+            : request.query["mode"] != nil ? ConsolePages.notice("Rule mode saved. Every instance applies it to the next request.") : ""
+        return policyPage(request, integration, PolicyValues(integration), errors: [:], status: 200, notice: notice,
+                          rules: try RuleModesSection.render(request, integration, admin))
     }
 
     /// The form's fields as text, so a refused form comes back as typed.
@@ -175,6 +177,8 @@ enum IntegrationPages {
         var serverTools: String, maxServerToolUses: String, betas: String, profileRequestsPerMinute: String, profileMonthlyTokenBudget: String
         var distribution: [AttestationEnvironment: Set<Distribution>]
         var minBundleVersion: String, requireExtensions: Bool, platforms: Set<DevicePlatform>, riskLimit: String
+        /// The budgets in money, in USD as typed (`MoneyBudgetFields.names` order).
+        var moneyBudgets: [String] = []
 
         init(_ integration: Integration) {
             let p = integration.policy, d = integration.devicePolicy
@@ -192,6 +196,7 @@ enum IntegrationPages {
             requireExtensions = d.requireExtensions
             platforms = d.platforms
             riskLimit = String(d.riskLimit)
+            moneyBudgets = MoneyBudgetFields.values(p)
         }
 
         init(form: [String: String]) {
@@ -213,6 +218,7 @@ enum IntegrationPages {
             requireExtensions = form["require_extensions"] != nil
             platforms = Set(DevicePlatform.allCases.filter { form["platform_\($0.rawValue)"] != nil })
             riskLimit = form["risk_limit"] ?? ""
+            moneyBudgets = MoneyBudgetFields.names.map { form[$0.name] ?? "" }
         }
 
         static func distributionField(_ environment: AttestationEnvironment, _ distribution: Distribution) -> String {
@@ -221,7 +227,7 @@ enum IntegrationPages {
     }
 
     static func policyPage(_ request: ConsoleRequest, _ integration: Integration, _ v: PolicyValues, errors: [String: String], status: Int,
-                           notice: HTML = "") -> RouteOutcome {
+                           notice: HTML = "", rules: HTML = "") -> RouteOutcome {
         let editable = request.canManage && !integration.isRevoked
         let readOnly: [(String, String?)] = editable ? [] : [("readonly", "")]
         func number(_ label: String, _ name: String, _ value: String, hint: String) -> HTML {
@@ -247,6 +253,7 @@ enum IntegrationPages {
                         hint: "Relayed requests each user profile (anthropic-user-profile-id) may make per minute; 0 for no limit.")
         spend += number("User profile monthly token budget", "profile_monthly_token_budget", v.profileMonthlyTokenBudget,
                         hint: "Tokens each user profile may use per calendar month (UTC); 0 for none.")
+        spend += MoneyBudgetFields.render(v.moneyBudgets, errors: errors, readOnly: readOnly)
         var devices = HTML.element("legend", [], "Which builds may sign in (iOS 27 and macOS 27)")
         for environment in AttestationEnvironment.allCases.reversed() {
             let boxes = HTML.join(Distribution.admissible.map { distribution in
@@ -277,6 +284,7 @@ enum IntegrationPages {
         if !request.canManage { content += ConsolePages.notice("You can read this policy; changing it needs the admin, owner or primary owner role.") }
         content += editable ? HTML.element("form", [("method", "post"), ("action", base(integration) + "/policy"), ("novalidate", "")], form)
                             : HTML.element("div", [("class", "readonly-form")], form)
+        content += rules
         var outcome = tabbed(request, integration, .policy, notice: notice, content)
         outcome.status = status
         outcome.response?.status = status
@@ -304,6 +312,7 @@ enum IntegrationPages {
         policy.maxServerToolUses = count(v.maxServerToolUses, "max_server_tool_uses")
         policy.profileRequestsPerMinute = count(v.profileRequestsPerMinute, "profile_requests_per_minute")
         policy.profileMonthlyTokenBudget = count(v.profileMonthlyTokenBudget, "profile_monthly_token_budget")
+        MoneyBudgetFields.apply(v.moneyBudgets, to: &policy, errors: &errors)
         do { policy.serverTools = try Validate.serverTools(v.serverTools.isEmpty ? "*" : v.serverTools) } catch {
             errors["server_tools"] = String(describing: error)
         }

@@ -14,6 +14,8 @@ enum SettingsPage {
             notice = ConsolePages.notice("Upstream set to \(UpstreamSettings.name(kind)). Relayed requests use it from now on.")
         } else if query["upstreams"] != nil {
             notice = ConsolePages.notice("Upstreams changed. Relayed requests follow the new list from now on.")
+        } else if query["budget"] != nil {
+            notice = ConsolePages.notice("Budgets saved. Every instance applies them to the next request.")
         } else if query["added"] != nil {
             notice = ConsolePages.notice("Member added.")
         } else if query["removed"] != nil {
@@ -32,6 +34,9 @@ enum SettingsPage {
         content += HTML.element("section", [("aria-labelledby", "key-heading")], UpstreamSettings.section(request, key, errors: errors, typed: typed))
         content += HTML.element("section", [("aria-labelledby", "upstreams-heading")],
                                 try UpstreamList.section(request, admin, health: request.health, error: errors["upstreams"]))
+
+        content += try WorkspaceBudgetSection.render(request, admin, errors: errors, typed: typed)
+        content += try WebhooksSection.render(request, admin)
 
         // Members.
         let members = try admin.members(workspace: workspace.name)

@@ -27,6 +27,7 @@ enum UsagePage {
         var content = HTML.element("p", [], "The last 30 days, " + HTML.text(dayNames.first!) + " to " + HTML.text(dayNames.last!)
                                    + " (UTC, +00:00), as recorded by the usage ledger (written every few seconds).")
         content += budget(integration, try admin.usage(clientID: integration.clientID, since: monthStart(now)), now: now)
+        content += try SpendSection.render(integration, admin, groups: groups, now: now)
 
         // Tokens per day by model.
         let tokenRows: [[HTML]] = groups.map { group in

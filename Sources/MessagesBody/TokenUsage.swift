@@ -15,15 +15,20 @@ public struct TokenUsage: Sendable, Equatable {
     public var outputTokens: Int64 = 0
     public var cacheCreationInputTokens: Int64 = 0
     public var cacheReadInputTokens: Int64 = 0
+    /// The part of `cacheCreationInputTokens` written for an hour (`usage.cache_creation.
+    /// ephemeral_1h_input_tokens`), priced at 2× input where a 5-minute write is 1.25×; the rest
+    /// were written for 5 minutes. 0 where the upstream does not split them (InvokeModel).
+    public var cacheCreation1hInputTokens: Int64 = 0
     /// `usage.server_tool_use`, by counter name.
     public var serverToolUse: [String: Int64] = [:]
 
     public init(inputTokens: Int64 = 0, outputTokens: Int64 = 0, cacheCreationInputTokens: Int64 = 0, cacheReadInputTokens: Int64 = 0,
-                serverToolUse: [String: Int64] = [:]) {
+                cacheCreation1hInputTokens: Int64 = 0, serverToolUse: [String: Int64] = [:]) {
         self.inputTokens = inputTokens
         self.outputTokens = outputTokens
         self.cacheCreationInputTokens = cacheCreationInputTokens
         self.cacheReadInputTokens = cacheReadInputTokens
+        self.cacheCreation1hInputTokens = cacheCreation1hInputTokens
         self.serverToolUse = serverToolUse
     }
 }

@@ -9,7 +9,9 @@ import Darwin
 /// The upstream's own `usage` object, as the ledger records it, and the model that served.
 public enum UsageObject {
     static let fields = JSONMemberScan.Names("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
-                                             "server_tool_use")
+                                             "server_tool_use", "cache_creation")
+    /// `usage.cache_creation`: the cache writes by lifetime.
+    static let cacheCreation = JSONMemberScan.Names("ephemeral_1h_input_tokens")
     static let usage = JSONMemberScan.Names("usage")
     static let reply = JSONMemberScan.Names("usage", "model", "content")
     static let block = JSONMemberScan.Names("type", "to")
@@ -23,7 +25,14 @@ public enum UsageObject {
         func count(_ slot: Int) -> Int64 { found[slot].flatMap { JSONMemberScan.integer(bytes, $0) }.map(TokenUsage.bounded) ?? 0 }
         var usage = TokenUsage(inputTokens: count(0), outputTokens: count(1), cacheCreationInputTokens: count(2), cacheReadInputTokens: count(3))
         if let tools = found[4] { usage.serverToolUse = serverToolUse(bytes, tools) }
+        if let split = found[5], let oneHour = oneHourWrites(bytes, split) { usage.cacheCreation1hInputTokens = oneHour }
         return usage
+    }
+
+    /// `cache_creation.ephemeral_1h_input_tokens` of the object at `bytes[range]`, when it has one.
+    static func oneHourWrites(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> Int64? {
+        guard let found = try? JSONMemberScan.members(of: cacheCreation, in: bytes, within: range), let value = found[0] else { return nil }
+        return JSONMemberScan.integer(bytes, value).map(TokenUsage.bounded)
     }
 
     /// Every counter of `usage.server_tool_use` under its own name (a snake-case name of 1 to 64
@@ -239,6 +248,7 @@ public struct StreamUsageReader: Sendable {
         running = ReportedCounts(inputTokens: count(0), outputTokens: count(1), cacheCreationInputTokens: count(2), cacheReadInputTokens: count(3))
             .laid(over: running)
         if let tools = fields[4] { running.serverToolUse = UsageObject.serverToolUse(bytes, tools) }
+        if let split = fields[5], let oneHour = UsageObject.oneHourWrites(bytes, split) { running.cacheCreation1hInputTokens = oneHour }
     }
 
     /// `amazon-bedrock-invocationMetrics`' counts (`inputTokenCount` leaves the cache's out, as

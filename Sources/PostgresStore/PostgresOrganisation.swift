@@ -74,7 +74,7 @@ extension PostgresTokenStore {
                 SealedSecret(workspaceID: try $0.int("workspace_id"), upstream: try SealedUpstreamKey(row: $0, label: try $0.text("label")))
             } + db.query("SELECT team_id, key_id, sealed_key FROM apple_keys ORDER BY team_id").rows.map {
                 SealedSecret(owner: .appleKey(teamID: try $0.text("team_id"), keyID: try $0.text("key_id")), sealed: try $0.bytes("sealed_key"))
-            }
+            } + db.query("SELECT id, workspace_id, url, sealed_secret FROM webhook_endpoints ORDER BY id").rows.map { try SealedSecret(webhookRow: $0) }
         }
     }
 
@@ -90,6 +90,9 @@ extension PostgresTokenStore {
             case .appleKey(let teamID, let keyID):
                 try db.query("UPDATE apple_keys SET sealed_key = $1 WHERE team_id = $2 AND key_id = $3 AND sealed_key = $4",
                              [.bytes(new), .text(teamID), .text(keyID), .bytes(old)]).affectedRows == 1
+            case .webhook(let id, _, _):
+                try db.query("UPDATE webhook_endpoints SET sealed_secret = $1 WHERE id = $2 AND sealed_secret = $3",
+                             [.bytes(new), .int(id), .bytes(old)]).affectedRows == 1
             }
         }
     }

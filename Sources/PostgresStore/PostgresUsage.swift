@@ -54,20 +54,24 @@ extension PostgresTokenStore {
                 if !usage.isEmpty {
                     _ = try db.query("""
                         INSERT INTO usage_hourly AS u (client_id, model, hour, requests, input_tokens, output_tokens,
-                                                       cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned, profile)
+                                                       cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned, profile,
+                                                       cache_creation_1h_input_tokens, cost_micro_usd)
                         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
-                                             $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::text[])
+                                             $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::text[], $12::bigint[], $13::bigint[])
                         ON CONFLICT (client_id, model, hour, profile) DO UPDATE SET requests = u.requests + excluded.requests,
                           input_tokens = u.input_tokens + excluded.input_tokens, output_tokens = u.output_tokens + excluded.output_tokens,
                           cache_creation_input_tokens = u.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
                           cache_read_input_tokens = u.cache_read_input_tokens + excluded.cache_read_input_tokens,
-                          incomplete = u.incomplete + excluded.incomplete, abandoned = u.abandoned + excluded.abandoned
+                          incomplete = u.incomplete + excluded.incomplete, abandoned = u.abandoned + excluded.abandoned,
+                          cache_creation_1h_input_tokens = u.cache_creation_1h_input_tokens + excluded.cache_creation_1h_input_tokens,
+                          cost_micro_usd = u.cost_micro_usd + excluded.cost_micro_usd
                         """, [Self.textArray(usage.map(\.key.clientID)), Self.textArray(usage.map(\.key.model)),
                               Self.intArray(usage.map(\.key.hour)), Self.intArray(usage.map(\.value.requests)),
                               Self.intArray(usage.map(\.value.inputTokens)), Self.intArray(usage.map(\.value.outputTokens)),
                               Self.intArray(usage.map(\.value.cacheCreationInputTokens)), Self.intArray(usage.map(\.value.cacheReadInputTokens)),
                               Self.intArray(usage.map(\.value.incomplete)), Self.intArray(usage.map(\.value.abandoned)),
-                              Self.textArray(usage.map(\.key.profile))])
+                              Self.textArray(usage.map(\.key.profile)), Self.intArray(usage.map(\.value.cacheCreation1hInputTokens)),
+                              Self.intArray(usage.map(\.value.costMicroUSD))])
                 }
                 if !errors.isEmpty {
                     _ = try db.query("""
@@ -135,6 +139,14 @@ extension PostgresTokenStore {
                         ON CONFLICT (client_id, month) DO UPDATE SET tokens = m.tokens + excluded.tokens
                         """, [Self.textArray(months.map(\.key.clientID)), Self.intArray(months.map(\.key.month)), Self.intArray(months.map(\.value))])
                 }
+                let spend = batch.spend.sorted { ($0.key.scope, $0.key.period) < ($1.key.scope, $1.key.period) }
+                if !spend.isEmpty {
+                    _ = try db.query("""
+                        INSERT INTO usage_spend AS s (scope, period, micro_usd)
+                        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+                        ON CONFLICT (scope, period) DO UPDATE SET micro_usd = s.micro_usd + excluded.micro_usd
+                        """, [Self.textArray(spend.map(\.key.scope)), Self.intArray(spend.map(\.key.period)), Self.intArray(spend.map(\.value))])
+                }
                 let minutes = batch.deviceMinutes.map { (hex: hexString($0.key.keyID), key: $0.key, value: $0.value) }
                     .sorted { ($0.hex, $0.key.clientID, $0.key.minute) < ($1.hex, $1.key.clientID, $1.key.minute) }
                 if !minutes.isEmpty {
@@ -146,6 +158,7 @@ extension PostgresTokenStore {
                               Self.intArray(minutes.map(\.key.minute)), Self.intArray(minutes.map(\.value))])
                 }
                 _ = try db.query("DELETE FROM device_request_minutes WHERE minute < $1", [.int(purgeDeviceMinutesBefore)])
+                try Self.recordRuleCounts(batch.ruleCounts, db)
                 return true
             }
         }
@@ -191,9 +204,12 @@ extension PostgresTokenStore {
         }
     }
 
+    /// Built once, not per request that reads a profile.
+    static let profileUsageSQL = RecordedProfileUsage.query(clientID: "$1", profile: "$2", month: "$3", minute: "$4", previousMinute: "$5")
+
     public func recordedProfileUsage(clientID: String, profile: String, month: Int64, minute: Int64) throws -> RecordedProfileUsage {
         try run { db in
-            try db.query(RecordedProfileUsage.query(clientID: "$1", profile: "$2", month: "$3", minute: "$4", previousMinute: "$5"),
+            try db.query(Self.profileUsageSQL,
                          [.text(clientID), .text(profile), .int(month), .int(minute), .int(minute - 1)]).first(RecordedProfileUsage.init(row:))
                 ?? RecordedProfileUsage()
         }
@@ -221,6 +237,40 @@ extension PostgresTokenStore: UpstreamUsageStore {
                 SELECT w.name AS workspace_name, \(StoreColumns.list(StoreColumns.upstreamUsage, table: "u")) FROM usage_hourly_by_upstream u
                 JOIN integrations i ON i.client_id = u.client_id JOIN workspaces w ON w.id = i.workspace_id
                 """ + (conditions.isEmpty ? "" : " WHERE " + conditions.joined(separator: " AND ")), values).rows.map { try UpstreamUsageRow(row: $0) }
+        }
+    }
+}
+
+extension PostgresTokenStore {
+    // MARK: Prices and workspace budgets
+
+    public func priceTables(workspaceID: Int64) throws -> [StoredPriceTable] {
+        try run { db in
+            try db.query("SELECT effective_at, prices, set_by FROM price_tables WHERE workspace_id = $1 ORDER BY effective_at DESC",
+                         [.int(workspaceID)]).rows.map(StoredPriceTable.init(row:))
+        }
+    }
+
+    public func addPriceTable(workspaceID: Int64, _ table: StoredPriceTable) throws {
+        _ = try run { db in
+            try db.query("INSERT INTO price_tables (workspace_id, effective_at, prices, set_by) VALUES ($1, $2, $3, $4)",
+                         [.int(workspaceID), .double(table.effectiveAt.timeIntervalSince1970), .text(table.table.encoded()), .text(table.setBy)])
+        }
+    }
+
+    public func setWorkspaceBudget(workspaceID: Int64, _ budget: MoneyBudget) throws -> Bool {
+        try run { db in
+            try db.query("""
+                WITH u AS (UPDATE workspaces SET monthly_budget_micro_usd = $1, daily_budget_micro_usd = $2 WHERE id = $3 RETURNING 1)
+                SELECT count(*) FROM u
+                """, [.int(budget.monthlyMicroUSD), .int(budget.dailyMicroUSD), .int(workspaceID)]).first { try $0.int(0) == 1 } ?? false
+        }
+    }
+
+    public func workspaceBudget(workspaceID: Int64) throws -> MoneyBudget {
+        try run { db in
+            try db.query("SELECT monthly_budget_micro_usd, daily_budget_micro_usd FROM workspaces WHERE id = $1", [.int(workspaceID)])
+                .first(MoneyBudget.init(row:)) ?? MoneyBudget()
         }
     }
 }

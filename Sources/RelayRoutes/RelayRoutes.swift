@@ -356,6 +356,12 @@ public struct RelayRoutes: Sendable {
                                     "this user profile has used its monthly budget of \(budget) tokens; it renews on the 1st (UTC)", requestID: requestID)
             response.headers.append(("retry-after", String(retryAfter)))
             return response
+        case .moneyBudgetSpent(let budget):
+            // The token budgets' wire shape: the published client's `rateLimited` reads the 429
+            // and its retry-after, so the app can fall back to the on-device model until then.
+            var response = MessagesAPIError.response(429, "rate_limit_error", budget.message, requestID: requestID)
+            response.headers.append(("retry-after", String(budget.retryAfter)))
+            return response
         case .limitsUnavailable:
             return MessagesAPIError.response(503, "api_error", "this app's limits cannot be checked right now; retry shortly", requestID: requestID)
         case .maxTokensOverLimit(let requested, let limit):

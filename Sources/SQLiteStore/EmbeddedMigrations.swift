@@ -543,5 +543,99 @@ CREATE TABLE usage_hourly_by_upstream (
 );
 CREATE INDEX usage_hourly_by_upstream_hour ON usage_hourly_by_upstream (hour);
 """#),
+        ("0021_money.sql", #"""
+-- Money: every ledger row's cost (micro-dollars, priced when it was recorded, never rewritten),
+-- the 1-hour share of its cache writes (priced apart), budgets in money per integration, per user
+-- profile within it and per workspace, the spend each budget counts, and each workspace's price
+-- overrides with the time they took effect.
+ALTER TABLE usage_hourly ADD COLUMN cost_micro_usd INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE usage_hourly ADD COLUMN cache_creation_1h_input_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE integrations ADD COLUMN monthly_budget_micro_usd INTEGER NOT NULL DEFAULT 0 CHECK (monthly_budget_micro_usd >= 0);
+ALTER TABLE integrations ADD COLUMN daily_budget_micro_usd INTEGER NOT NULL DEFAULT 0 CHECK (daily_budget_micro_usd >= 0);
+ALTER TABLE integrations ADD COLUMN profile_monthly_budget_micro_usd INTEGER NOT NULL DEFAULT 0 CHECK (profile_monthly_budget_micro_usd >= 0);
+ALTER TABLE integrations ADD COLUMN profile_daily_budget_micro_usd INTEGER NOT NULL DEFAULT 0 CHECK (profile_daily_budget_micro_usd >= 0);
+ALTER TABLE workspaces ADD COLUMN monthly_budget_micro_usd INTEGER NOT NULL DEFAULT 0 CHECK (monthly_budget_micro_usd >= 0);
+ALTER TABLE workspaces ADD COLUMN daily_budget_micro_usd INTEGER NOT NULL DEFAULT 0 CHECK (daily_budget_micro_usd >= 0);
+-- Micro-dollars per budget scope (`w:<workspace id>`, `i:<client id>`, `p:<client id>:<profile>`)
+-- and period (a month as YYYYMM, or a day as Unix time / 86400): the token check reads its rows by key.
+CREATE TABLE usage_spend (
+    scope     TEXT NOT NULL,
+    period    INTEGER NOT NULL,
+    micro_usd INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (scope, period)
+) WITHOUT ROWID;
+-- A workspace's price table from `effective_at` on (the whole table, as `prices show --json`
+-- prints it): the newest is in force, the older ones say what priced the rows before it.
+CREATE TABLE price_tables (
+    workspace_id INTEGER NOT NULL REFERENCES workspaces(id),
+    effective_at REAL NOT NULL,
+    prices       TEXT NOT NULL,
+    set_by       TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, effective_at)
+);
+"""#),
+        ("0022_policy_rule_modes.sql", #"""
+-- Every rule of an integration's policy can watch before it refuses: the rules named here
+-- (comma-separated, as their `integrations update` flags without the dashes) are monitored, every
+-- other rule is enforced. Read with the policy by the token check and the device exchange.
+ALTER TABLE integrations ADD COLUMN monitored_rules TEXT NOT NULL DEFAULT '';
+-- What each rule refused (enforced) and would have refused (monitored), per integration and UTC
+-- day (`day`: Unix time of its midnight), written with the usage ledger's flush.
+CREATE TABLE policy_rule_days (
+    client_id    TEXT NOT NULL REFERENCES integrations(client_id),
+    rule         TEXT NOT NULL,
+    day          INTEGER NOT NULL,
+    refused      INTEGER NOT NULL DEFAULT 0,
+    would_refuse INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (client_id, rule, day)
+);
+"""#),
+        ("0023_webhooks.sql", #"""
+-- Alerts before the money runs out. A webhook endpoint of a workspace: where budget events go,
+-- which events, at which thresholds (percent of a budget), and its signing secret sealed under
+-- the secrets key (shown once, when it is added).
+CREATE TABLE webhook_endpoints (
+    id            INTEGER PRIMARY KEY,
+    workspace_id  INTEGER NOT NULL REFERENCES workspaces(id),
+    url           TEXT NOT NULL,
+    events        TEXT NOT NULL,   -- comma-separated: budget.threshold
+    thresholds    TEXT NOT NULL,   -- comma-separated percents: 50,80,100
+    sealed_secret BLOB NOT NULL,
+    created_at    REAL NOT NULL,
+    created_by    TEXT NOT NULL,
+    removed_at    REAL
+);
+CREATE INDEX webhook_endpoints_workspace ON webhook_endpoints (workspace_id) WHERE removed_at IS NULL;
+-- Each threshold of each budget fires once per period: the first instance to insert the row
+-- writes the deliveries in the same transaction; another instance's insert does nothing.
+-- `budget` names it: scope, period and whose (workspace ID, client ID, profile).
+CREATE TABLE budget_thresholds_fired (
+    budget     TEXT NOT NULL,
+    period_key INTEGER NOT NULL,
+    threshold  INTEGER NOT NULL,
+    fired_at   REAL NOT NULL,
+    PRIMARY KEY (budget, period_key, threshold)
+);
+-- The durable outbox: one row per delivery (its ID is the idempotency ID the receiver sees),
+-- claimed with a lease so that two instances or a restart neither lose nor duplicate one.
+CREATE TABLE webhook_outbox (
+    id              TEXT PRIMARY KEY,
+    endpoint_id     INTEGER NOT NULL REFERENCES webhook_endpoints(id),
+    event           TEXT NOT NULL,
+    body            TEXT NOT NULL,
+    created_at      REAL NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL,
+    lease_owner     TEXT,
+    lease_until     REAL,
+    delivered_at    REAL,
+    failed_at       REAL,            -- given up on after the last attempt
+    last_attempt_at REAL,
+    last_status     INTEGER,         -- the receiver's HTTP status (NULL: no answer)
+    last_error      TEXT
+);
+CREATE INDEX webhook_outbox_due ON webhook_outbox (next_attempt_at) WHERE delivered_at IS NULL AND failed_at IS NULL;
+CREATE INDEX webhook_outbox_endpoint ON webhook_outbox (endpoint_id, created_at);
+"""#),
     ]
 }

@@ -248,7 +248,7 @@ extension SQLiteTokenStore {
     }
 
     /// The token check's statement (`StoreColumns.grantQuery`), in SQLite's placeholders.
-    static let liveTokenSQL = StoreColumns.grantQuery(month: "?", minute: "?", previousMinute: "?", hash: "?", now: "?")
+    static let liveTokenSQL = StoreColumns.grantQuery(month: "?1", minute: "?2", previousMinute: "?3", hash: "?4", now: "?5")
 
     /// Every relayed request asks this, so a reader keeps its answers while the database stays as it
     /// was: `PRAGMA data_version` (one empty read transaction) tells whether any other connection,

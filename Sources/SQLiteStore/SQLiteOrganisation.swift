@@ -62,6 +62,9 @@ extension SQLiteTokenStore {
             try db.query("SELECT team_id, key_id, sealed_key FROM apple_keys ORDER BY team_id") {
                 secrets.append(SealedSecret(owner: .appleKey(teamID: try $0.text("team_id"), keyID: try $0.text("key_id")), sealed: try $0.bytes("sealed_key")))
             }
+            try db.query("SELECT id, workspace_id, url, sealed_secret FROM webhook_endpoints ORDER BY id") {
+                secrets.append(try SealedSecret(webhookRow: $0))
+            }
             return secrets
         }
     }
@@ -78,6 +81,8 @@ extension SQLiteTokenStore {
             case .appleKey(let teamID, let keyID):
                 try db.run("UPDATE apple_keys SET sealed_key = ? WHERE team_id = ? AND key_id = ? AND sealed_key = ?",
                            [.blob(new), .text(teamID), .text(keyID), .blob(old)]) == 1
+            case .webhook(let id, _, _):
+                try db.run("UPDATE webhook_endpoints SET sealed_secret = ? WHERE id = ? AND sealed_secret = ?", [.blob(new), .int(id), .blob(old)]) == 1
             }
         }
     }

@@ -29,15 +29,19 @@ extension SQLiteTokenStore {
                     let row: [SQLValue] = [.text(key.clientID), .text(key.model), .int(key.hour), .text(key.profile)]
                     try db.run("""
                         INSERT INTO usage_hourly (client_id, model, hour, profile, requests, input_tokens, output_tokens,
-                                                  cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                                  cache_creation_input_tokens, cache_read_input_tokens, incomplete, abandoned,
+                                                  cache_creation_1h_input_tokens, cost_micro_usd)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                         ON CONFLICT (client_id, model, hour, profile) DO UPDATE SET requests = requests + excluded.requests,
                           input_tokens = input_tokens + excluded.input_tokens, output_tokens = output_tokens + excluded.output_tokens,
                           cache_creation_input_tokens = cache_creation_input_tokens + excluded.cache_creation_input_tokens,
                           cache_read_input_tokens = cache_read_input_tokens + excluded.cache_read_input_tokens,
-                          incomplete = incomplete + excluded.incomplete, abandoned = abandoned + excluded.abandoned
+                          incomplete = incomplete + excluded.incomplete, abandoned = abandoned + excluded.abandoned,
+                          cache_creation_1h_input_tokens = cache_creation_1h_input_tokens + excluded.cache_creation_1h_input_tokens,
+                          cost_micro_usd = min(cost_micro_usd + excluded.cost_micro_usd, 9223372036854775807)
                         """, row + [.int(c.requests), .int(c.inputTokens), .int(c.outputTokens), .int(c.cacheCreationInputTokens),
-                                    .int(c.cacheReadInputTokens), .int(c.incomplete), .int(c.abandoned)])
+                                    .int(c.cacheReadInputTokens), .int(c.incomplete), .int(c.abandoned), .int(c.cacheCreation1hInputTokens),
+                                    .int(c.costMicroUSD)])
                     for (status, count) in c.errors {
                         try db.run("""
                             INSERT INTO usage_errors (client_id, model, hour, profile, status, count) VALUES (?, ?, ?, ?, ?, ?)
@@ -88,6 +92,12 @@ extension SQLiteTokenStore {
                         ON CONFLICT (client_id, month) DO UPDATE SET tokens = tokens + excluded.tokens
                         """, [.text(key.clientID), .int(key.month), .int(tokens)])
                 }
+                for (key, microUSD) in batch.spend {
+                    try db.run("""
+                        INSERT INTO usage_spend (scope, period, micro_usd) VALUES (?, ?, ?)
+                        ON CONFLICT (scope, period) DO UPDATE SET micro_usd = micro_usd + excluded.micro_usd
+                        """, [.text(key.scope), .int(key.period), .int(microUSD)])
+                }
                 for (key, requests) in batch.deviceMinutes {
                     try db.run("""
                         INSERT INTO device_request_minutes (key_id, client_id, minute, requests) VALUES (?, ?, ?, ?)
@@ -95,6 +105,7 @@ extension SQLiteTokenStore {
                         """, [.blob(key.keyID), .text(key.clientID), .int(key.minute), .int(requests)])
                 }
                 try db.run("DELETE FROM device_request_minutes WHERE minute < ?", [.int(purgeDeviceMinutesBefore)])
+                try Self.recordRuleCounts(batch.ruleCounts, db)
                 return true
             }
         }
@@ -130,9 +141,12 @@ extension SQLiteTokenStore {
         }
     }
 
+    /// Built once: the statement cache is keyed by the SQL text, hashed on every request that reads a profile.
+    static let profileUsageSQL = RecordedProfileUsage.query(clientID: "?1", profile: "?2", month: "?3", minute: "?4", previousMinute: "?5")
+
     public func recordedProfileUsage(clientID: String, profile: String, month: Int64, minute: Int64) throws -> RecordedProfileUsage {
         try read { db in
-            try db.first(RecordedProfileUsage.query(clientID: "?1", profile: "?2", month: "?3", minute: "?4", previousMinute: "?5"),
+            try db.first(Self.profileUsageSQL,
                          [.text(clientID), .text(profile), .int(month), .int(minute), .int(minute - 1)], RecordedProfileUsage.init(row:))
                 ?? RecordedProfileUsage()
         }
@@ -154,6 +168,40 @@ extension SQLiteTokenStore: UpstreamUsageStore {
                 JOIN integrations i ON i.client_id = u.client_id JOIN workspaces w ON w.id = i.workspace_id
                 """ + (conditions.isEmpty ? "" : " WHERE " + conditions.joined(separator: " AND ")), values) { rows.append(try UpstreamUsageRow(row: $0)) }
             return rows
+        }
+    }
+}
+
+extension SQLiteTokenStore {
+    // MARK: Prices and workspace budgets
+
+    public func priceTables(workspaceID: Int64) throws -> [StoredPriceTable] {
+        try read { db in
+            var tables: [StoredPriceTable] = []
+            try db.query("SELECT effective_at, prices, set_by FROM price_tables WHERE workspace_id = ? ORDER BY effective_at DESC",
+                         [.int(workspaceID)]) { row in tables.append(try StoredPriceTable(row: row)) }
+            return tables
+        }
+    }
+
+    public func addPriceTable(workspaceID: Int64, _ table: StoredPriceTable) throws {
+        try write { db in
+            try db.run("INSERT INTO price_tables (workspace_id, effective_at, prices, set_by) VALUES (?, ?, ?, ?)",
+                       [.int(workspaceID), .real(table.effectiveAt.timeIntervalSince1970), .text(table.table.encoded()), .text(table.setBy)])
+        }
+    }
+
+    public func setWorkspaceBudget(workspaceID: Int64, _ budget: MoneyBudget) throws -> Bool {
+        try write { db in
+            try db.run("UPDATE workspaces SET monthly_budget_micro_usd = ?, daily_budget_micro_usd = ? WHERE id = ?",
+                       [.int(budget.monthlyMicroUSD), .int(budget.dailyMicroUSD), .int(workspaceID)]) == 1
+        }
+    }
+
+    public func workspaceBudget(workspaceID: Int64) throws -> MoneyBudget {
+        try read { db in
+            try db.first("SELECT monthly_budget_micro_usd, daily_budget_micro_usd FROM workspaces WHERE id = ?", [.int(workspaceID)],
+                         MoneyBudget.init(row:)) ?? MoneyBudget()
         }
     }
 }

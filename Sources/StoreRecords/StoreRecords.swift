@@ -51,7 +51,9 @@ public enum StoreColumns {
     public static let sealedKey = ["sealed_key", "last4", "set_at", "set_by", "kind", "settings"]
     // Integrations
     public static let policy = ["allowed_models", "max_tokens", "device_requests_per_minute", "monthly_token_budget", "allowed_server_tools",
-                                "max_server_tool_uses", "allowed_betas", "profile_requests_per_minute", "profile_monthly_token_budget"]
+                                "max_server_tool_uses", "allowed_betas", "profile_requests_per_minute", "profile_monthly_token_budget",
+                                "monitored_rules", "monthly_budget_micro_usd", "daily_budget_micro_usd", "profile_monthly_budget_micro_usd",
+                                "profile_daily_budget_micro_usd"]
     /// `workspace_name` from the workspace, `bundle_ids` newline-separated in their order.
     public static let devicePolicy = ["distribution_production", "distribution_development", "min_bundle_version", "require_extensions", "platforms",
                                        "risk_limit"]
@@ -68,16 +70,21 @@ public enum StoreColumns {
     /// The token check: the token, its workspace's key, the integration's policy and the usage
     /// recorded so far (`month_tokens`, `requests_this_minute`, `requests_last_minute`).
     public static let grant = ["client_id", "workspace_name", "issued_at", "expires_at", "token_hash", "workspace_id", "key_id"]
-        + sealedKey + policy + ["month_tokens", "requests_this_minute", "requests_last_minute", "upstreams_version"]
+        + sealedKey + policy + ["month_tokens", "requests_this_minute", "requests_last_minute", "upstreams_version"] + grantMoney
     /// The ledger by upstream (`usage_hourly_by_upstream`).
     public static let upstreamUsage = ["client_id", "hour", "upstream", "requests", "input_tokens", "output_tokens", "cache_creation_input_tokens",
                                        "cache_read_input_tokens", "failovers"]
+    /// The token check's money: the workspace's budgets, each budget's spend this month and day,
+    /// and when the workspace's newest price override took effect (NULL: none).
+    public static let grantMoney = ["workspace_monthly_budget_micro_usd", "workspace_daily_budget_micro_usd", "month_spend", "day_spend",
+                                    "workspace_month_spend", "workspace_day_spend", "prices_at"]
     /// A rolling window: how many events, and the oldest one's time.
     public static let window = ["count", "oldest"]
     public static let challenge = ["challenge", "expires_at"]
     // Usage
     public static let usage = ["workspace_name", "client_id", "model", "hour", "profile", "requests", "input_tokens", "output_tokens",
-                               "cache_creation_input_tokens", "cache_read_input_tokens", "incomplete", "abandoned"]
+                               "cache_creation_input_tokens", "cache_read_input_tokens", "incomplete", "abandoned", "cache_creation_1h_input_tokens",
+                               "cost_micro_usd"]
     // Audit
     public static let audit = ["id", "at", "actor", "action", "client_id", "key_id", "reason", "detail", "count", "minute"]
 
@@ -94,18 +101,27 @@ public enum StoreColumns {
 
     /// The token check (every relayed request), with each dialect's placeholders: the token, its
     /// workspace's key, the integration's policy and the usage recorded so far, each by its key.
+    /// The day a daily budget counts is the minute's (`UsageClock.day`): no parameter of its own.
     public static func grantQuery(month: String, minute: String, previousMinute: String, hash: String, now: String) -> String {
         """
         SELECT t.client_id AS client_id, w.name AS workspace_name, t.issued_at AS issued_at, t.expires_at AS expires_at,
                t.token_hash AS token_hash, w.id AS workspace_id, t.key_id AS key_id,
                \(list(sealedKey, table: "k")), \(list(policy, table: "i")),
                coalesce(m.tokens, 0) AS month_tokens, coalesce(d0.requests, 0) AS requests_this_minute,
-               coalesce(d1.requests, 0) AS requests_last_minute, w.upstreams_version AS upstreams_version FROM tokens t
+               coalesce(d1.requests, 0) AS requests_last_minute, w.upstreams_version AS upstreams_version,
+               w.monthly_budget_micro_usd AS workspace_monthly_budget_micro_usd, w.daily_budget_micro_usd AS workspace_daily_budget_micro_usd,
+               coalesce(sim.micro_usd, 0) AS month_spend, coalesce(sid.micro_usd, 0) AS day_spend,
+               coalesce(swm.micro_usd, 0) AS workspace_month_spend, coalesce(swd.micro_usd, 0) AS workspace_day_spend,
+               (SELECT max(p.effective_at) FROM price_tables p WHERE p.workspace_id = t.workspace_id) AS prices_at FROM tokens t
         JOIN integrations i ON i.client_id = t.client_id JOIN workspaces w ON w.id = t.workspace_id
         LEFT JOIN workspace_upstream_keys k ON k.workspace_id = t.workspace_id
         LEFT JOIN usage_monthly m ON m.client_id = t.client_id AND m.month = \(month)
         LEFT JOIN device_request_minutes d0 ON d0.key_id = t.key_id AND d0.client_id = t.client_id AND d0.minute = \(minute)
         LEFT JOIN device_request_minutes d1 ON d1.key_id = t.key_id AND d1.client_id = t.client_id AND d1.minute = \(previousMinute)
+        LEFT JOIN usage_spend sim ON sim.scope = 'i:' || t.client_id AND sim.period = \(month)
+        LEFT JOIN usage_spend sid ON sid.scope = 'i:' || t.client_id AND sid.period = (\(minute)) / 1440
+        LEFT JOIN usage_spend swm ON swm.scope = 'w:' || t.workspace_id AND swm.period = \(month)
+        LEFT JOIN usage_spend swd ON swd.scope = 'w:' || t.workspace_id AND swd.period = (\(minute)) / 1440
         WHERE t.token_hash = \(hash) AND t.revoked_at IS NULL AND t.expires_at > \(now) AND i.revoked_at IS NULL
         """
     }
@@ -156,13 +172,19 @@ extension IntegrationPolicy {
                   betas: IntegrationPolicy.betas(fromColumn: try row.optional("allowed_betas", row.text)),
                   profileRequestsPerMinute: Int(try row.int("profile_requests_per_minute")),
                   profileMonthlyTokenBudget: Int(try row.int("profile_monthly_token_budget")))
+        monitored = PolicyRule.rules(fromColumn: try row.text("monitored_rules"))
+        monthlyBudgetMicroUSD = try row.int("monthly_budget_micro_usd")
+        dailyBudgetMicroUSD = try row.int("daily_budget_micro_usd")
+        profileMonthlyBudgetMicroUSD = try row.int("profile_monthly_budget_micro_usd")
+        profileDailyBudgetMicroUSD = try row.int("profile_daily_budget_micro_usd")
     }
 
     /// The values for `StoreColumns.policy`, in its order (NULL as nil).
     public var columnValues: [ColumnValue] {
         [.text(modelsColumn), .int(Int64(maxTokens)), .int(Int64(deviceRequestsPerMinute)), .int(Int64(monthlyTokenBudget)),
          .text(serverToolsColumn), .int(Int64(maxServerToolUses)), .text(betasColumn), .int(Int64(profileRequestsPerMinute)),
-         .int(Int64(profileMonthlyTokenBudget))]
+         .int(Int64(profileMonthlyTokenBudget)), .text(PolicyRule.column(monitored)),
+         .int(monthlyBudgetMicroUSD), .int(dailyBudgetMicroUSD), .int(profileMonthlyBudgetMicroUSD), .int(profileDailyBudgetMicroUSD)]
     }
 }
 
@@ -256,9 +278,39 @@ extension TokenGrant {
                   issuedAt: try row.date("issued_at"), expiresAt: try row.date("expires_at"),
                   upstreamKey: try row.isNull("sealed_key") ? nil : try SealedUpstreamKey(row: row), keyID: try row.bytes("key_id"),
                   policy: try IntegrationPolicy(row: row),
-                  recorded: RecordedUsage(monthTokens: try row.int("month_tokens"), deviceRequestsThisMinute: try row.int("requests_this_minute"),
-                                          deviceRequestsLastMinute: try row.int("requests_last_minute")),
+                  recorded: try RecordedUsage(grantRow: row),
                   upstreamsVersion: try row.int("upstreams_version"))
+        workspaceBudget = MoneyBudget(monthlyMicroUSD: try row.int("workspace_monthly_budget_micro_usd"),
+                                      dailyMicroUSD: try row.int("workspace_daily_budget_micro_usd"))
+        pricesAt = try row.optional("prices_at", row.double)
+    }
+}
+
+extension RecordedUsage {
+    /// The token check's counts: its tokens, its device's requests, and the money spent.
+    init(grantRow row: some StoreRow) throws {
+        self.init(monthTokens: try row.int("month_tokens"), deviceRequestsThisMinute: try row.int("requests_this_minute"),
+                  deviceRequestsLastMinute: try row.int("requests_last_minute"))
+        monthSpend = try row.int("month_spend")
+        daySpend = try row.int("day_spend")
+        workspaceMonthSpend = try row.int("workspace_month_spend")
+        workspaceDaySpend = try row.int("workspace_day_spend")
+    }
+}
+
+extension StoredPriceTable {
+    public init(row: some StoreRow) throws {
+        let table: PriceTable
+        do { table = try PriceTable.decode(try row.text("prices")) } catch {
+            throw InvalidStoredValue("price_tables.prices is not a price table: \(error)")
+        }
+        self.init(effectiveAt: try row.date("effective_at"), table: table, setBy: try row.text("set_by"))
+    }
+}
+
+extension MoneyBudget {
+    public init(row: some StoreRow) throws {
+        self.init(monthlyMicroUSD: try row.int("monthly_budget_micro_usd"), dailyMicroUSD: try row.int("daily_budget_micro_usd"))
     }
 }
 
@@ -279,6 +331,8 @@ extension RecordedProfileUsage {
     public init(row: some StoreRow) throws {
         self.init(monthTokens: try row.int("month_tokens"), requestsThisMinute: try row.int("requests_this_minute"),
                   requestsLastMinute: try row.int("requests_last_minute"))
+        monthSpend = try row.int("month_spend")
+        daySpend = try row.int("day_spend")
     }
 
     /// One profile's recorded usage, with each dialect's placeholders (client ID, profile, month,
@@ -289,7 +343,9 @@ extension RecordedProfileUsage {
                coalesce((SELECT requests FROM profile_request_minutes WHERE client_id = \(c) AND profile = \(p) AND minute = \(minute)), 0)
                  AS requests_this_minute,
                coalesce((SELECT requests FROM profile_request_minutes WHERE client_id = \(c) AND profile = \(p) AND minute = \(previousMinute)), 0)
-                 AS requests_last_minute
+                 AS requests_last_minute,
+               coalesce((SELECT micro_usd FROM usage_spend WHERE scope = 'p:' || \(c) || ':' || \(p) AND period = \(month)), 0) AS month_spend,
+               coalesce((SELECT micro_usd FROM usage_spend WHERE scope = 'p:' || \(c) || ':' || \(p) AND period = (\(minute)) / 1440), 0) AS day_spend
         """
     }
 }
@@ -311,6 +367,8 @@ extension UsageRow {
         counters.cacheReadInputTokens = try row.int("cache_read_input_tokens")
         counters.incomplete = try row.int("incomplete")
         counters.abandoned = try row.int("abandoned")
+        counters.cacheCreation1hInputTokens = try row.int("cache_creation_1h_input_tokens")
+        counters.costMicroUSD = try row.int("cost_micro_usd")
         self.init(workspace: try row.text("workspace_name"), key: try UsageKey(row: row), counters: counters)
     }
 }

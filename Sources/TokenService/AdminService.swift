@@ -178,6 +178,26 @@ public final class AdminService: Sendable {
                      action: "integration.device_policy_updated", describe: \.summary)
     }
 
+    /// Switches rules between `monitor` and `enforce` (the others keep their mode); every instance
+    /// applies it on its next request or exchange. Admin or above; audited with the monitored rules old and new.
+    public func setRuleModes(actor: String, clientID: String, _ modes: [PolicyRule: RuleMode]) throws -> Integration {
+        try changing(actor: actor, clientID: clientID, \.policy, { policy in
+            for (rule, mode) in modes {
+                if mode == .monitor { policy.monitored.insert(rule) } else { policy.monitored.remove(rule) }
+            }
+        }, validate: Validate.policy, write: store.updatePolicy, action: "integration.rule_modes_updated",
+           describe: { "monitor " + ($0.monitored.isEmpty ? "none" : PolicyRule.column($0.monitored)) })
+    }
+
+    /// Each rule's refusals and would-be refusals per integration and day, since `since`.
+    public func ruleUsage(workspace name: String? = nil, clientID: String? = nil, since: Date? = nil, until: Date? = nil) throws -> [RuleUsageRow] {
+        let workspaceID = try name.map { try existingWorkspace($0).id }
+        if let clientID { _ = try integration(clientID) }
+        if let since, let until, until <= since { throw AdminError("--until must be after --since") }
+        return try store.ruleUsage(UsageFilter(workspaceID: workspaceID, clientID: clientID, since: since.map { Int64($0.timeIntervalSince1970) },
+                                               until: until.map { Int64($0.timeIntervalSince1970.rounded(.up)) }))
+    }
+
     /// One of the integration's policies changed: role checked, validated, written, audited as old -> new.
     private func changing<P>(actor: String, clientID: String, _ field: KeyPath<Integration, P>, _ change: (inout P) -> Void,
                              validate: (P) throws -> P, write: (String, P) throws -> Bool, action: String,
@@ -208,6 +228,14 @@ public final class AdminService: Sendable {
 
     public func deviceCounts(_ clientID: String) throws -> DeviceCounts { try store.deviceCounts(clientID: clientID) }
 
+    /// The budgets in money, when any is set (`, monthly_budget_usd $2000.00, …`).
+    static func describeMoney(_ policy: IntegrationPolicy) -> String {
+        let budgets = [("monthly_budget_usd", policy.monthlyBudgetMicroUSD), ("daily_budget_usd", policy.dailyBudgetMicroUSD),
+                       ("profile_monthly_budget_usd", policy.profileMonthlyBudgetMicroUSD), ("profile_daily_budget_usd", policy.profileDailyBudgetMicroUSD)]
+        guard budgets.contains(where: { $0.1 > 0 }) else { return "" }
+        return budgets.map { ", \($0.0) " + ($0.1 == 0 ? "none" : MoneyText.usd($0.1)) }.joined()
+    }
+
     /// The policy in one line, for the audit trail and the CLI.
     public static func describe(_ policy: IntegrationPolicy) -> String {
         func limit(_ n: Int) -> String { n == 0 ? "none" : String(n) }
@@ -217,6 +245,7 @@ public final class AdminService: Sendable {
             + "server_tools \(tools), max_server_tool_uses \(limit(policy.maxServerToolUses)), betas \(policy.betas?.joined(separator: ",") ?? "*"), "
             + "profile_requests_per_minute \(limit(policy.profileRequestsPerMinute)), "
             + "profile_monthly_token_budget \(limit(policy.profileMonthlyTokenBudget))"
+            + Self.describeMoney(policy)
     }
 
     // MARK: Usage

@@ -35,23 +35,47 @@ public struct DevicePolicy: Sendable, Equatable {
     // MARK: Decisions
 
     /// A new device: its platform, its map, where its build came from and its version.
+    /// - Parameters:
+    ///   - monitored: the rules that only watch; what they would refuse is added to `watched`
+    ///     and the device goes on as if the rule were absent.
+    public func checkRegistration(_ app: AttestedApp, platform: DevicePlatform, environment: AttestationEnvironment,
+                                  monitored: Set<PolicyRule> = [], watched: inout [Rejection]) throws {
+        try Self.watching(monitored, &watched) { try checkPlatform(platform) }
+        try checkBuild(app, environment: environment, bundleVersion: app.bundleVersion, monitored: monitored, watched: &watched)
+    }
+
     public func checkRegistration(_ app: AttestedApp, platform: DevicePlatform, environment: AttestationEnvironment) throws {
-        try checkPlatform(platform)
-        try checkBuild(app, environment: environment, bundleVersion: app.bundleVersion)
+        var watched: [Rejection] = []
+        try checkRegistration(app, platform: platform, environment: environment, watched: &watched)
     }
 
     /// A registered device refreshing: the same rules against the policy as it is now, and the
-    /// category it registered with must not change.
-    public func checkRefresh(_ app: AttestedApp, device: Device) throws {
-        try checkPlatform(device.platform ?? app.platform)
+    /// category it registered with must not change (never a rule to watch: always refused).
+    public func checkRefresh(_ app: AttestedApp, device: Device, monitored: Set<PolicyRule> = [], watched: inout [Rejection]) throws {
+        try Self.watching(monitored, &watched) { try checkPlatform(device.platform ?? app.platform) }
         if let registered = device.validationCategory, app.validationCategory != registered {
             let now = app.validationCategory.map { "\($0) (\(Distribution(category: $0).rawValue))" } ?? "none"
             throw Rejection(.invalidGrant, .categoryChanged,
                             "registered with validation category \(registered) (\(Distribution(category: registered).rawValue)), now \(now)")
         }
         // A device that wrote no version now (an older system) is held to the one it registered with.
-        try checkBuild(app, environment: device.environment, bundleVersion: app.bundleVersion ?? device.bundleVersion)
-        try checkRisk(device)
+        try checkBuild(app, environment: device.environment, bundleVersion: app.bundleVersion ?? device.bundleVersion,
+                       monitored: monitored, watched: &watched)
+        try Self.watching(monitored, &watched) { try checkRisk(device) }
+    }
+
+    public func checkRefresh(_ app: AttestedApp, device: Device) throws {
+        var watched: [Rejection] = []
+        try checkRefresh(app, device: device, watched: &watched)
+    }
+
+    /// Runs one rule's check: its rejection propagates when the rule is enforced, and is added to
+    /// `watched` instead when it is monitored.
+    static func watching(_ monitored: Set<PolicyRule>, _ watched: inout [Rejection], _ check: () throws -> Void) throws {
+        do { try check() } catch let rejection as Rejection {
+            guard let rule = PolicyRule(rejection.reason), monitored.contains(rule) else { throw rejection }
+            watched.append(rejection)
+        }
     }
 
     /// The metric of the device's latest refreshed receipt against the limit (no metric yet: admitted).
@@ -67,19 +91,29 @@ public struct DevicePolicy: Sendable, Equatable {
         }
     }
 
-    func checkBuild(_ app: AttestedApp, environment: AttestationEnvironment, bundleVersion: String?) throws {
-        guard app.extensions != nil || !requireExtensions else {
-            throw Rejection(.invalidGrant, .extensionsMissing, "the device wrote no extension map (iOS 26 or earlier) and the policy requires one")
+    /// The build's three rules (extension map, distribution channel, bundle version), each watched apart.
+    func checkBuild(_ app: AttestedApp, environment: AttestationEnvironment, bundleVersion: String?,
+                    monitored: Set<PolicyRule>, watched: inout [Rejection]) throws {
+        try Self.watching(monitored, &watched) {
+            guard app.extensions != nil || !requireExtensions else {
+                throw Rejection(.invalidGrant, .extensionsMissing, "the device wrote no extension map (iOS 26 or earlier) and the policy requires one")
+            }
         }
         if let category = app.validationCategory {
             let distribution = Distribution(category: category)
-            guard !distribution.isAlwaysRefused, admitted(environment).contains(distribution) else {
-                throw Rejection(.invalidGrant, .distributionNotAllowed,
-                                "\(distribution.rawValue) (category \(category)) builds are not admitted in \(environment.rawValue)"
-                                    + " (admitted: \(Self.describe(admitted(environment))))")
+            func refusal() -> Rejection {
+                Rejection(.invalidGrant, .distributionNotAllowed, "\(distribution.rawValue) (category \(category)) builds are not admitted in "
+                          + "\(environment.rawValue) (admitted: \(Self.describe(admitted(environment))))")
+            }
+            // Builds that are never an app of the operator's (invalid, os, restricted, unknown) are
+            // refused whatever the mode: watching must not open the door to them.
+            if distribution.isAlwaysRefused { throw refusal() }
+            try Self.watching(monitored, &watched) {
+                guard admitted(environment).contains(distribution) else { throw refusal() }
             }
         }
-        if let minimum = minBundleVersion, let reported = bundleVersion {
+        try Self.watching(monitored, &watched) {
+            guard let minimum = minBundleVersion, let reported = bundleVersion else { return }
             guard let version = BundleVersion(reported) else {
                 throw Rejection(.invalidGrant, .bundleVersionTooOld,
                                 "bundle version '\(reported.prefix(64))' is not dotted numbers, so not known to be at least \(minimum)")

@@ -45,6 +45,9 @@ public final class DeviceTokenService: Sendable {
     public let configuration: ExchangeConfiguration
     public let metrics: Metrics
     let audit: AuditSink
+    /// Where device-posture refusals and would-be refusals are counted by rule (the usage ledger
+    /// writes them with its flush); nil: not counted.
+    public let ruleTally: PolicyRuleTally?
     /// The service's clock: token expiry and usage minutes are read against it.
     public let now: @Sendable () -> Date
     private let keyCache = DeviceKeyCache()
@@ -53,8 +56,9 @@ public final class DeviceTokenService: Sendable {
     public static let clientIDPrefix = "clid_"
 
     public init(store: any DeviceExchangeStore, verifier: AppAttestVerifier, configuration: ExchangeConfiguration = ExchangeConfiguration(),
-                metrics: Metrics = Metrics(), audit: AuditSink, now: @escaping @Sendable () -> Date = { Date() }) {
+                metrics: Metrics = Metrics(), audit: AuditSink, ruleTally: PolicyRuleTally? = nil, now: @escaping @Sendable () -> Date = { Date() }) {
         self.store = store
+        self.ruleTally = ruleTally
         self.verifier = verifier
         self.configuration = configuration
         self.metrics = metrics
@@ -63,6 +67,7 @@ public final class DeviceTokenService: Sendable {
         metrics.describe("attestd_tokens_issued_total", "Access tokens issued, by grant (registration or assertion).")
         metrics.describe("attestd_registrations_total", "Devices registered by a verified attestation, by where the build came from (distribution; none: the device wrote no category).")
         metrics.describe("attestd_device_policy_refusals_total", "Registrations and refreshes the integration's device policy refused, by reason and distribution.")
+        metrics.describe("attestd_device_policy_would_refuse_total", "Registrations and refreshes a monitored device-posture rule would have refused, by rule.")
         metrics.describe("attestd_verification_seconds", "Time spent in App Attest verification, by kind.")
     }
 
@@ -125,8 +130,9 @@ public final class DeviceTokenService: Sendable {
                 try verifier.verifyAttestation(attestationObject, keyID: keyID, clientDataHash: WireProtocol.registrationClientDataHash(challenge: challenge, sha256: sha256),
                                                allowedAppIDs: integration.appIDs, allowedEnvironments: integration.environments, at: time)
             }
-            try admitting(verified.app) {
-                try integration.devicePolicy.checkRegistration(verified.app, platform: verified.platform, environment: verified.environment)
+            try admitting(verified.app, clientID: clientID, at: time) { watched in
+                try integration.devicePolicy.checkRegistration(verified.app, platform: verified.platform, environment: verified.environment,
+                                                               monitored: integration.policy.monitored, watched: &watched)
             }
             let device = Device(keyID: keyID, clientID: clientID, publicKey: verified.publicKey, counter: 0,
                                 environment: verified.environment, appID: verified.appID.description,
@@ -203,7 +209,9 @@ public final class DeviceTokenService: Sendable {
             let verified = try timed("assertion") {
                 try verifier.verifyAssertion(assertion, publicKey: publicKey, clientDataHash: hash, appID: appID, previousCounter: device.counter)
             }
-            try admitting(verified.app) { try integration.devicePolicy.checkRefresh(verified.app, device: device) }
+            try admitting(verified.app, clientID: clientID, at: time) { watched in
+                try integration.devicePolicy.checkRefresh(verified.app, device: device, monitored: integration.policy.monitored, watched: &watched)
+            }
             let refresh = DeviceRefresh(validationCategory: verified.app.validationCategory, bundleVersion: verified.app.bundleVersion,
                                         platform: device.platform == nil ? verified.app.platform : nil)
             let (token, record) = mintToken(integration: integration, keyID: keyID, at: time)
@@ -368,11 +376,21 @@ public final class DeviceTokenService: Sendable {
     /// for a device that wrote none (a bounded set).
     static func label(_ app: AttestedApp) -> String { app.distribution?.rawValue ?? "none" }
 
-    /// Runs a device-policy check; a refusal is counted by reason and category before it propagates.
-    private func admitting(_ app: AttestedApp, _ check: () throws -> Void) throws {
-        do { try check() } catch let rejection as Rejection {
+    /// Runs a device-policy check; a refusal is counted by reason and category (and by rule and
+    /// day) before it propagates, and what monitored rules would have refused is counted as such.
+    private func admitting(_ app: AttestedApp, clientID: String, at time: Date, _ check: (inout [Rejection]) throws -> Void) throws {
+        var watched: [Rejection] = []
+        do { try check(&watched) } catch let rejection as Rejection {
             metrics.increment("attestd_device_policy_refusals_total", labels: [("reason", rejection.reason.rawValue), ("distribution", Self.label(app))])
+            if let rule = PolicyRule(rejection.reason) {
+                ruleTally?.count(clientID: clientID, rule: rule, monitored: false, reason: rejection.reason.rawValue, detail: rejection.detail, at: time)
+            }
             throw rejection
+        }
+        for rejection in watched {
+            guard let rule = PolicyRule(rejection.reason) else { continue }
+            metrics.increment("attestd_device_policy_would_refuse_total", labels: [("rule", rule.rawValue)])
+            ruleTally?.count(clientID: clientID, rule: rule, monitored: true, reason: rejection.reason.rawValue, detail: rejection.detail, at: time)
         }
     }
 

@@ -220,6 +220,11 @@ public struct TokenGrant: Sendable, Equatable {
     /// How often the workspace's list of upstreams changed (0: never, so the workspace has its
     /// own upstream alone): the relay reads the list again when this is not what it holds.
     public let upstreamsVersion: Int64
+    /// The workspace's budgets in money, read in the same query.
+    public var workspaceBudget = MoneyBudget()
+    /// When the workspace's newest price override took effect (Unix time), nil without one: the
+    /// relay's `PriceBook` reloads the workspace's table when it changes.
+    public var pricesAt: Double?
 
     public init(clientID: String, workspaceID: Int64 = 0, workspaceName: String, issuedAt: Date, expiresAt: Date,
                 upstreamKey: SealedUpstreamKey? = nil, keyID: [UInt8] = [], policy: IntegrationPolicy = IntegrationPolicy(),

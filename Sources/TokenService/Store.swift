@@ -127,6 +127,9 @@ public protocol UsageStore: AnyObject, Sendable {
     func usage(_ filter: UsageFilter) throws -> [UsageRow]
     /// What every instance has flushed for one user profile (its budget's month, its limit's two minutes).
     func recordedProfileUsage(clientID: String, profile: String, month: Int64, minute: Int64) throws -> RecordedProfileUsage
+    /// Each rule's refusals and would-be refusals per integration and day (`policy_rule_days`),
+    /// with the rule's mode now; the filter's `since`/`until` select days.
+    func ruleUsage(_ filter: UsageFilter) throws -> [RuleUsageRow]
 
 }
 
@@ -171,7 +174,7 @@ public typealias DeviceExchangeStore = ExchangeStore & IntegrationStore & StoreH
 
 /// What the operators' service reads and changes (attestctl, the console).
 public typealias AdministrationStore = OrganisationStore & IntegrationStore & DeviceInventoryStore & UsageStore & AuditStore
-    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore & SecretsKeyReadStore & CloudEndpointPinStore & InstanceStore
+    & ReceiptRefreshStore & ConsoleStore & SealedSecretsStore & SecretsKeyReadStore & CloudEndpointPinStore & InstanceStore & PriceStore
 
 /// Where each attestd listens (a row per host and public listener, written by the instance when
 /// its listeners open, read by `attestctl console-login`).
@@ -218,12 +221,15 @@ public struct SealedSecret: Sendable, Equatable {
         case appleKey(teamID: String, keyID: String)
         /// A labelled upstream's credentials (`workspace_upstreams`).
         case labelledUpstream(workspaceID: Int64, label: String)
+        /// A webhook endpoint's signing secret (sealed to its workspace and URL).
+        case webhook(endpointID: Int64, workspaceID: Int64, url: String)
 
         public var description: String {
             switch self {
             case .labelledUpstream(let id, let label): "the credentials of upstream \(label) of workspace #\(id)"
             case .upstream(let id): "the upstream credentials of workspace #\(id)"
             case .appleKey(let team, let key): "Apple key \(key) of team \(team)"
+            case .webhook(let id, _, let url): "the signing secret of webhook #\(id) (\(url))"
             }
         }
     }
@@ -252,6 +258,7 @@ public struct SealedSecret: Sendable, Equatable {
         case .upstream(let id): SealedUpstreamKey.associatedData(workspaceID: id, kind: upstreamKind, settings: upstreamSettings)
         case .labelledUpstream(let id, let label): SealedUpstreamKey.associatedData(workspaceID: id, label: label, kind: upstreamKind, settings: upstreamSettings)
         case .appleKey(let team, let key): SealedAppleKey.associatedData(teamID: team, keyID: key)
+        case .webhook(_, let workspaceID, let url): WebhookEndpoint.associatedData(workspaceID: workspaceID, url: url)
         }
     }
 

@@ -27,6 +27,16 @@ public struct IntegrationPolicy: Sendable, Equatable {
     public var profileRequestsPerMinute: Int
     /// Tokens per user profile per calendar month (UTC), within the integration.
     public var profileMonthlyTokenBudget: Int
+    /// Money, in micro-dollars at the prices in force when each request was recorded: the whole
+    /// integration's per calendar month and per day (UTC), and each user profile's. 0: none.
+    public var monthlyBudgetMicroUSD: Int64 = 0
+    public var dailyBudgetMicroUSD: Int64 = 0
+    public var profileMonthlyBudgetMicroUSD: Int64 = 0
+    public var profileDailyBudgetMicroUSD: Int64 = 0
+    /// The rules (relay and device posture alike) that only watch: counted as "would have been
+    /// refused", never refusing. Every other rule is enforced. Kept with the policy because the
+    /// token check reads the policy on every request, so a switch applies on the next one.
+    public var monitored: Set<PolicyRule> = []
 
     public init(models: [String]? = nil, maxTokens: Int = 0, deviceRequestsPerMinute: Int = defaultDeviceRequestsPerMinute,
                 monthlyTokenBudget: Int = 0, serverTools: Set<String>? = nil, maxServerToolUses: Int = 0, betas: [String]? = nil,
@@ -42,8 +52,12 @@ public struct IntegrationPolicy: Sendable, Equatable {
         self.profileMonthlyTokenBudget = profileMonthlyTokenBudget
     }
 
+    public func mode(_ rule: PolicyRule) -> RuleMode { monitored.contains(rule) ? .monitor : .enforce }
+
     /// Whether the policy reads a profile's recorded usage (the store, by key) to admit a request.
-    public var readsProfileUsage: Bool { profileRequestsPerMinute > 0 || profileMonthlyTokenBudget > 0 }
+    public var readsProfileUsage: Bool {
+        profileRequestsPerMinute > 0 || profileMonthlyTokenBudget > 0 || profileMonthlyBudgetMicroUSD > 0 || profileDailyBudgetMicroUSD > 0
+    }
 
     /// A model ID as the Messages API spells them (`claude-sonnet-4-5`, `claude-3-5-haiku@20241022`):
     /// letters, digits and `._:@/-`, at most 128 bytes.
@@ -99,6 +113,9 @@ public struct RecordedProfileUsage: Sendable, Equatable {
     public var monthTokens: Int64
     public var requestsThisMinute: Int64
     public var requestsLastMinute: Int64
+    /// Micro-dollars this calendar month and this day (UTC).
+    public var monthSpend: Int64 = 0
+    public var daySpend: Int64 = 0
 
     public init(monthTokens: Int64 = 0, requestsThisMinute: Int64 = 0, requestsLastMinute: Int64 = 0) {
         self.monthTokens = monthTokens
@@ -113,6 +130,11 @@ public struct RecordedUsage: Sendable, Equatable {
     public var monthTokens: Int64
     public var deviceRequestsThisMinute: Int64
     public var deviceRequestsLastMinute: Int64
+    /// Micro-dollars spent this calendar month and this day (UTC): the integration's and its workspace's.
+    public var monthSpend: Int64 = 0
+    public var daySpend: Int64 = 0
+    public var workspaceMonthSpend: Int64 = 0
+    public var workspaceDaySpend: Int64 = 0
 
     public init(monthTokens: Int64 = 0, deviceRequestsThisMinute: Int64 = 0, deviceRequestsLastMinute: Int64 = 0) {
         self.monthTokens = monthTokens
@@ -127,6 +149,9 @@ public enum UsageClock {
     public static func hour(_ time: Date) -> Int64 { Int64((time.timeIntervalSince1970 / 3600).rounded(.down)) * 3600 }
     /// Unix time / 60.
     public static func minute(_ time: Date) -> Int64 { Int64((time.timeIntervalSince1970 / 60).rounded(.down)) }
+    /// Unix time / 86,400: the day a daily budget counts (UTC). Below 100,000 for millennia, so
+    /// never a month's YYYYMM, and the spend table keeps both under one key column.
+    public static func day(_ time: Date) -> Int64 { Int64((time.timeIntervalSince1970 / 86_400).rounded(.down)) }
 
     /// The calendar month as YYYYMM. Integer arithmetic: the token check asks for it on every
     /// relayed request, and Foundation's Calendar costs microseconds each time on Linux.
@@ -199,6 +224,10 @@ public struct UsageCounters: Sendable, Equatable {
     public var outputTokens: Int64 = 0
     public var cacheCreationInputTokens: Int64 = 0
     public var cacheReadInputTokens: Int64 = 0
+    /// The part of `cacheCreationInputTokens` written for an hour.
+    public var cacheCreation1hInputTokens: Int64 = 0
+    /// What the row's requests cost, in micro-dollars, each priced when it was recorded.
+    public var costMicroUSD: Int64 = 0
     /// Streams (and replies) cut short: recorded with what was seen.
     public var incomplete: Int64 = 0
     /// Non-streamed replies whose client left before they came: read to their end all the same,
@@ -220,6 +249,8 @@ public struct UsageCounters: Sendable, Equatable {
         lhs.outputTokens.saturatingAdd(rhs.outputTokens)
         lhs.cacheCreationInputTokens.saturatingAdd(rhs.cacheCreationInputTokens)
         lhs.cacheReadInputTokens.saturatingAdd(rhs.cacheReadInputTokens)
+        lhs.cacheCreation1hInputTokens.saturatingAdd(rhs.cacheCreation1hInputTokens)
+        lhs.costMicroUSD.saturatingAdd(rhs.costMicroUSD)
         lhs.incomplete.saturatingAdd(rhs.incomplete)
         lhs.abandoned.saturatingAdd(rhs.abandoned)
         lhs.errors.merge(rhs.errors, uniquingKeysWith: Int64.saturatingSum)
@@ -303,6 +334,22 @@ public struct ProfileMonthKey: Hashable, Sendable {
     }
 }
 
+/// Micro-dollars spent by one budget's scope in one period: `scope` is `w:<workspace id>`,
+/// `i:<client ID>` or `p:<client ID>:<profile>`; `period` a month (YYYYMM) or a day (`UsageClock.day`).
+public struct SpendKey: Hashable, Sendable {
+    public let scope: String
+    public let period: Int64
+
+    public init(scope: String, period: Int64) {
+        self.scope = scope
+        self.period = period
+    }
+
+    public static func workspace(_ id: Int64) -> String { "w:" + String(id) }
+    public static func integration(_ clientID: String) -> String { "i:" + clientID }
+    public static func profile(_ clientID: String, _ profile: String) -> String { "p:" + clientID + ":" + profile }
+}
+
 /// What one flush writes, in one transaction: every count is an increment.
 public struct UsageBatch: Sendable {
     /// Written with the batch in the same transaction, when set: a batch whose commit went through
@@ -315,11 +362,16 @@ public struct UsageBatch: Sendable {
     public var profileMonthTokens: [ProfileMonthKey: Int64] = [:]
     /// Which upstream of the workspace's list served (`usage_hourly_by_upstream`).
     public var upstreams: [UpstreamUsageKey: UpstreamUsageCounters] = [:]
+    /// Micro-dollars per budget scope and period.
+    public var spend: [SpendKey: Int64] = [:]
+    /// Refusals and would-be refusals by rule and day (`PolicyRuleTally`).
+    public var ruleCounts: [RuleDayKey: RuleCount] = [:]
 
     public init() {}
 
     public var isEmpty: Bool {
         usage.isEmpty && monthTokens.isEmpty && deviceMinutes.isEmpty && profileMinutes.isEmpty && profileMonthTokens.isEmpty && upstreams.isEmpty
+            && spend.isEmpty && ruleCounts.isEmpty
     }
 
     public mutating func merge(_ other: UsageBatch) {
@@ -329,6 +381,8 @@ public struct UsageBatch: Sendable {
         profileMinutes.merge(other.profileMinutes, uniquingKeysWith: Int64.saturatingSum)
         profileMonthTokens.merge(other.profileMonthTokens, uniquingKeysWith: Int64.saturatingSum)
         for (key, counters) in other.upstreams { upstreams[key, default: UpstreamUsageCounters()] += counters }
+        spend.merge(other.spend, uniquingKeysWith: Int64.saturatingSum)
+        for (key, count) in other.ruleCounts { ruleCounts[key, default: RuleCount()] += count }
     }
 }
 

@@ -34,6 +34,8 @@ public enum PolicyRefusal: Error, Sendable, Equatable {
     case profileBudgetSpent(budget: Int, retryAfter: Int)
     /// The profile's recorded usage could not be read: its limits cannot be checked.
     case limitsUnavailable(String)
+    /// A budget in money (the workspace's, the integration's or the profile's) is spent.
+    case moneyBudgetSpent(MoneyBudgetRefusal)
 
     /// The `reason` in the ledger, the metrics and the log.
     public var reason: String {
@@ -51,6 +53,7 @@ public enum PolicyRefusal: Error, Sendable, Equatable {
         case .monthlyBudgetSpent: "monthly_budget_spent"
         case .profileBudgetSpent: "profile_budget_spent"
         case .limitsUnavailable: "limits_unavailable"
+        case .moneyBudgetSpent(let budget): budget.reason
         }
     }
 }
@@ -72,6 +75,27 @@ public struct UsageTicket: Sendable {
     /// The profile as sent, and its ledger label (folded into `other` past the hour's cap).
     let profile: String?
     let profileLabel: String
+    /// How its cost is priced and whose spend it counts in.
+    var spending: Spending?
+}
+
+/// What the ledger needs to price a request and count its cost against every budget it falls
+/// under: the table in force when it was admitted, and one slot per scope and period.
+struct Spending: Sendable {
+    struct Slot: Sendable {
+        let scope: BudgetScope
+        let period: BudgetPeriod
+        let key: SpendKey
+        let budget: Int64
+        /// Flushed spend as the admission read it, and the commit count before that read.
+        let recorded: Int64
+        let commitsBeforeRead: Int
+    }
+    let workspaceID: Int64
+    let workspaceName: String
+    let table: PriceTable
+    let regional: Bool
+    var slots: [Slot]
 }
 
 extension TokenUsage {
@@ -144,6 +168,36 @@ public final class UsageLedger: Service {
 
     let store: UsageStore
     let metrics: Metrics
+    /// Refusals and would-be refusals by rule (the device exchange counts into it too); taken
+    /// into each flush's batch.
+    public let ruleTally: PolicyRuleTally
+    /// The price tables in force, per workspace: each recorded request's cost comes from it.
+    public let prices: PriceBook
+    /// Told each budget's use after every recorded request that cost something (the threshold
+    /// alerts); called outside the ledger's lock, on the thread that ended the request.
+    /// In a class: a closure kept in a Mutex directly is re-thunked by every `withLock` that
+    /// reads it through `inout`, and the chain of thunks grew with every request (measured:
+    /// 20× the relay's CPU per request after a minute).
+    private final class BudgetObserver: Sendable {
+        let call: @Sendable ([BudgetUse]) -> Void
+        init(_ call: @escaping @Sendable ([BudgetUse]) -> Void) { self.call = call }
+    }
+    private let budgetObserver = Mutex<BudgetObserver?>(nil)
+    private let budgetObserved = Atomic<Bool>(false)
+
+    /// Whole percent of `budget` that `spent` is (saturating; `budget` above 0).
+    static func percent(_ spent: Int64, of budget: Int64) -> Int64 {
+        let (scaled, overflow) = max(0, spent).multipliedReportingOverflow(by: 100)
+        return overflow ? Int64.max / budget : scaled / budget
+    }
+
+    /// Sets the function told each budget's use (`BudgetUse`, budgets that are on only) after every
+    /// recorded request that crossed a whole percent of it: the threshold alerts. Called outside the
+    /// ledger's lock, on the thread that ended the request; it must not block.
+    public func observeBudgets(_ observer: @escaping @Sendable ([BudgetUse]) -> Void) {
+        budgetObserver.withLock { $0 = BudgetObserver(observer) }
+        budgetObserved.store(true, ordering: .releasing)
+    }
     let flushInterval: TimeInterval
     private let report: @Sendable (String) -> Void
     private let state = Mutex(State())
@@ -154,13 +208,17 @@ public final class UsageLedger: Service {
     /// The periodic flush, while it runs.
     private let timer = Mutex<PeriodicTask?>(nil)
 
-    public init(store: UsageStore, metrics: Metrics, flushInterval: TimeInterval = 1, report: @escaping @Sendable (String) -> Void = { _ in }) {
+    public init(store: UsageStore, metrics: Metrics, flushInterval: TimeInterval = 1, ruleTally: PolicyRuleTally = PolicyRuleTally(),
+                prices: PriceBook = PriceBook(store: nil), report: @escaping @Sendable (String) -> Void = { _ in }) {
         self.store = store
         self.metrics = metrics
+        self.ruleTally = ruleTally
+        self.prices = prices
         self.flushInterval = flushInterval
         self.report = report
         metrics.describe("attestd_upstream_tokens_total", "Tokens the upstream reported in relayed replies, by kind.")
         metrics.describe("attestd_policy_refusals_total", "Messages requests the integration's policy refused, by reason.")
+        metrics.describe("attestd_policy_would_refuse_total", "Messages requests a monitored rule of the integration's policy would have refused, by rule.")
         metrics.describe("attestd_usage_flush_failures_total", "Usage flushes the store refused (the batch is kept and retried).")
     }
 
@@ -176,7 +234,9 @@ public final class UsageLedger: Service {
     ///   - commitsBeforeRead: `commitCount` taken before the query that produced `grant`.
     public func admit(_ grant: TokenGrant, _ input: PolicyInput, commitsBeforeRead: Int, at time: Date) -> Result<UsageTicket, PolicyRefusal> {
         let policy = grant.policy
-        if let refusal = Self.requestRefusal(policy, input) { return refuse(refusal, grant, input, at: time) }
+        var watched: [PolicyRefusal] = []
+        defer { if !watched.isEmpty { wouldRefuse(watched, grant, at: time) } }
+        if let refusal = Self.requestRefusal(policy, input, watched: &watched) { return refuse(refusal, grant, input, at: time) }
         // A profile's limits read what every instance flushed for it: one read by key, only when they are on.
         var recordedProfile = RecordedProfileUsage()
         var commitsBeforeProfileRead = commitsBeforeRead
@@ -191,6 +251,8 @@ public final class UsageLedger: Service {
                 return refuse(.limitsUnavailable("\(error)"), grant, input, at: time)
             }
         }
+        let spending = spending(grant, input, recordedProfile, commitsBeforeProfileRead: commitsBeforeProfileRead,
+                                commitsBeforeRead: commitsBeforeRead, at: time)
         let hour = UsageClock.hour(time)
         let thisMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute)
         let lastMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute - 1)
@@ -209,8 +271,9 @@ public final class UsageLedger: Service {
             if policy.deviceRequestsPerMinute > 0 {
                 let current = grant.recorded.deviceRequestsThisMinute + unflushed(\.deviceMinutes, thisMinute, since: commitsBeforeRead)
                 let previous = grant.recorded.deviceRequestsLastMinute + unflushed(\.deviceMinutes, lastMinute, since: commitsBeforeRead)
-                if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.deviceRequestsPerMinute, at: time) {
-                    return .failure(.deviceRateLimited(limit: policy.deviceRequestsPerMinute, retryAfter: retry))
+                if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.deviceRequestsPerMinute, at: time),
+                   let refusal = Self.enforced(.deviceRateLimited(limit: policy.deviceRequestsPerMinute, retryAfter: retry), policy, &watched) {
+                    return .failure(refusal)
                 }
             }
             let profileMinute = input.profile.map { ProfileMinuteKey(clientID: grant.clientID, profile: $0, minute: minute) }
@@ -218,22 +281,33 @@ public final class UsageLedger: Service {
                 let previousKey = ProfileMinuteKey(clientID: grant.clientID, profile: profileMinute.profile, minute: minute - 1)
                 let current = recordedProfile.requestsThisMinute + unflushed(\.profileMinutes, profileMinute, since: commitsBeforeProfileRead)
                 let previous = recordedProfile.requestsLastMinute + unflushed(\.profileMinutes, previousKey, since: commitsBeforeProfileRead)
-                if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.profileRequestsPerMinute, at: time) {
-                    return .failure(.profileRateLimited(limit: policy.profileRequestsPerMinute, retryAfter: retry))
+                if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.profileRequestsPerMinute, at: time),
+                   let refusal = Self.enforced(.profileRateLimited(limit: policy.profileRequestsPerMinute, retryAfter: retry), policy, &watched) {
+                    return .failure(refusal)
                 }
             }
             if input.spendsTokens {
                 let renews = { max(1, Int(UsageClock.nextMonthStart(after: time).timeIntervalSince(time).rounded(.up))) }
                 if policy.monthlyTokenBudget > 0,
-                   Int64.saturatingSum(grant.recorded.monthTokens, unflushed(\.monthTokens, month, since: commitsBeforeRead)) >= Int64(policy.monthlyTokenBudget) {
-                    return .failure(.monthlyBudgetSpent(budget: policy.monthlyTokenBudget, retryAfter: renews()))
+                   Int64.saturatingSum(grant.recorded.monthTokens, unflushed(\.monthTokens, month, since: commitsBeforeRead)) >= Int64(policy.monthlyTokenBudget),
+                   let refusal = Self.enforced(.monthlyBudgetSpent(budget: policy.monthlyTokenBudget, retryAfter: renews()), policy, &watched) {
+                    return .failure(refusal)
                 }
                 if let profile = input.profile, policy.profileMonthlyTokenBudget > 0 {
                     let key = ProfileMonthKey(clientID: grant.clientID, profile: profile, month: month.month)
                     if Int64.saturatingSum(recordedProfile.monthTokens, unflushed(\.profileMonthTokens, key, since: commitsBeforeProfileRead))
-                        >= Int64(policy.profileMonthlyTokenBudget) {
-                        return .failure(.profileBudgetSpent(budget: policy.profileMonthlyTokenBudget, retryAfter: renews()))
+                        >= Int64(policy.profileMonthlyTokenBudget),
+                       let refusal = Self.enforced(.profileBudgetSpent(budget: policy.profileMonthlyTokenBudget, retryAfter: renews()), policy, &watched) {
+                        return .failure(refusal)
                     }
+                }
+            }
+            if input.spendsTokens {
+                for slot in spending.slots where slot.budget > 0 {
+                    guard Int64.saturatingSum(slot.recorded, unflushed(\.spend, slot.key, since: slot.commitsBeforeRead)) >= slot.budget else { continue }
+                    let refusal = PolicyRefusal.moneyBudgetSpent(MoneyBudgetRefusal(scope: slot.scope, period: slot.period, budgetMicroUSD: slot.budget,
+                                                                                    retryAfter: slot.period.secondsToRenewal(from: time)))
+                    if let enforced = Self.enforced(refusal, policy, &watched) { return .failure(enforced) }
                 }
             }
             state.pending.deviceMinutes[thisMinute, default: 0] += 1
@@ -241,38 +315,113 @@ public final class UsageLedger: Service {
             let profileLabel = Self.profileLabel(input.profile, clientID: grant.clientID, hour: hour, seen: &state.profilesSeen)
             return .success(UsageTicket(clientID: grant.clientID, hour: hour, month: month, requestedModel: input.model,
                                         requestedModelListed: input.model.map { policy.models?.contains($0) ?? false } ?? false,
-                                        profile: input.profile, profileLabel: profileLabel))
+                                        profile: input.profile, profileLabel: profileLabel, spending: spending))
         }
         if case .failure(let refusal) = outcome { return refuse(refusal, grant, input, at: time) }
         return outcome
     }
 
+    /// The request's price table and budget slots: the workspace's, the integration's and (with
+    /// a profile) the profile's, daily and monthly, each with the spend its read found.
+    private func spending(_ grant: TokenGrant, _ input: PolicyInput, _ recordedProfile: RecordedProfileUsage, commitsBeforeProfileRead: Int,
+                          commitsBeforeRead: Int, at time: Date) -> Spending {
+        let policy = grant.policy
+        let day = UsageClock.day(time), month = UsageClock.month(time)
+        func slot(_ scope: BudgetScope, _ period: BudgetPeriod, _ name: String, _ budget: Int64, _ recorded: Int64, _ commits: Int) -> Spending.Slot {
+            Spending.Slot(scope: scope, period: period, key: SpendKey(scope: name, period: period == .daily ? day : month), budget: budget,
+                          recorded: recorded, commitsBeforeRead: commits)
+        }
+        let workspace = SpendKey.workspace(grant.workspaceID), integration = SpendKey.integration(grant.clientID)
+        var slots = [slot(.workspace, .daily, workspace, grant.workspaceBudget.dailyMicroUSD, grant.recorded.workspaceDaySpend, commitsBeforeRead),
+                     slot(.workspace, .monthly, workspace, grant.workspaceBudget.monthlyMicroUSD, grant.recorded.workspaceMonthSpend, commitsBeforeRead),
+                     slot(.integration, .daily, integration, policy.dailyBudgetMicroUSD, grant.recorded.daySpend, commitsBeforeRead),
+                     slot(.integration, .monthly, integration, policy.monthlyBudgetMicroUSD, grant.recorded.monthSpend, commitsBeforeRead)]
+        if let profile = input.profile {
+            let name = SpendKey.profile(grant.clientID, profile)
+            slots.append(slot(.profile, .daily, name, policy.profileDailyBudgetMicroUSD, recordedProfile.daySpend, commitsBeforeProfileRead))
+            slots.append(slot(.profile, .monthly, name, policy.profileMonthlyBudgetMicroUSD, recordedProfile.monthSpend, commitsBeforeProfileRead))
+        }
+        return Spending(workspaceID: grant.workspaceID, workspaceName: grant.workspaceName,
+                        table: prices.table(workspaceID: grant.workspaceID, pricesAt: grant.pricesAt),
+                        regional: Self.regional(grant.upstreamKey, model: input.model), slots: slots)
+    }
+
+    /// Whether the workspace's cloud serves the model from a regional endpoint, which costs more
+    /// than the global one: Vertex AI at any location but `global`, Bedrock with any model ID
+    /// that is not a `global.` inference profile. The Anthropic API has no such uplift.
+    static func regional(_ upstream: SealedUpstreamKey?, model: String?) -> Bool {
+        guard let upstream, let settings = upstream.settings else { return false }
+        switch upstream.kind {
+        // Foundry, Claude Platform on AWS and Bedrock's compatible APIs publish no regional
+        // uplift of their own in the table's source: priced as the Anthropic API.
+        case .anthropic, .compatible: return false
+        case .vertex: return settings.region != "global"
+        case .bedrock: return !(model.flatMap { settings.models[$0] }?.hasPrefix("global.") ?? false)
+        }
+    }
+
     /// What the request itself asks that the policy refuses (its shape, models, fallbacks,
     /// max_tokens, server tools, betas), before any count is read. Nil: admitted so far.
     public static func requestRefusal(_ policy: IntegrationPolicy, _ input: PolicyInput) -> PolicyRefusal? {
+        var watched: [PolicyRefusal] = []
+        return requestRefusal(policy, input, watched: &watched)
+    }
+
+    /// The same, each monitored rule's refusal added to `watched` (at most one per rule) instead
+    /// of returned: the request then goes on as if that rule were absent.
+    public static func requestRefusal(_ policy: IntegrationPolicy, _ input: PolicyInput, watched: inout [PolicyRefusal]) -> PolicyRefusal? {
         if let malformed = input.malformed { return .malformed(malformed) }
         let readsBody = policy.models != nil || policy.maxTokens > 0 || policy.serverTools != nil || policy.maxServerToolUses > 0
         if readsBody, let problem = input.problem { return .unreadableBody(problem) }
         if let models = policy.models {
-            guard let model = input.model, models.contains(model) else { return .modelNotAllowed(input.model ?? "") }
-            switch input.fallbacks {
-            case .none: break
-            case .serverDefault: return .defaultFallbackNotAllowed
-            case .models(let fallbacks):
-                if let refused = fallbacks.first(where: { !models.contains($0) }) { return .fallbackNotAllowed(refused) }
+            let refusal: PolicyRefusal? = if let model = input.model, models.contains(model) {
+                switch input.fallbacks {
+                case .none: nil
+                case .serverDefault: .defaultFallbackNotAllowed
+                case .models(let fallbacks): fallbacks.first(where: { !models.contains($0) }).map { .fallbackNotAllowed($0) }
+                }
+            } else {
+                .modelNotAllowed(input.model ?? "")
             }
+            if let refusal, let enforced = enforced(refusal, policy, &watched) { return enforced }
         }
-        if policy.maxTokens > 0, let requested = input.maxTokens, requested > policy.maxTokens {
-            return .maxTokensOverLimit(requested: requested, limit: policy.maxTokens)
+        if policy.maxTokens > 0, let requested = input.maxTokens, requested > policy.maxTokens,
+           let enforced = enforced(.maxTokensOverLimit(requested: requested, limit: policy.maxTokens), policy, &watched) {
+            return enforced
         }
         for tool in input.serverTools {
-            if let allowed = policy.serverTools, !(tool.name.map(allowed.contains) ?? false) { return .serverToolNotAllowed(tool.type) }
-            if policy.maxServerToolUses > 0, (tool.maxUses ?? Int.max) > policy.maxServerToolUses {
-                return .serverToolUsesOverLimit(type: tool.type, requested: tool.maxUses, limit: policy.maxServerToolUses)
+            if let allowed = policy.serverTools, !(tool.name.map(allowed.contains) ?? false),
+               let enforced = enforced(.serverToolNotAllowed(tool.type), policy, &watched) {
+                return enforced
+            }
+            if policy.maxServerToolUses > 0, (tool.maxUses ?? Int.max) > policy.maxServerToolUses,
+               let enforced = enforced(.serverToolUsesOverLimit(type: tool.type, requested: tool.maxUses, limit: policy.maxServerToolUses), policy, &watched) {
+                return enforced
             }
         }
-        if let betas = policy.betas, let refused = input.betas.first(where: { !betas.contains($0) }) { return .betaNotAllowed(refused) }
+        if let betas = policy.betas, let refused = input.betas.first(where: { !betas.contains($0) }),
+           let enforced = enforced(.betaNotAllowed(refused), policy, &watched) {
+            return enforced
+        }
         return nil
+    }
+
+    /// The refusal when its rule is enforced; nil when the rule is monitored, the refusal then
+    /// noted in `watched` (once per rule: a request is counted once by each rule it trips).
+    static func enforced(_ refusal: PolicyRefusal, _ policy: IntegrationPolicy, _ watched: inout [PolicyRefusal]) -> PolicyRefusal? {
+        guard !policy.monitored.isEmpty, let rule = PolicyRule(refusal), policy.monitored.contains(rule) else { return refusal }
+        if !watched.contains(where: { PolicyRule($0) == rule }) { watched.append(refusal) }
+        return nil
+    }
+
+    /// Counts what monitored rules would have refused (by rule and day) and in the metrics; the
+    /// tally logs the first of each rule per flush.
+    private func wouldRefuse(_ watched: [PolicyRefusal], _ grant: TokenGrant, at time: Date) {
+        for refusal in watched {
+            guard let rule = PolicyRule(refusal) else { continue }
+            ruleTally.count(clientID: grant.clientID, rule: rule, monitored: true, reason: refusal.reason, detail: "\(refusal)", at: time)
+            metrics.increment("attestd_policy_would_refuse_total", labels: [("rule", rule.rawValue)])
+        }
     }
 
     /// Counts the refusal in the ledger (by reason, not as a request) and in the metrics. Its row's
@@ -287,6 +436,9 @@ public final class UsageLedger: Service {
                 .refusals[refusal.reason, default: 0] += 1
         }
         metrics.increment("attestd_policy_refusals_total", labels: [("reason", refusal.reason)])
+        if let rule = PolicyRule(refusal) {
+            ruleTally.count(clientID: grant.clientID, rule: rule, monitored: false, reason: refusal.reason, detail: "\(refusal)", at: time)
+        }
         return .failure(refusal)
     }
 
@@ -339,7 +491,7 @@ public final class UsageLedger: Service {
     /// for only when the integration lists it, otherwise under `unknown`.
     public func finish(_ ticket: UsageTicket, _ outcome: RelayOutcome) {
         let usage = outcome.usage
-        state.withLock { state in
+        let uses: [BudgetUse] = state.withLock { state in
             let confirmed = outcome.status < 400 ? (outcome.servingModel ?? ticket.requestedModel) : nil
             let model: String = if let confirmed, ticket.requestedModelListed, confirmed == ticket.requestedModel {
                 confirmed   // a listed name needs no cap
@@ -350,6 +502,8 @@ public final class UsageLedger: Service {
             } else {
                 "unknown"
             }
+            // Priced by the model that served, under its own name (the row's may be `other`).
+            let cost = ticket.spending.map { $0.table.cost(model: confirmed ?? model, usage: usage, regional: $0.regional) } ?? 0
             // Updated in place: one lookup of the key, and no copy of the counters' tables.
             func record(_ counters: inout UsageCounters) {
                 counters.requests &+= 1
@@ -357,6 +511,8 @@ public final class UsageLedger: Service {
                 counters.outputTokens.saturatingAdd(usage.outputTokens)
                 counters.cacheCreationInputTokens.saturatingAdd(usage.cacheCreationInputTokens)
                 counters.cacheReadInputTokens.saturatingAdd(usage.cacheReadInputTokens)
+                counters.cacheCreation1hInputTokens.saturatingAdd(usage.cacheCreation1hInputTokens)
+                counters.costMicroUSD.saturatingAdd(cost)
                 for (name, count) in usage.serverToolUse where count > 0 { counters.serverToolUse[name, default: 0].saturatingAdd(count) }
                 if outcome.incomplete { counters.incomplete += 1 }
                 if outcome.abandoned { counters.abandoned += 1 }
@@ -382,7 +538,23 @@ public final class UsageLedger: Service {
                                                      default: 0].saturatingAdd(spent)
                 }
             }
+            guard cost > 0, let spending = ticket.spending else { return [] }
+            for slot in spending.slots { state.pending.spend[slot.key, default: 0].saturatingAdd(cost) }
+            guard budgetObserved.load(ordering: .relaxed) else { return [] }
+            return spending.slots.compactMap { slot -> BudgetUse? in
+                guard slot.budget > 0 else { return nil }
+                var spent = Int64.saturatingSum(slot.recorded, state.pending.spend[slot.key] ?? 0)
+                if let flushing = state.flushing { spent.saturatingAdd(flushing.spend[slot.key] ?? 0) }
+                for flushed in state.recentlyFlushed where flushed.commit > slot.commitsBeforeRead { spent.saturatingAdd(flushed.batch.spend[slot.key] ?? 0) }
+                // Told only when the use crosses a whole percent of the budget (thresholds are
+                // whole percents): the alerts see every crossing, and most requests cost nothing more.
+                guard Self.percent(spent, of: slot.budget) != Self.percent(spent - cost, of: slot.budget) else { return nil }
+                return BudgetUse(scope: slot.scope, period: slot.period, periodKey: slot.key.period, workspaceID: spending.workspaceID,
+                                 workspaceName: spending.workspaceName, clientID: ticket.clientID,
+                                 profile: slot.scope == .profile ? ticket.profile : nil, budgetMicroUSD: slot.budget, spentMicroUSD: spent)
+            }
         }
+        if !uses.isEmpty, let observer = budgetObserver.withLock({ $0 }) { observer.call(uses) }
         var counts: [(labels: [(String, String)], value: Double)] = []
         for (labels, value) in zip(Self.tokenKindLabels, [usage.inputTokens, usage.outputTokens, usage.cacheCreationInputTokens, usage.cacheReadInputTokens])
         where value > 0 {
@@ -407,6 +579,7 @@ public final class UsageLedger: Service {
             for _ in 0..<2 {
                 let batch: UsageBatch? = state.withLock { state in
                     if let unconfirmed = state.flushing { return unconfirmed }
+                    for (key, count) in ruleTally.drain() { state.pending.ruleCounts[key, default: RuleCount()] += count }
                     guard !state.pending.isEmpty else { return nil }
                     var batch = state.pending
                     batch.id = Self.newBatchID()

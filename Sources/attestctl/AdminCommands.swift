@@ -65,6 +65,16 @@ enum AdminCommands {
            attestctl workspaces upstreams NAME remove --actor EMAIL --upstream LABEL
            attestctl workspaces upstreams NAME order --actor EMAIL --upstream LABEL [--upstream LABEL]…   (every label, first tried first)
            attestctl workspaces remove-upstream --actor EMAIL --workspace NAME --upstream LABEL
+           attestctl workspaces set-budget --actor EMAIL --workspace NAME [--monthly-budget-usd N] [--daily-budget-usd N]
+             the workspace's budgets in US dollars, over all its integrations (owners; audited; 0 removes one)
+           attestctl prices show [--workspace NAME] [--json]
+           attestctl prices set --actor EMAIL --workspace NAME --model MODEL [--input P] [--output P] [--cache-write-5m P]
+             [--cache-write-1h P] [--cache-read P]
+           attestctl prices import --actor EMAIL --workspace NAME FILE
+             the price table each relayed request's cost (usage's cost_micro_usd, the budgets in money) is computed
+             with: the shipped table (dated, from the Claude pricing page) unless the workspace overrides it, from the
+             moment of the change on (rows already recorded keep their cost). P: USD per million tokens; import reads
+             the JSON `prices show --json` prints (admin or above; audited)
            attestctl workspaces bind-upstream-settings --actor EMAIL --workspace NAME
              seals a cloud upstream set before settings were bound (attestd refuses it until then) with the settings it
              holds now: check them first with workspaces show
@@ -106,6 +116,16 @@ enum AdminCommands {
                --betas LIST                    anthropic-beta values a request may name, comma-separated ('*' any, the default)
                --profile-requests-per-minute N relayed requests per user profile (anthropic-user-profile-id) per minute (default none)
                --profile-monthly-token-budget N tokens per user profile per calendar month, UTC (default none)
+               --monthly-budget-usd N          US dollars per calendar month (UTC) for the whole app, at the workspace's
+               --daily-budget-usd N            prices (attestctl prices show) and per day (UTC); `0` removes one
+               --profile-monthly-budget-usd N  US dollars per user profile per calendar month, and per day, within the app;
+               --profile-daily-budget-usd N    a request over any budget is answered 429 rate_limit_error, retry-after
+                                               at the period's end (see docs/usage-and-policy.md for the overshoot bound)
+             --rule-mode RULE=monitor|enforce  (repeatable) a monitored rule refuses nothing: the request or registration
+                                               goes through as if it were absent and is counted as would_refuse
+                                               (attestctl usage --by rule); RULE is the rule's flag without the dashes:
+                                               models, max-tokens, device-requests-per-minute, monthly-budget-usd,
+                                               distribution, min-bundle-version, platforms, risk-limit, …
              every attestd applies a change on its next request, without a restart
            attestctl integrations list [--workspace NAME] [--json]
            attestctl integrations show CLIENT_ID [--json]
@@ -115,9 +135,11 @@ enum AdminCommands {
            attestctl devices show KEY_ID [--json]   (KEY_ID in base64 or hex)
            attestctl audit [--client-id CLIENT_ID] [--limit N] [--json]
            attestctl usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE]
-             [--by hour|day|model|integration|profile] [--json]
+             [--by hour|day|model|integration|profile|rule] [--json]
              what relayed requests cost: requests, tokens, server-tool uses, errors by status, cut streams, policy
              refusals; by the model that served. --by profile: rows carry user_profile (null: no profile).
+             --by rule: what each policy rule refused and would have refused (monitor), by integration and day:
+             {"rule", "mode", "refused", "would_refuse", "day", "client_id", "workspace"}.
              DATE: 2026-12-01 or 2026-12-01T13:00:00Z (UTC); the ledger is hourly, so every hour that
              overlaps [since, until) counts whole. Without them: everything, the current hour included
              (attestd writes usage every second). --json: one object per line.
@@ -153,6 +175,10 @@ enum AdminCommands {
             case ("workspaces", "upstreams"): try upstreams(Array(argv.dropFirst()))
             case ("workspaces", "remove-upstream"): try removeUpstream(Array(argv.dropFirst()))
             case ("workspaces", "bind-upstream-settings"): try bindUpstreamSettings(Array(argv.dropFirst()))
+            case ("workspaces", "set-budget"): try PriceCommands.setBudget(Array(argv.dropFirst()))
+            case ("prices", "show"): try PriceCommands.show(Array(argv.dropFirst()))
+            case ("prices", "set"): try PriceCommands.set(Array(argv.dropFirst()))
+            case ("prices", "import"): try PriceCommands.importFile(Array(argv.dropFirst()))
             case ("cloud-endpoints", "show"): try showCloudEndpoints(Array(argv.dropFirst()))
             case ("cloud-endpoints", "allow"): try allowCloudEndpoints(Array(argv.dropFirst()))
             case ("apple-keys", "set"): try setAppleKey(Array(argv.dropFirst()))
@@ -571,8 +597,9 @@ enum AdminCommands {
         if arguments.has("no-require-extensions") { policy.requireExtensions = false }
     }
 
-    static let policyOptions: Set<String> = ["models", "max-tokens", "device-requests-per-minute", "monthly-token-budget", "server-tools",
-                                             "max-server-tool-uses", "betas", "profile-requests-per-minute", "profile-monthly-token-budget"]
+    static let policyOptions = Set(["models", "max-tokens", "device-requests-per-minute", "monthly-token-budget", "server-tools",
+                                    "max-server-tool-uses", "betas", "profile-requests-per-minute", "profile-monthly-token-budget"])
+        .union(moneyBudgetOptions)
 
     /// The policy options given; the others keep their value.
     static func applyPolicyOptions(_ arguments: Arguments, to policy: inout IntegrationPolicy) throws {
@@ -591,17 +618,35 @@ enum AdminCommands {
         if let n = try arguments.integer("max-server-tool-uses", range: 0...most) { policy.maxServerToolUses = n }
         if let n = try arguments.integer("profile-requests-per-minute", range: 0...most) { policy.profileRequestsPerMinute = n }
         if let n = try arguments.integer("profile-monthly-token-budget", range: 0...most) { policy.profileMonthlyTokenBudget = n }
+        if let n = try usd(arguments, "monthly-budget-usd") { policy.monthlyBudgetMicroUSD = n }
+        if let n = try usd(arguments, "daily-budget-usd") { policy.dailyBudgetMicroUSD = n }
+        if let n = try usd(arguments, "profile-monthly-budget-usd") { policy.profileMonthlyBudgetMicroUSD = n }
+        if let n = try usd(arguments, "profile-daily-budget-usd") { policy.profileDailyBudgetMicroUSD = n }
+    }
+
+    /// The budgets in money `integrations create|update` take, in USD (`0` removes one).
+    static let moneyBudgetOptions: Set<String> = ["monthly-budget-usd", "daily-budget-usd", "profile-monthly-budget-usd", "profile-daily-budget-usd"]
+
+    /// `--NAME N` in USD (`2000`, `1.50`), as micro-dollars.
+    static func usd(_ arguments: Arguments, _ name: String) throws -> Int64? {
+        guard let text = try arguments.value(name) else { return nil }
+        guard let value = MoneyText.microUSD(text.trimmingCharacters(in: .whitespaces)) else {
+            throw UsageError("--\(name) \(text.prefix(40)): expected US dollars, such as 2000 or 1.50 (at most 6 decimals; 0 removes the budget)")
+        }
+        return value
     }
 
     static func updateIntegration(_ argv: [String]) throws {
-        let arguments = try parse(argv, options: Set(["actor"]).union(policyOptions).union(devicePolicyOptions),
+        let arguments = try parse(argv, options: Set(["actor", "rule-mode"]).union(policyOptions).union(devicePolicyOptions),
                                   flags: Set(["json"]).union(devicePolicyFlags), positional: 1)
         let clientID = arguments.positional[0]
         let actor = try Validate.email(try arguments.required("actor"))
         let changesPolicy = policyOptions.contains(where: arguments.has(option:))
-        guard changesPolicy || givesDevicePolicy(arguments) else {
+        let ruleModes = try ruleModes(arguments.all("rule-mode"))
+        guard changesPolicy || givesDevicePolicy(arguments) || !ruleModes.isEmpty else {
             throw UsageError("nothing to change: give one or more of "
-                             + (policyOptions.union(devicePolicyOptions).union(devicePolicyFlags)).sorted().map { "--" + $0 }.joined(separator: ", "))
+                             + (policyOptions.union(devicePolicyOptions).union(devicePolicyFlags)).union(["rule-mode"]).sorted()
+                                .map { "--" + $0 }.joined(separator: ", "))
         }
         var change = IntegrationPolicy()
         try applyPolicyOptions(arguments, to: &change)
@@ -627,13 +672,33 @@ enum AdminCommands {
                 if arguments.has(option: "betas") { policy.betas = change.betas }
                 if arguments.has(option: "profile-requests-per-minute") { policy.profileRequestsPerMinute = change.profileRequestsPerMinute }
                 if arguments.has(option: "profile-monthly-token-budget") { policy.profileMonthlyTokenBudget = change.profileMonthlyTokenBudget }
+                if arguments.has(option: "monthly-budget-usd") { policy.monthlyBudgetMicroUSD = change.monthlyBudgetMicroUSD }
+                if arguments.has(option: "daily-budget-usd") { policy.dailyBudgetMicroUSD = change.dailyBudgetMicroUSD }
+                if arguments.has(option: "profile-monthly-budget-usd") { policy.profileMonthlyBudgetMicroUSD = change.profileMonthlyBudgetMicroUSD }
+                if arguments.has(option: "profile-daily-budget-usd") { policy.profileDailyBudgetMicroUSD = change.profileDailyBudgetMicroUSD }
             }
         }
+        if !ruleModes.isEmpty { integration = try service.setRuleModes(actor: actor, clientID: clientID, ruleModes) }
         if arguments.has("json") {
             printJSON(record(integration))
         } else {
             print("updated \(clientID): devices: \(integration.devicePolicy.summary); policy: \(AdminService.describe(integration.policy))")
         }
+    }
+
+    /// `--rule-mode RULE=monitor|enforce`, each given once at most.
+    static func ruleModes(_ texts: [String]) throws -> [PolicyRule: RuleMode] {
+        var modes: [PolicyRule: RuleMode] = [:]
+        for text in texts {
+            let parts = text.split(separator: "=", maxSplits: 1).map { String($0).trimmingCharacters(in: .whitespaces) }
+            guard parts.count == 2, let rule = PolicyRule(rawValue: parts[0].hasPrefix("--") ? String(parts[0].dropFirst(2)) : parts[0]),
+                  let mode = RuleMode(rawValue: parts[1]) else {
+                throw UsageError("--rule-mode \(text.prefix(80)): use RULE=monitor or RULE=enforce, RULE one of "
+                                 + PolicyRule.allCases.map(\.rawValue).joined(separator: ", "))
+            }
+            guard modes.updateValue(mode, forKey: rule) == nil else { throw UsageError("--rule-mode names \(rule.rawValue) twice") }
+        }
+        return modes
     }
 
     static func listIntegrations(_ argv: [String]) throws {
@@ -752,7 +817,10 @@ enum AdminCommands {
         ["models": policy.models ?? ["*"], "max_tokens": policy.maxTokens, "device_requests_per_minute": policy.deviceRequestsPerMinute,
          "monthly_token_budget": policy.monthlyTokenBudget, "server_tools": policy.serverTools.map { $0.sorted() } ?? ["*"],
          "max_server_tool_uses": policy.maxServerToolUses, "betas": policy.betas ?? ["*"],
-         "profile_requests_per_minute": policy.profileRequestsPerMinute, "profile_monthly_token_budget": policy.profileMonthlyTokenBudget]
+         "profile_requests_per_minute": policy.profileRequestsPerMinute, "profile_monthly_token_budget": policy.profileMonthlyTokenBudget,
+         "monitored_rules": policy.monitored.sorted().map(\.rawValue),
+         "monthly_budget_micro_usd": policy.monthlyBudgetMicroUSD, "daily_budget_micro_usd": policy.dailyBudgetMicroUSD,
+         "profile_monthly_budget_micro_usd": policy.profileMonthlyBudgetMicroUSD, "profile_daily_budget_micro_usd": policy.profileDailyBudgetMicroUSD]
     }
 
     static func devicePolicyRecord(_ policy: DevicePolicy) -> [String: Any] {

@@ -4,7 +4,7 @@ import Foundation
 import TokenService
 
 /// `attestctl secrets rotate|finish-rotation|status`: a new secrets key, with every sealed value
-/// (upstream credentials, Apple keys) re-sealed under it while attestd keeps serving.
+/// (upstream credentials, Apple keys, webhook signing secrets) re-sealed under it while attestd keeps serving.
 enum SecretsCommands {
     static let usage = """
     usage: attestctl secrets rotate --actor EMAIL [--keys-only]

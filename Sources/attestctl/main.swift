@@ -17,9 +17,11 @@ usage: attestctl [--db PATH] [--secrets-key-file FILE] <command> …
   integrations create|list|show|update|revoke  manage app integrations, which builds they admit and what they may spend
   devices list --client-id CLID [--risk-over N] | show KEY_ID  the devices that registered: platform, distribution,
                                            versions, Apple's risk metric
-  usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE] [--by hour|day|model|integration|upstream] [--json]
+  prices show|set|import                   the price table usage costs are computed with, per workspace
+  usage [--workspace NAME] [--client-id CLID] [--since DATE] [--until DATE] [--by hour|day|model|integration|upstream|rule] [--json]
                                            what relayed Messages requests cost
   audit [--client-id CLID] [--limit N]     newest audit events
+  webhooks add|list|remove                 where a workspace's budget alerts are POSTed, signed, with their last delivery
   secrets rotate|finish-rotation|status    a new secrets key, every sealed value re-sealed under it while attestd serves
   verify attestation|assertion|receipt …   verify an App Attest object or receipt offline
 every command answers --help (attestctl COMMAND --help: that command alone); --version prints the version and commit; --db PATH|URL (a SQLite file or a postgresql:// URL; default: $ATTESTD_DB, else ./attestd.sqlite) and
@@ -33,7 +35,8 @@ runTool("attestctl") {
     switch argv.first {
     case "verify": return try VerifyCommand.run(rest)
     case "secrets": return try SecretsCommands.run(rest)
-    case "init", "migrate", "backup", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage", "cloud-endpoints": return try AdminCommands.run(argv[0], rest)
+    case "webhooks": return try WebhookCommands.run(rest)
+    case "init", "migrate", "backup", "members", "console-login", "workspaces", "apple-keys", "integrations", "devices", "audit", "usage", "cloud-endpoints", "prices": return try AdminCommands.run(argv[0], rest)
     case "help", "--help", "-h": print(usage); return 0
     case "--version", "version": print(BuildInfo.line("attestctl")); return 0
     default: throw UsageError(usage)

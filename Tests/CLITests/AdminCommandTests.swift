@@ -417,9 +417,12 @@ import TokenService
         let audit = try ok(["audit", "--client-id", clientID]).stdout
         #expect(audit.contains("integration.policy_updated") && audit.contains("actor=admin@example.com"))
         #expect(audit.contains("max_tokens none") && audit.contains("max_tokens 512"))
-        // Nothing relayed yet: the ledger is empty, and says so.
-        #expect(try ok(["usage"]).stdout == "no usage recorded\n")
-        #expect(try ok(["usage", "--json"]).stdout.isEmpty)
+        // Nothing relayed yet: the ledger is empty and says so, and the month's forecast is nothing.
+        let text = try ok(["usage"]).stdout.split(separator: "\n")
+        #expect(text.first == "no usage recorded" && text.count == 2 && text[1].contains("$0.00 so far, $0.00 projected"))
+        let json = try ok(["usage", "--json"]).stdout.split(separator: "\n")
+        let forecast = try #require(json.count == 1 ? try JSONSerialization.jsonObject(with: Data(json[0].utf8)) as? [String: Any] : nil)
+        #expect(forecast["cost_micro_usd"] as? Int == 0 && (forecast["forecast"] as? [String: Any])?["projected_cost_micro_usd"] as? Int == 0)
     }
 
     @Test(arguments: refusals)

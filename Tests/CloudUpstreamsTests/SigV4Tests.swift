@@ -1,3 +1,4 @@
+import AttestCrypto
 @testable import CloudUpstreams
 import Foundation
 import Testing
@@ -267,7 +268,7 @@ private let suiteKey = AWSCredentials(accessKeyID: "AKIDEXAMPLE", secretAccessKe
 
     /// RFC 4231 test case 2, to pin the HMAC primitive apart from the signing chain.
     @Test func hmacMatchesRFC4231() {
-        #expect(hexString(hmacSHA256(key: Array("Jefe".utf8), Array("what do ya want for nothing?".utf8)))
+        #expect(hexString(hmacSHA256(key: Array("Jefe".utf8), message: Array("what do ya want for nothing?".utf8)))
             == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
     }
 }

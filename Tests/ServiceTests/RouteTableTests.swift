@@ -98,6 +98,8 @@ import Testing
         "POST /console/settings/upstream-vertex on admin: console, 64 KiB of any, worker",
         "POST /console/settings/upstreams/remove on admin: console, 16 KiB of any, worker",
         "POST /console/settings/upstreams/move on admin: console, 16 KiB of any, worker",
+        "POST /console/settings/budget on admin: console, 16 KiB of any, worker",
+        "POST /console/integrations/{client_id}/rule-mode on admin: console, 16 KiB of any, worker",
     ]
 
     static func describe(_ route: RouteInfo) -> String {

@@ -16,8 +16,13 @@ import Glibc
         return output
     }
 
-    /// `attestctl usage --json …`, one object per line.
+    /// `attestctl usage --json …`, one object per line: the ledger's rows, without the last line's forecast.
     static func usage(_ fixture: Fixture, _ arguments: [String] = []) throws -> [[String: Any]] {
+        try usageLines(fixture, arguments).filter { $0["forecast"] == nil }
+    }
+
+    /// Every line of `attestctl usage --json …`, the forecast's included.
+    static func usageLines(_ fixture: Fixture, _ arguments: [String] = []) throws -> [[String: Any]] {
         try ctl(fixture, ["usage", "--json"] + arguments).split(separator: "\n").map {
             try #require(try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])
         }
@@ -107,7 +112,7 @@ import Glibc
         #expect(try Self.usage(fixture, ["--until", "2020-01-01"]).isEmpty)
         // The readable table ends with the same totals.
         let table = try Self.ctl(fixture, ["usage", "--by", "model"])
-        let totalRow = try #require(table.split(separator: "\n").last).split(separator: " ", omittingEmptySubsequences: true)
+        let totalRow = try #require(table.split(separator: "\n").last { $0.hasPrefix("TOTAL") }).split(separator: " ", omittingEmptySubsequences: true)
         #expect(totalRow.first == "TOTAL" && totalRow.dropFirst().first.map(String.init) == "8")
         // And the metrics.
         let metrics = String(decoding: try await TestHTTP(baseURL: fixture.server.adminBaseURL).send("GET", "/metrics").body, as: UTF8.self)

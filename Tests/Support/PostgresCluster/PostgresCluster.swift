@@ -165,7 +165,11 @@ public final class PostgresCluster: Sendable {
         // every descriptor open at that instant (Foundation's Pipe is not close-on-exec; Process
         // closes them in its own children, a bare posix_spawn does not), and a test reading
         // another tool's output to its end of file waited forever (seen: openssl's pipe).
-        posix_spawn_file_actions_addclosefrom_np(&actions, 3)
+        // (glibc 2.34's posix_spawn_file_actions_addclosefrom_np, which Swift's Glibc does not import.)
+        typealias AddCloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+        guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np"),
+              unsafeBitCast(symbol, to: AddCloseFrom.self)(&actions, 3) == 0
+        else { throw ClusterError("posix_spawn_file_actions_addclosefrom_np is missing (glibc 2.34 or later is needed)") }
         let argv = (["/usr/bin/env"] + arguments).map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         var pid: pid_t = 0

@@ -126,6 +126,7 @@ struct MessagesAPI {
             usage.cacheCreationInputTokens = creation
             usage.cacheReadInputTokens = read
         }
+        if let oneHour = behavior.cacheCreation1hTokens { usage.cacheCreation1hInputTokens = min(oneHour, usage.cacheCreationInputTokens) }
 
         if let latency = behavior.latency ?? (configuration.latency > .zero ? configuration.latency : nil) {
             guard connection.pause(latency) else {
@@ -265,8 +266,12 @@ struct MessagesAPI {
     }
 
     static func usageJSON(_ usage: StubUsage) -> String {
-        "{\"input_tokens\":\(usage.inputTokens),\"cache_creation_input_tokens\":\(usage.cacheCreationInputTokens),"
-            + "\"cache_read_input_tokens\":\(usage.cacheReadInputTokens),\"output_tokens\":\(usage.outputTokens)}"
+        // The API splits the cache writes by lifetime in `cache_creation` whenever it writes any.
+        let split = usage.cacheCreationInputTokens == 0 ? ""
+            : ",\"cache_creation\":{\"ephemeral_5m_input_tokens\":\(usage.cacheCreationInputTokens - usage.cacheCreation1hInputTokens),"
+                + "\"ephemeral_1h_input_tokens\":\(usage.cacheCreation1hInputTokens)}"
+        return "{\"input_tokens\":\(usage.inputTokens),\"cache_creation_input_tokens\":\(usage.cacheCreationInputTokens),"
+            + "\"cache_read_input_tokens\":\(usage.cacheReadInputTokens),\"output_tokens\":\(usage.outputTokens)" + split + "}"
     }
 
     static func errorType(for status: Int) -> String {

@@ -76,6 +76,7 @@ public struct UpstreamStubConfiguration: Sendable {
 /// | `deltas-<n>` | that many deltas (output tokens) |
 /// | `delta-interval-<ms>` | pause between deltas |
 /// | `cache-<creation>-<read>` | report these cache token counts |
+/// | `cache1h-<n>` | of the cache writes, n were for an hour (`usage.cache_creation`, the rest for 5 minutes) |
 /// | `fallback` | the requested model declines: a `fallback` block hands over to the request's first `fallbacks[].model` (`claude-haiku-4-5` for `"default"`), which serves |
 /// | `redirect-<status>` | a 3xx with a `Location` elsewhere |
 ///
@@ -92,6 +93,8 @@ public struct StubBehavior: Sendable, Equatable {
     public var streamDuration: Duration?
     public var cacheCreationTokens: Int?
     public var cacheReadTokens: Int?
+    /// Of the cache writes, how many were written for an hour (`cache_creation.ephemeral_1h_input_tokens`).
+    public var cacheCreation1hTokens: Int?
     public var fallback = false
     public var redirectStatus: Int?
 
@@ -134,6 +137,8 @@ public struct StubBehavior: Sendable, Equatable {
                 fallback = true
             } else if let status = number(after: "redirect-"), (300...399).contains(status) {
                 redirectStatus = status
+            } else if let n = number(after: "cache1h-"), n >= 0 {
+                cacheCreation1hTokens = n
             } else if token.hasPrefix("cache-") {
                 let parts = token.dropFirst(6).split(separator: "-").compactMap { Int($0) }
                 guard parts.count == 2 else { return nil }
@@ -152,6 +157,8 @@ public struct StubUsage: Sendable, Equatable {
     public var outputTokens: Int
     public var cacheCreationInputTokens: Int
     public var cacheReadInputTokens: Int
+    /// The part of the cache writes written for an hour.
+    public var cacheCreation1hInputTokens = 0
 
     public init(inputTokens: Int, outputTokens: Int, cacheCreationInputTokens: Int, cacheReadInputTokens: Int) {
         self.inputTokens = inputTokens
