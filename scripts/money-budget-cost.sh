@@ -32,7 +32,9 @@ for client in "$clid" "$off"; do
   ctl integrations update "$client" --actor bench@example.com --models claude-bench,claude-haiku-4-5 --device-requests-per-minute 1000000000 >/dev/null
 done
 # PROFILE_BUDGETS=0: the workspace's and the integration's budgets only (a profile budget adds the
-# profile's read, one more query by key per request, as the profile token budget does).
+# profile's read, as the profile token budget does: one query by key, which a SQLite reader keeps
+# until the next commit, so here, with one profile sending everything, most requests skip it; a
+# profile that sends one request per flush interval pays it every time).
 profile_budget=1000000000; [ "${PROFILE_BUDGETS:-1}" = 0 ] && profile_budget=0
 ctl integrations update "$clid" --actor bench@example.com --monthly-budget-usd 1000000000 --daily-budget-usd 1000000000 \
   --profile-monthly-budget-usd $profile_budget --profile-daily-budget-usd $profile_budget >/dev/null
@@ -74,7 +76,9 @@ for mode in on off; do load $mode 2; done   # warm: connections, caches, the pri
 echo "money budgets: ${rounds} rounds of ${seconds} s, one event loop on CPU 0 (CLK_TCK $(getconf CLK_TCK))"
 declare -A cpu
 for round in $(seq "$rounds"); do
-  for mode in on off; do
+  # Which goes first alternates, so neither side always runs on the machine the other left.
+  order="on off"; [ $((round % 2)) = 0 ] && order="off on"
+  for mode in $order; do
     before=$(answered) t0=$(cpu_ticks)
     if [ -n "${PERF:-}" ] && [ "$round" = 2 ] && [ "$mode" = "$PERF" ]; then
       perf record -F 999 -g -o "$work/perf.data" -p "$pid" -- sleep "$seconds" >/dev/null 2>&1 &

@@ -136,19 +136,34 @@ final class GrantCache {
         let minute: Int64
         let grant: TokenGrant
     }
+    /// A user profile's recorded usage, as `recordedProfileUsage` read it (its minute and month).
+    struct ProfileKey: Hashable {
+        let clientID: String
+        let profile: String
+        let month: Int64
+        let minute: Int64
+    }
     static let capacity = 4096
     private var version: Int64 = -1
     /// Keyed by the hash's first 8 bytes; the whole hash is compared on a hit.
     private var entries: [UInt64: Entry] = [:]
+    private var profiles: [ProfileKey: RecordedProfileUsage] = [:]
+
+    /// Empties the cache when the database is no longer at `version`; false then.
+    private func isCurrent(_ version: Int64) -> Bool {
+        guard version == self.version else {
+            entries.removeAll(keepingCapacity: true)
+            profiles.removeAll(keepingCapacity: true)
+            self.version = version
+            return false
+        }
+        return true
+    }
 
     /// The kept grant when the database is still at `version`, the usage counts are for `minute`
     /// and the token has not expired by `time`. A new version empties the cache.
     func grant(hash: [UInt8], minute: Int64, version: Int64, at time: Date) -> TokenGrant? {
-        guard version == self.version else {
-            entries.removeAll(keepingCapacity: true)
-            self.version = version
-            return nil
-        }
+        guard isCurrent(version) else { return nil }
         guard let entry = entries[Self.slot(hash)], entry.minute == minute, constantTimeEquals(entry.hash, hash),
               time < entry.grant.expiresAt else { return nil }
         return entry.grant
@@ -157,6 +172,18 @@ final class GrantCache {
     func keep(_ grant: TokenGrant, hash: [UInt8], minute: Int64) {
         if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
         entries[Self.slot(hash)] = Entry(hash: hash, minute: minute, grant: grant)
+    }
+
+    /// A profile's usage as read while the database was at `version` (the same rule as grants:
+    /// any commit, a usage flush included, empties the cache).
+    func profileUsage(_ key: ProfileKey, version: Int64) -> RecordedProfileUsage? {
+        guard isCurrent(version) else { return nil }
+        return profiles[key]
+    }
+
+    func keep(_ usage: RecordedProfileUsage, for key: ProfileKey) {
+        if profiles.count >= Self.capacity { profiles.removeAll(keepingCapacity: true) }
+        profiles[key] = usage
     }
 
     private static func slot(_ hash: [UInt8]) -> UInt64 {

@@ -144,11 +144,19 @@ extension SQLiteTokenStore {
     /// Built once: the statement cache is keyed by the SQL text, hashed on every request that reads a profile.
     static let profileUsageSQL = RecordedProfileUsage.query(clientID: "?1", profile: "?2", month: "?3", minute: "?4", previousMinute: "?5")
 
+    /// Every relayed request with a user profile whose limits are on asks this: kept by the reader
+    /// as the token check's grants are, while `PRAGMA data_version` says nothing was committed since.
     public func recordedProfileUsage(clientID: String, profile: String, month: Int64, minute: Int64) throws -> RecordedProfileUsage {
-        try read { db in
-            try db.first(Self.profileUsageSQL,
-                         [.text(clientID), .text(profile), .int(month), .int(minute), .int(minute - 1)], RecordedProfileUsage.init(row:))
+        let key = GrantCache.ProfileKey(clientID: clientID, profile: profile, month: month, minute: minute)
+        return try readWithCache { db, cache in
+            // Read before the query: a commit in between makes the next call query again.
+            let version = try db.dataVersion()
+            if let usage = cache.profileUsage(key, version: version) { return usage }
+            let usage = try db.first(Self.profileUsageSQL,
+                                     [.text(clientID), .text(profile), .int(month), .int(minute), .int(minute - 1)], RecordedProfileUsage.init(row:))
                 ?? RecordedProfileUsage()
+            cache.keep(usage, for: key)
+            return usage
         }
     }
 }

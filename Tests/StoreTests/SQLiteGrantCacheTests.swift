@@ -64,4 +64,34 @@ struct SQLiteGrantCacheTests {
         let lookalike = Array(token.tokenHash.prefix(8)) + F.bytes(24)
         #expect(try server.liveToken(hash: lookalike, at: justBefore) == nil)
     }
+
+    /// A user profile's recorded usage is kept like a grant: another process's flush (every
+    /// count, the money too) reaches the very next read, and a new minute reads its own counts.
+    @Test func anotherProcesssFlushReachesTheNextProfileRead() throws {
+        let (f, server, ctl) = try stores()
+        let app = try f.integration()
+        let month = UsageClock.month(F.t0), minute = UsageClock.minute(F.t0)
+        func read(_ profile: String = "uprof_a", minute: Int64 = minute) throws -> RecordedProfileUsage {
+            try server.recordedProfileUsage(clientID: app.clientID, profile: profile, month: month, minute: minute)
+        }
+        #expect(try read() == RecordedProfileUsage())
+        #expect(try read() == RecordedProfileUsage())
+        var batch = UsageBatch()
+        batch.profileMonthTokens[ProfileMonthKey(clientID: app.clientID, profile: "uprof_a", month: month)] = 70
+        batch.profileMinutes[ProfileMinuteKey(clientID: app.clientID, profile: "uprof_a", minute: minute)] = 3
+        batch.spend[SpendKey(scope: SpendKey.profile(app.clientID, "uprof_a"), period: month)] = 1_500
+        batch.spend[SpendKey(scope: SpendKey.profile(app.clientID, "uprof_a"), period: UsageClock.day(F.t0))] = 500
+        _ = try ctl.recordUsage(batch, purgeDeviceMinutesBefore: 0)
+        var expected = RecordedProfileUsage(monthTokens: 70, requestsThisMinute: 3, requestsLastMinute: 0)
+        expected.monthSpend = 1_500
+        expected.daySpend = 500
+        #expect(try read() == expected)
+        #expect(try read() == expected)
+        #expect(try read("uprof_b") == RecordedProfileUsage())
+        // With nothing written, the next minute reads that minute's counts.
+        var nextMinute = RecordedProfileUsage(monthTokens: 70, requestsThisMinute: 0, requestsLastMinute: 3)
+        nextMinute.monthSpend = 1_500
+        nextMinute.daySpend = 500
+        #expect(try read(minute: minute + 1) == nextMinute)
+    }
 }
