@@ -553,5 +553,10 @@ CREATE TABLE webhook_outbox (
 CREATE INDEX webhook_outbox_due ON webhook_outbox (next_attempt_at) WHERE delivered_at IS NULL AND failed_at IS NULL;
 CREATE INDEX webhook_outbox_endpoint ON webhook_outbox (endpoint_id, created_at);
 """#),
+        ("0024_upstream_usage_cost.sql", #"""
+-- Money beside tokens in the ledger by upstream (`attestctl usage --by upstream`): each row's cost
+-- in micro-dollars, priced when recorded as usage_hourly's is (rows from before stay at 0).
+ALTER TABLE usage_hourly_by_upstream ADD COLUMN cost_micro_usd BIGINT NOT NULL DEFAULT 0;
+"""#),
     ]
 }

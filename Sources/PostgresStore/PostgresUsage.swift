@@ -102,17 +102,19 @@ extension PostgresTokenStore {
                 if !upstreams.isEmpty {
                     _ = try db.query("""
                         INSERT INTO usage_hourly_by_upstream AS u (client_id, hour, upstream, requests, input_tokens, output_tokens,
-                                                                   cache_creation_input_tokens, cache_read_input_tokens, failovers)
+                                                                   cache_creation_input_tokens, cache_read_input_tokens, failovers, cost_micro_usd)
                         SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
-                                             $8::bigint[], $9::bigint[])
+                                             $8::bigint[], $9::bigint[], $10::bigint[])
                         ON CONFLICT (client_id, hour, upstream) DO UPDATE SET requests = u.requests + excluded.requests,
                           input_tokens = u.input_tokens + excluded.input_tokens, output_tokens = u.output_tokens + excluded.output_tokens,
                           cache_creation_input_tokens = u.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
-                          cache_read_input_tokens = u.cache_read_input_tokens + excluded.cache_read_input_tokens, failovers = u.failovers + excluded.failovers
+                          cache_read_input_tokens = u.cache_read_input_tokens + excluded.cache_read_input_tokens, failovers = u.failovers + excluded.failovers,
+                          cost_micro_usd = u.cost_micro_usd + excluded.cost_micro_usd
                         """, [Self.textArray(upstreams.map(\.key.clientID)), Self.intArray(upstreams.map(\.key.hour)), Self.textArray(upstreams.map(\.key.upstream)),
                               Self.intArray(upstreams.map(\.value.requests)), Self.intArray(upstreams.map(\.value.inputTokens)),
                               Self.intArray(upstreams.map(\.value.outputTokens)), Self.intArray(upstreams.map(\.value.cacheCreationInputTokens)),
-                              Self.intArray(upstreams.map(\.value.cacheReadInputTokens)), Self.intArray(upstreams.map(\.value.failovers))])
+                              Self.intArray(upstreams.map(\.value.cacheReadInputTokens)), Self.intArray(upstreams.map(\.value.failovers)),
+                              Self.intArray(upstreams.map(\.value.costMicroUSD))])
                 }
                 if !profileMonths.isEmpty {
                     _ = try db.query("""

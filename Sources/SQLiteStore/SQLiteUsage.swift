@@ -64,14 +64,15 @@ extension SQLiteTokenStore {
                 for (key, c) in batch.upstreams {
                     try db.run("""
                         INSERT INTO usage_hourly_by_upstream (client_id, hour, upstream, requests, input_tokens, output_tokens,
-                                                              cache_creation_input_tokens, cache_read_input_tokens, failovers)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                                              cache_creation_input_tokens, cache_read_input_tokens, failovers, cost_micro_usd)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                         ON CONFLICT (client_id, hour, upstream) DO UPDATE SET requests = requests + excluded.requests,
                           input_tokens = input_tokens + excluded.input_tokens, output_tokens = output_tokens + excluded.output_tokens,
                           cache_creation_input_tokens = cache_creation_input_tokens + excluded.cache_creation_input_tokens,
-                          cache_read_input_tokens = cache_read_input_tokens + excluded.cache_read_input_tokens, failovers = failovers + excluded.failovers
+                          cache_read_input_tokens = cache_read_input_tokens + excluded.cache_read_input_tokens, failovers = failovers + excluded.failovers,
+                          cost_micro_usd = cost_micro_usd + excluded.cost_micro_usd
                         """, [.text(key.clientID), .int(key.hour), .text(key.upstream), .int(c.requests), .int(c.inputTokens), .int(c.outputTokens),
-                              .int(c.cacheCreationInputTokens), .int(c.cacheReadInputTokens), .int(c.failovers)])
+                              .int(c.cacheCreationInputTokens), .int(c.cacheReadInputTokens), .int(c.failovers), .int(c.costMicroUSD)])
                 }
                 for (key, tokens) in batch.profileMonthTokens {
                     try db.run("""

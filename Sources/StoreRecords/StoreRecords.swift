@@ -73,7 +73,7 @@ public enum StoreColumns {
         + sealedKey + policy + ["month_tokens", "requests_this_minute", "requests_last_minute", "upstreams_version"] + grantMoney
     /// The ledger by upstream (`usage_hourly_by_upstream`).
     public static let upstreamUsage = ["client_id", "hour", "upstream", "requests", "input_tokens", "output_tokens", "cache_creation_input_tokens",
-                                       "cache_read_input_tokens", "failovers"]
+                                       "cache_read_input_tokens", "failovers", "cost_micro_usd"]
     /// The token check's money: the workspace's budgets, each budget's spend this month and day,
     /// and when the workspace's newest price override took effect (NULL: none).
     public static let grantMoney = ["workspace_monthly_budget_micro_usd", "workspace_daily_budget_micro_usd", "month_spend", "day_spend",
@@ -391,6 +391,7 @@ extension UpstreamUsageRow {
                   counters: UpstreamUsageCounters(requests: try row.int("requests"), inputTokens: try row.int("input_tokens"),
                                                   outputTokens: try row.int("output_tokens"),
                                                   cacheCreationInputTokens: try row.int("cache_creation_input_tokens"),
-                                                  cacheReadInputTokens: try row.int("cache_read_input_tokens"), failovers: try row.int("failovers")))
+                                                  cacheReadInputTokens: try row.int("cache_read_input_tokens"), failovers: try row.int("failovers"),
+                                                  costMicroUSD: try row.int("cost_micro_usd")))
     }
 }

@@ -23,15 +23,18 @@ public struct UpstreamUsageCounters: Sendable, Equatable {
     public var cacheCreationInputTokens: Int64 = 0
     public var cacheReadInputTokens: Int64 = 0
     public var failovers: Int64 = 0
+    /// Micro-dollars, priced when recorded (`usage_hourly.cost_micro_usd`'s rule).
+    public var costMicroUSD: Int64 = 0
 
     public init(requests: Int64 = 0, inputTokens: Int64 = 0, outputTokens: Int64 = 0, cacheCreationInputTokens: Int64 = 0,
-                cacheReadInputTokens: Int64 = 0, failovers: Int64 = 0) {
+                cacheReadInputTokens: Int64 = 0, failovers: Int64 = 0, costMicroUSD: Int64 = 0) {
         self.requests = requests
         self.inputTokens = inputTokens
         self.outputTokens = outputTokens
         self.cacheCreationInputTokens = cacheCreationInputTokens
         self.cacheReadInputTokens = cacheReadInputTokens
         self.failovers = failovers
+        self.costMicroUSD = costMicroUSD
     }
 
     public static func += (a: inout UpstreamUsageCounters, b: UpstreamUsageCounters) {
@@ -41,6 +44,7 @@ public struct UpstreamUsageCounters: Sendable, Equatable {
         a.cacheCreationInputTokens.saturatingAdd(b.cacheCreationInputTokens)
         a.cacheReadInputTokens.saturatingAdd(b.cacheReadInputTokens)
         a.failovers.saturatingAdd(b.failovers)
+        a.costMicroUSD.saturatingAdd(b.costMicroUSD)
     }
 }
 

@@ -525,7 +525,7 @@ public final class UsageLedger: Service {
                 state.pending.upstreams[UpstreamUsageKey(clientID: ticket.clientID, hour: ticket.hour, upstream: upstream), default: UpstreamUsageCounters()]
                     += UpstreamUsageCounters(requests: 1, inputTokens: usage.inputTokens, outputTokens: usage.outputTokens,
                                              cacheCreationInputTokens: usage.cacheCreationInputTokens, cacheReadInputTokens: usage.cacheReadInputTokens,
-                                             failovers: outcome.failedOver ? 1 : 0)
+                                             failovers: outcome.failedOver ? 1 : 0, costMicroUSD: cost)
             }
             // Cache writes and reads are input too: counted apart by the API (and priced apart), but
             // leaving them out would let a request move its input out of the budget with `cache_control`.

@@ -51,7 +51,8 @@ enum UsageCommand {
                                                since: since, until: until)
         func counts(_ c: UpstreamUsageCounters) -> [(String, Any)] {
             [("requests", c.requests), ("input_tokens", c.inputTokens), ("output_tokens", c.outputTokens),
-             ("cache_creation_input_tokens", c.cacheCreationInputTokens), ("cache_read_input_tokens", c.cacheReadInputTokens), ("failovers", c.failovers)]
+             ("cache_creation_input_tokens", c.cacheCreationInputTokens), ("cache_read_input_tokens", c.cacheReadInputTokens), ("failovers", c.failovers),
+             ("cost_micro_usd", c.costMicroUSD)]
         }
         if arguments.has("json") {
             for row in rows { print(JSONText.object([("workspace", row.workspace), ("upstream", row.key.upstream)] + counts(row.counters))) }
@@ -61,8 +62,12 @@ enum UsageCommand {
             print("no usage recorded")
             return
         }
-        let header = ["WORKSPACE", "UPSTREAM", "REQUESTS", "INPUT", "OUTPUT", "CACHE_WRITE", "CACHE_READ", "FAILOVERS"]
-        let lines = rows.map { row in [row.workspace, row.key.upstream] + counts(row.counters).map { "\($0.1)" } }
+        let header = ["WORKSPACE", "UPSTREAM", "REQUESTS", "COST_USD", "INPUT", "OUTPUT", "CACHE_WRITE", "CACHE_READ", "FAILOVERS"]
+        let lines = rows.map { row in
+            let c = row.counters
+            return [row.workspace, row.key.upstream, String(c.requests), String(MoneyText.usd(c.costMicroUSD).dropFirst()), String(c.inputTokens),
+                    String(c.outputTokens), String(c.cacheCreationInputTokens), String(c.cacheReadInputTokens), String(c.failovers)]
+        }
         let widths = header.indices.map { column in ([header] + lines).map { $0[column].count }.max()! }
         for line in [header] + lines {
             print(line.enumerated().map { $0.element.padding(toLength: widths[$0.offset], withPad: " ", startingAt: 0) }

@@ -269,6 +269,8 @@ import UpstreamStub
         let fixture = try await Fixture().configure().start()
         defer { fixture.stop() }
         fixture.primary.enqueue(.error(529))
+        _ = try fixture.ctl(["prices", "set", "--actor", Self.owner, "--workspace", "failover", "--model", "claude-test", "--input", "3", "--output", "15",
+                             "--cache-write-5m", "3.75", "--cache-write-1h", "6", "--cache-read", "0.3"])
         let reply = try await fixture.post("failover", Self.request())
         // The device sees one answer: Bedrock's 200.
         #expect(reply.status == 200, "\(String(decoding: reply.body, as: UTF8.self))")
@@ -280,8 +282,12 @@ import UpstreamStub
         let usage = try await fixture.usageByUpstream("failover", requests: 1)
         #expect(usage.count == 1 && usage.first?["upstream"] as? String == "bedrock" && usage.first?["requests"] as? Int == 1, "\(usage)")
         #expect(usage.first?["failovers"] as? Int == 1)
-        #expect(UsageTests.total(try fixture.ctl(["usage", "--json", "--workspace", "failover"]).split(separator: "\n").compactMap {
-            try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }, "requests") == 1, "a retry never counts twice")
+        let ledger = try fixture.ctl(["usage", "--json", "--workspace", "failover"]).split(separator: "\n").compactMap {
+            try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }.filter { $0["forecast"] == nil }
+        #expect(UsageTests.total(ledger, "requests") == 1, "a retry never counts twice")
+        // Money beside tokens by upstream too: the row's cost is the ledger's, priced once.
+        let cost = try #require(usage.first?["cost_micro_usd"] as? Int)
+        #expect(cost > 0 && cost == UsageTests.total(ledger, "cost_micro_usd"), "\(usage) \(ledger)")
         let requestID = try #require(reply.header("request-id"))
         let tries = fixture.server.log.split(separator: "\n").filter { $0.contains("\"upstream_try\"") }
         #expect(tries.count == 2 && tries.allSatisfy { $0.contains(requestID) }, "\(tries)")
