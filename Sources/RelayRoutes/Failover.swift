@@ -141,6 +141,8 @@ final class FailoverRun: Sendable {
     struct Prepared: Sendable {
         let label: String
         let kind: String
+        /// Whether this upstream charges the regional uplift for the request's model (`UsageLedger.regional`).
+        let regional: Bool
         let begin: @Sendable (AttemptGate) -> Void
     }
 
@@ -189,7 +191,7 @@ final class FailoverRun: Sendable {
             if let loop, !loop.inLoop, loop.execute(next) { return }
             next()
         }, committed: { [self] status in
-            served.set(label: upstream.label, kind: upstream.kind, failedOver: index > 0)
+            served.set(label: upstream.label, kind: upstream.kind, failedOver: index > 0, regional: upstream.regional)
             if upstreams.count < 2 {
                 // Nothing to fail over to: no cool-down (it would skip nothing) and no state to show.
             } else if AttemptGate.triesNext(status) {
@@ -216,8 +218,8 @@ final class FailoverRun: Sendable {
 /// Which upstream of the list answered a request, its kind, and whether an earlier one failed
 /// first: for the ledger, the metrics and the log, read when the exchange ends.
 final class ServedUpstream: Sendable {
-    private let value = Mutex<(label: String?, kind: String?, failedOver: Bool)>((nil, nil, false))
+    private let value = Mutex<(label: String?, kind: String?, failedOver: Bool, regional: Bool?)>((nil, nil, false, nil))
 
-    func set(label: String, kind: String, failedOver: Bool) { value.withLock { $0 = (label, kind, failedOver) } }
-    var current: (label: String?, kind: String?, failedOver: Bool) { value.withLock { $0 } }
+    func set(label: String, kind: String, failedOver: Bool, regional: Bool) { value.withLock { $0 = (label, kind, failedOver, regional) } }
+    var current: (label: String?, kind: String?, failedOver: Bool, regional: Bool?) { value.withLock { $0 } }
 }

@@ -119,7 +119,7 @@ public struct RelayRoutes: Sendable {
             let kind = candidate.key?.kind ?? .anthropic
             if case .anthropic(let key) = target {
                 let upstreamRequest = MessagesRelay.upstreamRequest(request, key: key)
-                prepared.append(FailoverRun.Prepared(label: candidate.label, kind: kind.rawValue) { gate in
+                prepared.append(FailoverRun.Prepared(label: candidate.label, kind: kind.rawValue, regional: false) { gate in
                     Self.send(upstreamRequest, gate, relay: relay, writer: writer, exchange: gate.exchange)
                 })
                 continue
@@ -178,7 +178,8 @@ public struct RelayRoutes: Sendable {
                                                                     streams: cloudStreams, countsTokens: countsTokens, betas: betas, apiKey: apiKey)
                     guard case .source(let source) = credential else {
                         // An API key: sent as it is, nothing to fetch or renew.
-                        prepared.append(FailoverRun.Prepared(label: candidate.label, kind: compatible.service.rawValue) { gate in
+                        prepared.append(FailoverRun.Prepared(label: candidate.label, kind: compatible.service.rawValue,
+                                                             regional: UsageLedger.regional(candidate.key, model: model)) { gate in
                             Self.send(upstreamRequest, Self.reply(.compatible(api), gate: gate, streams: cloudStreams), relay: relay, writer: writer,
                                       exchange: gate.exchange)
                         })
@@ -196,7 +197,8 @@ public struct RelayRoutes: Sendable {
                                     clientID: grant.clientID, reason: RejectionReason.invalidRequest.rawValue, detail: "\(error)")
             }
             let loop = context.loop, logger = self.logger, label = candidate.label
-            prepared.append(FailoverRun.Prepared(label: candidate.label, kind: kind.rawValue) { gate in
+            prepared.append(FailoverRun.Prepared(label: candidate.label, kind: kind.rawValue,
+                                                 regional: UsageLedger.regional(candidate.key, model: model)) { gate in
                 let attempt = CloudAttempt(plan: plan, credentials: relay.credentials, loop: loop,
                                            fetch: { request, delegate in _ = relay.start(request, delegate: delegate) },
                                            send: { request, delegate in Self.send(request, delegate, relay: relay, writer: writer, exchange: gate.exchange) },
@@ -271,7 +273,7 @@ public struct RelayRoutes: Sendable {
             if let admitted {
                 ledger?.finish(admitted, RelayOutcome(status: result.status, usage: result.usage, incomplete: result.incomplete,
                                                       abandoned: result.abandoned, servingModel: result.servingModel,
-                                                      upstream: upstream.label, failedOver: upstream.failedOver))
+                                                      upstream: upstream.label, failedOver: upstream.failedOver, regional: upstream.regional))
             }
             if let cause = result.credentialFailure {
                 UpstreamCredentialFailures.record(kind: upstream.kind ?? "cloud", workspace: workspaceName, requestID: requestID, cause: cause,

@@ -120,11 +120,15 @@ public struct RelayOutcome: Sendable {
     /// and whether an earlier one failed first.
     public var upstream: String?
     public var failedOver = false
+    /// Whether the upstream that answered charges the regional uplift (nil: priced as admitted,
+    /// by the workspace's own upstream).
+    public var regional: Bool?
 
     public init(status: Int, usage: TokenUsage, incomplete: Bool, abandoned: Bool = false, servingModel: String? = nil,
-                upstream: String? = nil, failedOver: Bool = false) {
+                upstream: String? = nil, failedOver: Bool = false, regional: Bool? = nil) {
         self.upstream = upstream
         self.failedOver = failedOver
+        self.regional = regional
         self.status = status
         self.usage = usage
         self.incomplete = incomplete
@@ -349,7 +353,7 @@ public final class UsageLedger: Service {
     /// Whether the workspace's cloud serves the model from a regional endpoint, which costs more
     /// than the global one: Vertex AI at any location but `global`, Bedrock with any model ID
     /// that is not a `global.` inference profile. The Anthropic API has no such uplift.
-    static func regional(_ upstream: SealedUpstreamKey?, model: String?) -> Bool {
+    public static func regional(_ upstream: SealedUpstreamKey?, model: String?) -> Bool {
         guard let upstream, let settings = upstream.settings else { return false }
         switch upstream.kind {
         // Foundry, Claude Platform on AWS and Bedrock's compatible APIs publish no regional
@@ -503,7 +507,8 @@ public final class UsageLedger: Service {
                 "unknown"
             }
             // Priced by the model that served, under its own name (the row's may be `other`).
-            let cost = ticket.spending.map { $0.table.cost(model: confirmed ?? model, usage: usage, regional: $0.regional) } ?? 0
+            // The uplift is the served upstream's (after a failover, not the workspace's own).
+            let cost = ticket.spending.map { $0.table.cost(model: confirmed ?? model, usage: usage, regional: outcome.regional ?? $0.regional) } ?? 0
             // Updated in place: one lookup of the key, and no copy of the counters' tables.
             func record(_ counters: inout UsageCounters) {
                 counters.requests &+= 1

@@ -269,8 +269,12 @@ import UpstreamStub
         let fixture = try await Fixture().configure().start()
         defer { fixture.stop() }
         fixture.primary.enqueue(.error(529))
-        _ = try fixture.ctl(["prices", "set", "--actor", Self.owner, "--workspace", "failover", "--model", "claude-test", "--input", "3", "--output", "15",
-                             "--cache-write-5m", "3.75", "--cache-write-1h", "6", "--cache-read", "0.3"])
+        // Bedrock's regional endpoint (the model ID is not a global. profile) adds its uplift; the
+        // workspace's own upstream, the Anthropic API, does not: the request is priced by the one that served.
+        let prices = fixture.path("prices.json")
+        try Data(#"{"models":{"claude-test":{"input":3,"output":15,"cache_write_5m":3.75,"cache_write_1h":6,"cache_read":0.3,"regional_uplift_percent":10}}}"#.utf8)
+            .write(to: URL(fileURLWithPath: prices))
+        _ = try fixture.ctl(["prices", "import", "--actor", Self.owner, "--workspace", "failover", prices])
         let reply = try await fixture.post("failover", Self.request())
         // The device sees one answer: Bedrock's 200.
         #expect(reply.status == 200, "\(String(decoding: reply.body, as: UTF8.self))")
@@ -288,6 +292,9 @@ import UpstreamStub
         // Money beside tokens by upstream too: the row's cost is the ledger's, priced once.
         let cost = try #require(usage.first?["cost_micro_usd"] as? Int)
         #expect(cost > 0 && cost == UsageTests.total(ledger, "cost_micro_usd"), "\(usage) \(ledger)")
+        let base = Double(UsageTests.total(ledger, "input_tokens")) * 3 + Double(UsageTests.total(ledger, "output_tokens")) * 15
+            + Double(UsageTests.total(ledger, "cache_read_input_tokens")) * 0.3
+        #expect(UsageTests.total(ledger, "cache_creation_input_tokens") == 0 && abs(Double(cost) - base * 1.1) <= 1, "\(cost) vs \(base) × 1.1")
         let requestID = try #require(reply.header("request-id"))
         let tries = fixture.server.log.split(separator: "\n").filter { $0.contains("\"upstream_try\"") }
         #expect(tries.count == 2 && tries.allSatisfy { $0.contains(requestID) }, "\(tries)")
