@@ -273,7 +273,8 @@ public struct RelayRoutes: Sendable {
             if let admitted {
                 ledger?.finish(admitted, RelayOutcome(status: result.status, usage: result.usage, incomplete: result.incomplete,
                                                       abandoned: result.abandoned, servingModel: result.servingModel,
-                                                      upstream: upstream.label, failedOver: upstream.failedOver, regional: upstream.regional))
+                                                      upstream: upstream.label, failedOver: upstream.failedOver,
+                                                      regional: upstream.regional ?? false))
             }
             if let cause = result.credentialFailure {
                 UpstreamCredentialFailures.record(kind: upstream.kind ?? "cloud", workspace: workspaceName, requestID: requestID, cause: cause,

@@ -94,7 +94,6 @@ struct Spending: Sendable {
     let workspaceID: Int64
     let workspaceName: String
     let table: PriceTable
-    let regional: Bool
     var slots: [Slot]
 }
 
@@ -120,12 +119,11 @@ public struct RelayOutcome: Sendable {
     /// and whether an earlier one failed first.
     public var upstream: String?
     public var failedOver = false
-    /// Whether the upstream that answered charges the regional uplift (nil: priced as admitted,
-    /// by the workspace's own upstream).
-    public var regional: Bool?
+    /// Whether the upstream that answered charges the regional uplift (`UsageLedger.regional`).
+    public var regional: Bool
 
     public init(status: Int, usage: TokenUsage, incomplete: Bool, abandoned: Bool = false, servingModel: String? = nil,
-                upstream: String? = nil, failedOver: Bool = false, regional: Bool? = nil) {
+                upstream: String? = nil, failedOver: Bool = false, regional: Bool = false) {
         self.upstream = upstream
         self.failedOver = failedOver
         self.regional = regional
@@ -168,6 +166,20 @@ public final class UsageLedger: Service {
         var recentlyFlushed: [(commit: Int, batch: UsageBatch)] = []
         var modelsSeen: [HourOfIntegration: Set<String>] = [:]
         var profilesSeen: [HourOfIntegration: Set<String>] = [:]
+
+        /// What this instance counted for `key` that a database read made after `commits` commits
+        /// may not have seen: the pending batch, the one being written, and those committed since.
+        /// Empty tables are skipped before hashing: the keys hold a client ID and a key ID, and
+        /// outside a flush only `pending` has entries.
+        func unflushed<K: Hashable>(_ table: KeyPath<UsageBatch, [K: Int64]>, _ key: K, since commits: Int) -> Int64 {
+            func count(_ batch: UsageBatch?) -> Int64 {
+                guard let entries = batch?[keyPath: table], !entries.isEmpty else { return 0 }
+                return entries[key, default: 0]
+            }
+            return recentlyFlushed.reduce(Int64.saturatingSum(count(pending), count(flushing))) {
+                Int64.saturatingSum($0, $1.commit > commits ? count($1.batch) : 0)
+            }
+        }
     }
 
     let store: UsageStore
@@ -261,20 +273,9 @@ public final class UsageLedger: Service {
         let thisMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute)
         let lastMinute = DeviceMinuteKey(clientID: grant.clientID, keyID: grant.keyID, minute: minute - 1)
         let outcome: Result<UsageTicket, PolicyRefusal> = state.withLock { state in
-            // Empty tables are skipped before hashing: the keys hold a client ID and a key ID, and
-            // outside a flush only `pending` has entries.
-            func unflushed<K: Hashable>(_ table: KeyPath<UsageBatch, [K: Int64]>, _ key: K, since commits: Int) -> Int64 {
-                func count(_ batch: UsageBatch?) -> Int64 {
-                    guard let entries = batch?[keyPath: table], !entries.isEmpty else { return 0 }
-                    return entries[key, default: 0]
-                }
-                return state.recentlyFlushed.reduce(Int64.saturatingSum(count(state.pending), count(state.flushing))) {
-                    Int64.saturatingSum($0, $1.commit > commits ? count($1.batch) : 0)
-                }
-            }
             if policy.deviceRequestsPerMinute > 0 {
-                let current = grant.recorded.deviceRequestsThisMinute + unflushed(\.deviceMinutes, thisMinute, since: commitsBeforeRead)
-                let previous = grant.recorded.deviceRequestsLastMinute + unflushed(\.deviceMinutes, lastMinute, since: commitsBeforeRead)
+                let current = grant.recorded.deviceRequestsThisMinute + state.unflushed(\.deviceMinutes, thisMinute, since: commitsBeforeRead)
+                let previous = grant.recorded.deviceRequestsLastMinute + state.unflushed(\.deviceMinutes, lastMinute, since: commitsBeforeRead)
                 if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.deviceRequestsPerMinute, at: time),
                    let refusal = Self.enforced(.deviceRateLimited(limit: policy.deviceRequestsPerMinute, retryAfter: retry), policy, &watched) {
                     return .failure(refusal)
@@ -283,8 +284,8 @@ public final class UsageLedger: Service {
             let profileMinute = input.profile.map { ProfileMinuteKey(clientID: grant.clientID, profile: $0, minute: minute) }
             if let profileMinute, policy.profileRequestsPerMinute > 0 {
                 let previousKey = ProfileMinuteKey(clientID: grant.clientID, profile: profileMinute.profile, minute: minute - 1)
-                let current = recordedProfile.requestsThisMinute + unflushed(\.profileMinutes, profileMinute, since: commitsBeforeProfileRead)
-                let previous = recordedProfile.requestsLastMinute + unflushed(\.profileMinutes, previousKey, since: commitsBeforeProfileRead)
+                let current = recordedProfile.requestsThisMinute + state.unflushed(\.profileMinutes, profileMinute, since: commitsBeforeProfileRead)
+                let previous = recordedProfile.requestsLastMinute + state.unflushed(\.profileMinutes, previousKey, since: commitsBeforeProfileRead)
                 if let retry = Self.slidingWindowRetry(current: current, previous: previous, limit: policy.profileRequestsPerMinute, at: time),
                    let refusal = Self.enforced(.profileRateLimited(limit: policy.profileRequestsPerMinute, retryAfter: retry), policy, &watched) {
                     return .failure(refusal)
@@ -293,13 +294,13 @@ public final class UsageLedger: Service {
             if input.spendsTokens {
                 let renews = { max(1, Int(UsageClock.nextMonthStart(after: time).timeIntervalSince(time).rounded(.up))) }
                 if policy.monthlyTokenBudget > 0,
-                   Int64.saturatingSum(grant.recorded.monthTokens, unflushed(\.monthTokens, month, since: commitsBeforeRead)) >= Int64(policy.monthlyTokenBudget),
+                   Int64.saturatingSum(grant.recorded.monthTokens, state.unflushed(\.monthTokens, month, since: commitsBeforeRead)) >= Int64(policy.monthlyTokenBudget),
                    let refusal = Self.enforced(.monthlyBudgetSpent(budget: policy.monthlyTokenBudget, retryAfter: renews()), policy, &watched) {
                     return .failure(refusal)
                 }
                 if let profile = input.profile, policy.profileMonthlyTokenBudget > 0 {
                     let key = ProfileMonthKey(clientID: grant.clientID, profile: profile, month: month.month)
-                    if Int64.saturatingSum(recordedProfile.monthTokens, unflushed(\.profileMonthTokens, key, since: commitsBeforeProfileRead))
+                    if Int64.saturatingSum(recordedProfile.monthTokens, state.unflushed(\.profileMonthTokens, key, since: commitsBeforeProfileRead))
                         >= Int64(policy.profileMonthlyTokenBudget),
                        let refusal = Self.enforced(.profileBudgetSpent(budget: policy.profileMonthlyTokenBudget, retryAfter: renews()), policy, &watched) {
                         return .failure(refusal)
@@ -308,7 +309,7 @@ public final class UsageLedger: Service {
             }
             if input.spendsTokens {
                 for slot in spending.slots where slot.budget > 0 {
-                    guard Int64.saturatingSum(slot.recorded, unflushed(\.spend, slot.key, since: slot.commitsBeforeRead)) >= slot.budget else { continue }
+                    guard Int64.saturatingSum(slot.recorded, state.unflushed(\.spend, slot.key, since: slot.commitsBeforeRead)) >= slot.budget else { continue }
                     let refusal = PolicyRefusal.moneyBudgetSpent(MoneyBudgetRefusal(scope: slot.scope, period: slot.period, budgetMicroUSD: slot.budget,
                                                                                     retryAfter: slot.period.secondsToRenewal(from: time)))
                     if let enforced = Self.enforced(refusal, policy, &watched) { return .failure(enforced) }
@@ -346,11 +347,10 @@ public final class UsageLedger: Service {
             slots.append(slot(.profile, .monthly, name, policy.profileMonthlyBudgetMicroUSD, recordedProfile.monthSpend, commitsBeforeProfileRead))
         }
         return Spending(workspaceID: grant.workspaceID, workspaceName: grant.workspaceName,
-                        table: prices.table(workspaceID: grant.workspaceID, pricesAt: grant.pricesAt),
-                        regional: Self.regional(grant.upstreamKey, model: input.model), slots: slots)
+                        table: prices.table(workspaceID: grant.workspaceID, pricesAt: grant.pricesAt), slots: slots)
     }
 
-    /// Whether the workspace's cloud serves the model from a regional endpoint, which costs more
+    /// Whether an upstream serves the model from a regional endpoint, which costs more
     /// than the global one: Vertex AI at any location but `global`, Bedrock with any model ID
     /// that is not a `global.` inference profile. The Anthropic API has no such uplift.
     public static func regional(_ upstream: SealedUpstreamKey?, model: String?) -> Bool {
@@ -508,7 +508,7 @@ public final class UsageLedger: Service {
             }
             // Priced by the model that served, under its own name (the row's may be `other`).
             // The uplift is the served upstream's (after a failover, not the workspace's own).
-            let cost = ticket.spending.map { $0.table.cost(model: confirmed ?? model, usage: usage, regional: outcome.regional ?? $0.regional) } ?? 0
+            let cost = ticket.spending.map { $0.table.cost(model: confirmed ?? model, usage: usage, regional: outcome.regional) } ?? 0
             // Updated in place: one lookup of the key, and no copy of the counters' tables.
             func record(_ counters: inout UsageCounters) {
                 counters.requests &+= 1
@@ -548,9 +548,7 @@ public final class UsageLedger: Service {
             guard budgetObserved.load(ordering: .relaxed) else { return [] }
             return spending.slots.compactMap { slot -> BudgetUse? in
                 guard slot.budget > 0 else { return nil }
-                var spent = Int64.saturatingSum(slot.recorded, state.pending.spend[slot.key] ?? 0)
-                if let flushing = state.flushing { spent.saturatingAdd(flushing.spend[slot.key] ?? 0) }
-                for flushed in state.recentlyFlushed where flushed.commit > slot.commitsBeforeRead { spent.saturatingAdd(flushed.batch.spend[slot.key] ?? 0) }
+                let spent = Int64.saturatingSum(slot.recorded, state.unflushed(\.spend, slot.key, since: slot.commitsBeforeRead))
                 // Told only when the use crosses a whole percent of the budget (thresholds are
                 // whole percents): the alerts see every crossing, and most requests cost nothing more.
                 guard Self.percent(spent, of: slot.budget) != Self.percent(spent - cost, of: slot.budget) else { return nil }
