@@ -205,7 +205,12 @@ import TokenService
         let stopped = Task.detached { ledger.stop(retryFor: 30) }
         // Released once the last flush has been refused twice: it is being retried.
         let deadline = Date() + 30
-        while !metrics.prometheusText().contains("attestd_usage_flush_failures_total 2"), Date() < deadline {
+        // At least two: a busy machine may see the count only after a third attempt failed.
+        func failures() -> Double {
+            metrics.prometheusText().split(separator: "\n").first { $0.hasPrefix("attestd_usage_flush_failures_total ") }
+                .flatMap { Double($0.split(separator: " ").last ?? "") } ?? 0
+        }
+        while failures() < 2, Date() < deadline {
             try await Task.sleep(for: .milliseconds(10))
         }
         lock.release()

@@ -13,7 +13,7 @@ import UpstreamStub
     static let primaryKey = "test-key-failover-primary-0000"
     static let backendKey = "test-key-failover-backend-0000"
     static let foundryKey = "foundry-key-0123456789abcdef0123"
-    static let platformKey = "sk-ant-api03-platform-aws-key-9876"
+    static let platformKey = "test-only-platform-aws-key-9876"
     static let accessKeyID = "AKIAFAILOVERSUITE01"
     static let secretKey = "failover/SECRET+key00000000000000000000"
     static let anthropicWorkspaceID = "wrkspc_01FailoverSuite"
